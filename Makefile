@@ -1,0 +1,125 @@
+# drc — plain Makefile. Targets: all (default), test, test-gpu, fuzz, bench, demo, install, clean.
+CC      ?= cc
+CLANG   ?= clang
+PREFIX  ?= /usr/local
+LIBDIR  ?= $(PREFIX)/lib
+B       := build
+FUZZ_SECONDS ?= 60
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wpointer-arith -Wcast-align \
+            -Wswitch-enum -Wundef
+CFLAGS   ?= -O2 -g
+CPPFLAGS += -Iinclude -Isrc -D_GNU_SOURCE
+PICFLAGS := -fPIC -fvisibility=hidden
+LDLIBS   := -libverbs -ljemalloc -ldl -lpthread
+
+# Sources of libdrc: every src/*.c except the programs and preload libraries listed here.
+NOT_LIB  := src/drc.c src/doctor.c src/hook_preload.c src/verbs_preload.c
+LIB_SRCS := $(filter-out $(NOT_LIB),$(wildcard src/*.c))
+HDRS     := include/drc.h $(wildcard src/*.h)
+
+# Unit tests: tests/test_*.c, one binary each, linked with the library objects.
+# A test's extra link flags (e.g. -Wl,--wrap=...) go in <name>_LDFLAGS.
+# Thread tests are named tests/test_*_mt.c and also run under TSan.
+TESTS    := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+MT_TESTS := $(filter %_mt,$(TESTS))
+TEST_LIBS := -lcmocka $(LDLIBS)
+
+ASAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN := -fsanitize=thread
+
+.PHONY: all test test-unit test-asan test-tsan test-gpu fuzz bench demo install clean
+all: $B/libdrc.a $B/libdrc.so $B/drc $B/drc.pc
+
+# ---- objects, one tree per flavour ----------------------------------------
+$B/obj/%.o: src/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) -c $< -o $@
+$B/asan/obj/%.o: src/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) $(ASAN) -DDRC_DEBUG -c $< -o $@
+$B/tsan/obj/%.o: src/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) $(TSAN) -DDRC_DEBUG -c $< -o $@
+
+LIB_OBJS      := $(patsubst src/%.c,$B/obj/%.o,$(LIB_SRCS))
+ASAN_LIB_OBJS := $(patsubst src/%.c,$B/asan/obj/%.o,$(LIB_SRCS))
+TSAN_LIB_OBJS := $(patsubst src/%.c,$B/tsan/obj/%.o,$(LIB_SRCS))
+
+$B/libdrc.a: $(LIB_OBJS)
+	rm -f $@ && ar rcs $@ $^
+$B/libdrc.so: $(LIB_OBJS) src/drc.map
+	$(CC) -shared -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -o $@ $(LIB_OBJS) $(LDLIBS)
+$B/drc: $B/obj/drc.o $B/obj/doctor.o $B/libdrc.a
+	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
+$B/drc.pc: Makefile
+	@mkdir -p $(@D)
+	printf 'prefix=%s\nlibdir=%s\nincludedir=$${prefix}/include\n\nName: drc\nDescription: RDMA registration cache with DMA-BUF for GPU memory\nVersion: 0.1.0\nLibs: -L$${libdir} -ldrc\nLibs.private: %s\nCflags: -I$${includedir}\n' \
+	  '$(PREFIX)' '$(LIBDIR)' '$(LDLIBS)' > $@
+
+# ---- tests -----------------------------------------------------------------
+$B/tests/%: tests/%.c $(LIB_OBJS) $(wildcard tests/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests -O1 -g $(WARN) -o $@ $< $(LIB_OBJS) $($*_LDFLAGS) $(TEST_LIBS)
+$B/asan/tests/%: tests/%.c $(ASAN_LIB_OBJS) $(wildcard tests/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests -O1 -g $(WARN) $(ASAN) -DDRC_DEBUG -o $@ $< $(ASAN_LIB_OBJS) $($*_LDFLAGS) $(TEST_LIBS)
+$B/tsan/tests/%: tests/%.c $(TSAN_LIB_OBJS) $(wildcard tests/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests -O1 -g $(WARN) $(TSAN) -DDRC_DEBUG -o $@ $< $(TSAN_LIB_OBJS) $($*_LDFLAGS) $(TEST_LIBS)
+
+# Each runner prints cmocka's summary per test; the script prints the closing count.
+test: test-unit test-asan test-tsan
+	@tests/summary.sh $B/test-results
+test-unit: $(addprefix $B/tests/,$(TESTS)) all
+	@mkdir -p $B/test-results && tests/run.sh $B/test-results/plain $(addprefix $B/tests/,$(TESTS))
+test-asan: $(addprefix $B/asan/tests/,$(TESTS))
+	@mkdir -p $B/test-results && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  tests/run.sh $B/test-results/asan $(addprefix $B/asan/tests/,$(TESTS))
+test-tsan: $(addprefix $B/tsan/tests/,$(MT_TESTS))
+	@mkdir -p $B/test-results && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  tests/run.sh $B/test-results/tsan $(addprefix $B/tsan/tests/,$(MT_TESTS))
+
+# ---- fuzzing (clang + libFuzzer) -------------------------------------------
+FUZZERS := $(patsubst fuzz/%.c,%,$(filter-out fuzz/standalone.c,$(wildcard fuzz/fuzz_*.c)))
+FUZZ_FLAGS := -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DDRC_DEBUG
+$B/fuzz/%: fuzz/%.c $(LIB_SRCS) $(HDRS) $(wildcard fuzz/*.h)
+	@mkdir -p $(@D)
+	$(CLANG) $(CPPFLAGS) -Ifuzz $(FUZZ_FLAGS) $(WARN) -Wno-unused-command-line-argument -o $@ $< $(LIB_SRCS) $(LDLIBS)
+fuzz: $(addprefix $B/fuzz/,$(FUZZERS))
+	@set -e; for f in $(FUZZERS); do \
+	  mkdir -p $B/fuzz/corpus/$$f; \
+	  echo "== $$f for $(FUZZ_SECONDS)s"; \
+	  $B/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $B/fuzz/corpus/$$f; \
+	done
+
+# ---- benchmarks ------------------------------------------------------------
+BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
+$B/bench/%: tests/bench/%.c $B/libdrc.a
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ $< $B/libdrc.a $($*_LDFLAGS) $(LDLIBS) -lm
+bench: $(addprefix $B/bench/,$(BENCHES))
+	@set -e; for b in $^; do echo "== $$b"; $$b; done
+
+# ---- the demo and the doctor -----------------------------------------------
+demo: $B/drc
+	$B/drc demo
+	$B/drc doctor
+
+# ---- GPU tests (run on a machine with CUDA; see tests/gpu/README) -------------
+test-gpu: all
+	$(MAKE) -C tests/gpu B=$(abspath $B)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/drc.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $B/libdrc.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 $B/libdrc.so $(DESTDIR)$(LIBDIR)/libdrc.so.0
+	ln -sf libdrc.so.0 $(DESTDIR)$(LIBDIR)/libdrc.so
+	install -m 644 $B/drc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	install -m 755 $B/drc $(DESTDIR)$(PREFIX)/bin/
+
+clean:
+	rm -rf $B
+
+.SECONDARY:

@@ -1,0 +1,26 @@
+/*
+ * What the other files of src/ may ask of a cache beyond the public API.
+ */
+#ifndef DRC_CACHE_H
+#define DRC_CACHE_H
+
+#include <stddef.h>
+
+#include "drc.h"
+
+struct drc__cache_opts {
+    size_t max_len;               /* largest region the backend accepts (verbs: max_mr_size); 0 = no limit */
+    void (*release)(void *ctx);   /* called by drc_cache_destroy once every region is deregistered */
+};
+
+/* drc_cache_create with backend limits; @o may be NULL. */
+int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg,
+                      const struct drc__cache_opts *o, drc_cache_t **out);
+
+/* The backend a cache was created with (its ctx identifies e.g. a verbs cache). */
+const struct drc_backend *drc__cache_backend(const drc_cache_t *c);
+
+/* The cache a region belongs to. */
+drc_cache_t *drc__region_cache(const drc_region_t *r);
+
+#endif

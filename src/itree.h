@@ -1,0 +1,60 @@
+/*
+ * An augmented red-black interval tree over closed intervals [start, last].
+ *
+ * Each node keeps subtree_last, the largest `last` in its subtree, so an
+ * overlap query can skip every subtree that ends before the query starts.
+ * Nodes are embedded in their owner (see container_of in cache.c).
+ *
+ * Concurrency contract: insert and remove need the owner's lock. first and
+ * next may also run without it, concurrently with a writer: every field they
+ * read is loaded atomically and every field a writer changes is stored
+ * atomically, so a lockless reader never sees a torn pointer. It may see a
+ * tree in the middle of a rotation and so miss a node or, in theory, walk in
+ * a circle; `budget` bounds the steps it takes and the caller must validate
+ * what it found (cache.c does so with a sequence count). The nodes a lockless
+ * reader can reach must stay mapped memory for as long as it may run.
+ *
+ * Two intervals A and B overlap iff A.start <= B.last && B.start <= A.last.
+ */
+#ifndef DRC_ITREE_H
+#define DRC_ITREE_H
+
+#include <stdint.h>
+
+struct drc__itree_node {
+    uintptr_t start, last;          /* the interval, closed */
+    uintptr_t subtree_last;         /* max `last` over this subtree */
+    struct drc__itree_node *left, *right, *parent;
+    int red;
+};
+
+struct drc__itree {
+    struct drc__itree_node *root;
+};
+
+/* Insert @n (start and last set by the caller). Equal starts are allowed. */
+void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
+
+/* Remove @n, which must be in @t. */
+void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
+
+/*
+ * The overlapping node with the smallest start, and the next one after @n in
+ * start order. *budget is decremented for every node visited; when it reaches
+ * 0 the walk gives up and returns NULL. Pass a large budget under the lock.
+ */
+struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t start, uintptr_t last,
+                                         int *budget);
+struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr_t start, uintptr_t last,
+                                        int *budget);
+
+/*
+ * Check every invariant (BST order, red-black rules, parent links,
+ * subtree_last) and return the node count, or -1 if one is broken.
+ * O(n): for tests, fuzzers and DRC_DEBUG builds.
+ */
+long drc__itree_check(const struct drc__itree *t);
+
+#define DRC__ITREE_UNBOUNDED (1 << 30)
+
+#endif

@@ -1,0 +1,15 @@
+/*
+ * The process-wide list of caches that drc_notify_free() invalidates
+ * (implemented in notify.c). A cache subscribes in drc_cache_create and
+ * unsubscribes in drc_cache_destroy; unsubscribe waits until no
+ * drc_notify_free() still uses the cache.
+ */
+#ifndef DRC_NOTIFY_H
+#define DRC_NOTIFY_H
+
+#include "drc.h"
+
+int  drc__notify_subscribe(drc_cache_t *c);   /* 0 or -ENOSPC */
+void drc__notify_unsubscribe(drc_cache_t *c);
+
+#endif
