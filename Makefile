@@ -28,6 +28,13 @@ TEST_LIBS := -lcmocka $(LDLIBS)
 ASAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN := -fsanitize=thread
 
+# The first command on a fresh machine may be `make test` or `make demo`: install what they need first.
+ifneq ($(filter test test-unit test-asan test-tsan demo fuzz bench,$(MAKECMDGOALS)),)
+  ifneq ($(shell sh .ci/deps >&2; echo $$?),0)
+    $(error missing build dependencies: see above)
+  endif
+endif
+
 .PHONY: all test test-unit test-asan test-tsan test-gpu fuzz bench demo install clean
 all: $B/libdrc.a $B/libdrc.so $B/drc $B/drc.pc
 
@@ -49,9 +56,9 @@ TSAN_LIB_OBJS := $(patsubst src/%.c,$B/tsan/obj/%.o,$(LIB_SRCS))
 $B/libdrc.a: $(LIB_OBJS)
 	rm -f $@ && ar rcs $@ $^
 $B/libdrc.so: $(LIB_OBJS) src/drc.map
-	$(CC) -shared -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -o $@ $(LIB_OBJS) $(LDLIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -Wl,-z,nodelete -o $@ $(LIB_OBJS) $(LDLIBS)
 $B/drc: $B/obj/drc.o $B/obj/doctor.o $B/libdrc.a
-	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
 $B/drc.pc: Makefile
 	@mkdir -p $(@D)
 	printf 'prefix=%s\nlibdir=%s\nincludedir=$${prefix}/include\n\nName: drc\nDescription: RDMA registration cache with DMA-BUF for GPU memory\nVersion: 0.1.0\nLibs: -L$${libdir} -ldrc\nLibs.private: %s\nCflags: -I$${includedir}\n' \

@@ -69,7 +69,7 @@
 enum {
     LOOKUP_BUDGET = 256,   /* nodes a lockless walk may visit (depth of 2^64 nodes is < 128) */
     REG_RETRIES   = 8,     /* registrations raced by an invalidation before -EAGAIN */
-    STAT_SLOTS    = 16,
+    HIT_SLOTS     = 64,    /* threads that count hits in a slot of their own; the rest share one */
     CHUNK_REGIONS = 63,
 };
 
@@ -103,7 +103,7 @@ struct pending {
 };
 
 struct stat_slot {
-    uint64_t hits;                  /* atomic; one slot per group of threads */
+    uint64_t hits;                  /* atomic; written only by the slot's owner thread (see hit_slot) */
 } __attribute__((aligned(64)));
 
 struct drc_cache {
@@ -128,7 +128,7 @@ struct drc_cache {
     uint64_t misses, merges, invalidated, evicted, regs, regions, bytes;  /* c->lock */
     uint64_t deregs;                /* atomic: counted after the backend returns */
 
-    struct stat_slot hits[STAT_SLOTS];
+    struct stat_slot hits[HIT_SLOTS + 1];      /* [HIT_SLOTS] is shared, counted with atomic adds */
 };
 
 static struct drc_region *region_of(struct drc__itree_node *n)
@@ -136,14 +136,57 @@ static struct drc_region *region_of(struct drc__itree_node *n)
     return (struct drc_region *)((char *)n - offsetof(struct drc_region, node));
 }
 
-static unsigned stat_slot(void)
-{
-    static unsigned next;
-    static __thread unsigned mine __attribute__((tls_model("initial-exec")));
+/*
+ * Hit counting without a shared atomic on the hit path: a thread claims one of
+ * HIT_SLOTS slot numbers for its lifetime and is the only writer of that slot
+ * in every cache, so a plain load and store (atomic, relaxed) counts exactly.
+ * The claim is released at thread exit; the next owner's claim (an acquire
+ * CAS on the same mask) sees the last count. Threads beyond HIT_SLOTS share
+ * the last slot with atomic adds.
+ */
+static uint64_t slots_taken;        /* atomic bit mask */
+static pthread_key_t slot_key;
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+static __thread int my_slot __attribute__((tls_model("initial-exec"))) = -1;
 
-    if (!mine)
-        mine = __atomic_add_fetch(&next, 1, __ATOMIC_RELAXED) | (1u << 31);
-    return mine % STAT_SLOTS;
+static void slot_release(void *v)
+{
+    __atomic_fetch_and(&slots_taken, ~(1ull << ((uintptr_t)v - 1)), __ATOMIC_SEQ_CST);
+}
+
+static void slot_key_create(void)
+{
+    pthread_key_create(&slot_key, slot_release);
+}
+
+static int slot_claim(void)
+{
+    uint64_t m;
+    int i;
+
+    pthread_once(&slot_once, slot_key_create);
+    m = __atomic_load_n(&slots_taken, __ATOMIC_RELAXED);
+    while (~m) {
+        i = __builtin_ctzll(~m);
+        if (__atomic_compare_exchange_n(&slots_taken, &m, m | (1ull << i), 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_RELAXED)) {
+            pthread_setspecific(slot_key, (void *)(uintptr_t)(i + 1));
+            return i;
+        }
+    }
+    return HIT_SLOTS;
+}
+
+static void count_hit(drc_cache_t *c)
+{
+    int i = my_slot;
+
+    if (i < 0)
+        i = my_slot = slot_claim();
+    if (i == HIT_SLOTS)
+        __atomic_fetch_add(&c->hits[i].hits, 1, __ATOMIC_RELAXED);
+    else
+        ST(c->hits[i].hits, LD(c->hits[i].hits) + 1);
 }
 
 /* [addr, addr+len) as a closed range; -EINVAL for len 0 or overflow. */
@@ -519,8 +562,8 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
 
 /*
  * The locked path: a hit the lockless walk could not take, or a miss.
- * Returns 0 with *out, -EAGAIN if an invalidation raced the registration,
- * or an error.
+ * Returns 0 with a cached *out, 1 with a region registered just now, -EAGAIN
+ * if an invalidation raced the registration, or an error.
  */
 static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struct drc_region **out)
 {
@@ -542,7 +585,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         if (r) {
             __atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST);
             pthread_mutex_unlock(&c->lock);
-            __atomic_fetch_add(&c->hits[stat_slot()].hits, 1, __ATOMIC_RELAXED);
+            count_hit(c);
             *out = r;
             return 0;
         }
@@ -590,7 +633,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     pthread_mutex_unlock(&c->lock);
     release_list(c, dead);
     *out = r;
-    return 0;
+    return 1;
 }
 
 /* DRC_F_VALIDATE: is a CUDA hit still the buffer it was registered on? */
@@ -614,13 +657,15 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
         return err;
     for (tries = 0; tries < REG_RETRIES; tries++) {
         r = lookup_lockless(c, s, last, access);
-        if (r)
-            __atomic_fetch_add(&c->hits[stat_slot()].hits, 1, __ATOMIC_RELAXED);
-        else if ((err = get_slow(c, s, last, access, &r)) == -EAGAIN)
+        if (r) {
+            count_hit(c);
+            err = 0;
+        } else if ((err = get_slow(c, s, last, access, &r)) == -EAGAIN) {
             continue;
-        else if (err)
+        } else if (err < 0) {
             return err;
-        if (stale_hit(c, r, s, last)) {
+        }
+        if (err == 0 && stale_hit(c, r, s, last)) {
             /* freed and reallocated behind every hook: treat it as the invalidation it was */
             drc_region_bounds(r, &rs, &rlen);
             unref(c, r);
@@ -792,7 +837,7 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     memset(s, 0, sizeof(*s));
     if (!c)
         return;
-    for (i = 0; i < STAT_SLOTS; i++)
+    for (i = 0; i <= HIT_SLOTS; i++)
         s->hits += __atomic_load_n(&c->hits[i].hits, __ATOMIC_RELAXED);
     s->deregs = __atomic_load_n(&c->deregs, __ATOMIC_RELAXED);
     pthread_mutex_lock(&c->lock);
