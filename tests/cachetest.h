@@ -1,0 +1,77 @@
+/*
+ * Shared helpers for the cache tests: exact stats comparison and fake
+ * addresses. The cache never touches the memory it registers (the backend is
+ * the recording double of backend.h), so the tests use page-aligned fake
+ * addresses that need not be mapped.
+ */
+#ifndef DRC_TEST_CACHETEST_H
+#define DRC_TEST_CACHETEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backend.h"
+#include "drc.h"
+
+#define BASE ((uintptr_t)0x40000000)
+
+static inline size_t pg(void)
+{
+    return (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* The fake address @n pages (plus @off bytes) above BASE. */
+static inline const void *at(size_t n, size_t off)
+{
+    return (const void *)(BASE + n * pg() + off);
+}
+
+static inline void expect_stats_(drc_cache_t *c, struct drc_stats want, const char *file, int line)
+{
+    struct drc_stats s;
+    int bad = 0;
+
+    drc_cache_stats(c, &s);
+#define F(x)                                                                                               \
+    if (s.x != want.x) {                                                                                   \
+        fprintf(stderr, "%s:%d: stats." #x " is %llu, expected %llu\n", file, line,                       \
+                (unsigned long long)s.x, (unsigned long long)want.x);                                      \
+        bad = 1;                                                                                           \
+    }
+    F(hits) F(misses) F(merges) F(invalidated) F(evicted) F(regs) F(deregs) F(regions) F(bytes) F(in_use)
+#undef F
+    if (bad)
+        _fail(file, line);
+}
+
+/* Every field of drc_stats checked; the fields not named must be 0. */
+#define EXPECT_STATS(c, ...) expect_stats_((c), (struct drc_stats){ __VA_ARGS__ }, __FILE__, __LINE__)
+
+/* The backend id behind a region. */
+static inline unsigned long rid(const drc_region_t *r)
+{
+    return tb_id(drc_region_handle(r));
+}
+
+/* drc_get that must succeed. */
+static inline drc_region_t *get_ok_(drc_cache_t *c, const void *a, size_t len, unsigned acc, const char *file,
+                                    int line)
+{
+    drc_region_t *r = NULL;
+    int err = drc_get(c, a, len, acc, &r);
+
+    if (err || !r) {
+        fprintf(stderr, "%s:%d: drc_get returned %d (%s)\n", file, line, err, drc_strerror(err));
+        _fail(file, line);
+    }
+    return r;
+}
+#define get_ok(c, a, len, acc) get_ok_((c), (a), (len), (acc), __FILE__, __LINE__)
+
+#endif
