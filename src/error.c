@@ -2,6 +2,7 @@
  * drc_strerror: one table from errno to a sentence a user can act on.
  */
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 
 #include "drc.h"
@@ -34,8 +35,11 @@ const char *drc_strerror(int err)
 
     if (err == 0)
         return "success";
+    /* compare as err == -errno: -err overflows for INT_MIN */
     for (i = 0; i < sizeof(messages) / sizeof(messages[0]); i++)
-        if (-err == messages[i].err)
+        if (err == -messages[i].err)
             return messages[i].msg;
+    if (err == INT_MIN)
+        return "unknown error";
     return err < 0 ? strerror(-err) : "not an error code: drc errors are negative errno values";
 }
