@@ -58,6 +58,17 @@
 #include "mem.h"
 #include "notify.h"
 
+/*
+ * gcc refuses atomic_thread_fence under -fsanitize=thread (-Wtsan: TSan does
+ * not model fences). Keep the TSan build the same code: the fences only order
+ * the sequence count against the tree's atomic stores and loads, and every
+ * non-atomic field a lookup reads is published by the release store of r->word
+ * that tryget()'s CAS reads, which TSan does model.
+ */
+#if defined(__SANITIZE_THREAD__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wtsan"
+#endif
+
 #define HELD     (1ull << 63)
 #define USERS(w) ((w) & ~HELD)
 
@@ -219,6 +230,15 @@ static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t 
     struct drc__itree_node *n;
     struct drc_region *r;
 
+    /*
+     * Coalesced regions do not overlap, so the region starting last at or
+     * before s is the only candidate: one cache line per level. Overlapping
+     * regions (DRC_F_NO_MERGE, or merges refused by a size limit) fall
+     * through to the full overlap walk.
+     */
+    n = drc__itree_floor(t, s, budget);
+    if (n && LD(n->last) >= last && (LD(region_of(n)->access) & access) == access)
+        return region_of(n);
     for (n = drc__itree_first(t, s, last, budget); n; n = drc__itree_next(n, s, last, budget)) {
         if (LD(n->start) > s)
             break;      /* in start order: no later node starts early enough */
@@ -533,6 +553,8 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
 
     if (m->type == DRC_MEM_CUDA)
         err = drc__mem_export(m, a.start, a.len, c->flags, &a.dmabuf_fd, &a.dmabuf_offset);
+    if (err == -EOPNOTSUPP)
+        err = 0;    /* no dmabuf here (proprietary GPU module): the backend gets fd -1 and may use peermem */
     if (!err)
         err = c->be.reg(c->be.ctx, &a, handle, lkey, rkey);
     if (a.dmabuf_fd >= 0)

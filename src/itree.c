@@ -313,6 +313,23 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr
     }
 }
 
+struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
+{
+    const node_t *n = LD(t->root), *best = NULL;
+
+    while (n) {
+        if (--*budget < 0)
+            return NULL;
+        if (LD(n->start) <= key) {
+            best = n;
+            n = LD(n->right);
+        } else {
+            n = LD(n->left);
+        }
+    }
+    return (node_t *)best;
+}
+
 struct check {
     const node_t *prev;     /* in-order predecessor */
     long count;

@@ -49,6 +49,13 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr
                                         int *budget);
 
 /*
+ * The node with the largest start <= @key (the rightmost of equal starts), or
+ * NULL. A plain descent that reads one node per level: where intervals do not
+ * overlap, it is the only node that can contain a range starting at @key.
+ */
+struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget);
+
+/*
  * Check every invariant (BST order, red-black rules, parent links,
  * subtree_last) and return the node count, or -1 if one is broken.
  * O(n): for tests, fuzzers and DRC_DEBUG builds.
