@@ -12,4 +12,7 @@
 int  drc__notify_subscribe(drc_cache_t *c);   /* 0 or -ENOSPC */
 void drc__notify_unsubscribe(drc_cache_t *c);
 
+/* 1 while any cache is subscribed: the wrappers skip their driver lookups otherwise. Lock-free. */
+int  drc__notify_active(void);
+
 #endif
