@@ -24,7 +24,7 @@
 
 #include "drc.h"
 
-enum { TB_MAX = 1 << 16 };
+enum { TB_MAX = 1 << 20 };  /* handles per backend: reg() fails with -ENOSPC beyond */
 
 struct tb_rec {
     struct drc_reg_args args;   /* what reg() was asked */

@@ -1,0 +1,413 @@
+/*
+ * Thread tests of src/cache.c (also run under TSan).
+ *
+ * The backend is the recording double of backend.h: it hands out handle ids
+ * in the order reg() is entered, which lets a test tell a registration begun
+ * before an invalidation from one begun after it. No test asserts a timing:
+ * where a test wants a thread to be inside reg(), the backend tells it so.
+ */
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+
+#include "cachetest.h"
+
+#define LW IBV_ACCESS_LOCAL_WRITE
+#define RW IBV_ACCESS_REMOTE_WRITE
+#define RR IBV_ACCESS_REMOTE_READ
+
+static drc_cache_t *mk(struct tb *b, const struct drc_config *cfg)
+{
+    drc_cache_t *c = NULL;
+
+    assert_int_equal(drc_cache_create(&b->be, cfg, &c), 0);
+    return c;
+}
+
+static void done(struct tb *b, drc_cache_t *c)
+{
+    assert_int_equal(drc_cache_destroy(c), 0);
+    assert_int_equal(tb_live(b), 0);
+    assert_int_equal(tb_all_released_once(b), 0);
+    tb_free(b);
+}
+
+static int setup_alarm(void **state)
+{
+    (void)state;
+    alarm(240);     /* a deadlock fails the test instead of hanging it */
+    return 0;
+}
+
+/* ---- two threads missing on one range ------------------------------------ */
+
+enum { THREADS = 4, ROUNDS = 150 };
+
+struct same {
+    drc_cache_t *c;
+    pthread_barrier_t start, end;
+    drc_region_t *got[THREADS];
+    int err[THREADS];
+    int round;
+};
+
+struct same_arg {
+    struct same *s;
+    int me;
+};
+
+static int slow_reg(struct tb *b, unsigned long id, void *arg)
+{
+    (void)b;
+    (void)id;
+    (void)arg;
+    sched_yield();  /* a slow backend: widen the window in which others miss too */
+    sched_yield();
+    return 0;
+}
+
+static void *same_range_thread(void *p)
+{
+    struct same_arg *a = p;
+    struct same *s = a->s;
+    int k;
+
+    for (k = 0; k < ROUNDS; k++) {
+        pthread_barrier_wait(&s->start);
+        /* every thread asks for an overlapping part of the round's fresh range */
+        s->err[a->me] = drc_get(s->c, at(8 * (size_t)k, (size_t)a->me * 16), 64, LW, &s->got[a->me]);
+        pthread_barrier_wait(&s->end);
+        pthread_barrier_wait(&s->start);    /* main checks between the rounds */
+    }
+    return NULL;
+}
+
+static void concurrent_misses_leave_one_region(void **state)
+{
+    struct tb *b = tb_new();
+    struct same s = { .c = mk(b, NULL) };
+    struct same_arg args[THREADS];
+    pthread_t th[THREADS];
+    struct drc_stats st;
+    int i, k;
+
+    (void)state;
+    b->reg_hook = slow_reg;
+    pthread_barrier_init(&s.start, NULL, THREADS + 1);
+    pthread_barrier_init(&s.end, NULL, THREADS + 1);
+    for (i = 0; i < THREADS; i++) {
+        args[i] = (struct same_arg){ &s, i };
+        pthread_create(&th[i], NULL, same_range_thread, &args[i]);
+    }
+    for (k = 0; k < ROUNDS; k++) {
+        pthread_barrier_wait(&s.start);
+        pthread_barrier_wait(&s.end);
+        /* one registration of page 8k, shared by all */
+        for (i = 0; i < THREADS; i++) {
+            assert_int_equal(s.err[i], 0);
+            assert_int_equal(drc_region_valid(s.got[i]), 1);
+        }
+        assert_int_equal(tb_nreg(b), (unsigned long)k + 1);
+        for (i = 1; i < THREADS; i++)
+            assert_ptr_equal(s.got[i], s.got[0]);
+        drc_cache_stats(s.c, &st);
+        assert_int_equal(st.regions, (uint64_t)k + 1);
+        assert_int_equal(st.in_use, 1);
+        for (i = 0; i < THREADS; i++)
+            assert_int_equal(drc_put(s.c, s.got[i]), 0);
+        pthread_barrier_wait(&s.start);
+    }
+    for (i = 0; i < THREADS; i++)
+        pthread_join(th[i], NULL);
+    EXPECT_STATS(s.c, .hits = (uint64_t)ROUNDS * (THREADS - 1), .misses = ROUNDS, .regs = ROUNDS,
+                 .regions = ROUNDS, .bytes = (uint64_t)ROUNDS * pg());
+    pthread_barrier_destroy(&s.start);
+    pthread_barrier_destroy(&s.end);
+    done(b, s.c);
+}
+
+/* ---- an invalidation while another thread's reg() is blocked ------------- */
+
+struct gate {
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    int inside, open;
+    unsigned long block_id;     /* the registration to hold back */
+};
+
+static int gated_reg(struct tb *b, unsigned long id, void *arg)
+{
+    struct gate *g = arg;
+
+    (void)b;
+    if (id != g->block_id)
+        return 0;
+    pthread_mutex_lock(&g->m);
+    g->inside = 1;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->m);
+    pthread_mutex_unlock(&g->m);
+    return 0;
+}
+
+struct getter {
+    drc_cache_t *c;
+    const void *addr;
+    size_t len;
+    drc_region_t *r;
+    int err;
+};
+
+static void *getter_thread(void *p)
+{
+    struct getter *g = p;
+
+    g->err = drc_get(g->c, g->addr, g->len, LW, &g->r);
+    return NULL;
+}
+
+static void invalidation_while_reg_is_blocked(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct gate g = { .m = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .block_id = 1 };
+    struct getter x = { .c = c, .addr = at(0, 0), .len = 2 * pg() };
+    struct drc_stats st;
+    drc_region_t *o;
+    pthread_t th;
+
+    (void)state;
+    b->reg_hook = gated_reg;
+    b->reg_arg = &g;
+    pthread_create(&th, NULL, getter_thread, &x);
+    pthread_mutex_lock(&g.m);
+    while (!g.inside)
+        pthread_cond_wait(&g.cv, &g.m);
+    pthread_mutex_unlock(&g.m);
+
+    /* reg() is blocked: the cache's lock must be free for everything else */
+    drc_cache_stats(c, &st);
+    assert_int_equal(st.misses, 1);
+    assert_int_equal(st.regions, 0);
+    o = get_ok(c, at(10, 0), pg(), LW);         /* another range: id 2 */
+    assert_int_equal(rid(o), 2);
+    assert_int_equal(drc_put(c, o), 0);
+    assert_int_equal(drc_cache_destroy(c), -EBUSY);     /* a registration is in flight */
+    /* the memory under the blocked registration is freed */
+    assert_int_equal(drc_invalidate(c, at(1, 0), 1), 0);
+
+    pthread_mutex_lock(&g.m);
+    g.open = 1;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.m);
+    pthread_join(th, NULL);
+
+    /* the raced registration (id 1) was never returned, and was deregistered */
+    assert_int_equal(x.err, 0);
+    assert_int_equal(rid(x.r), 3);
+    assert_int_equal(tb_is_live(b, 1), 0);
+    assert_int_equal(drc_region_valid(x.r), 1);
+    EXPECT_STATS(c, .misses = 3, .regs = 3, .deregs = 1, .regions = 2, .bytes = 3 * pg(), .in_use = 1);
+    assert_int_equal(drc_put(c, x.r), 0);
+    done(b, c);
+}
+
+/* A second getter of the same range waits for the blocked one instead of registering again. */
+static void second_getter_waits_for_pending_registration(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct gate g = { .m = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .block_id = 1 };
+    struct getter x = { .c = c, .addr = at(0, 0), .len = pg() };
+    struct getter y = { .c = c, .addr = at(0, 8), .len = 8 };
+    pthread_t tx, ty;
+
+    (void)state;
+    b->reg_hook = gated_reg;
+    b->reg_arg = &g;
+    pthread_create(&tx, NULL, getter_thread, &x);
+    pthread_mutex_lock(&g.m);
+    while (!g.inside)
+        pthread_cond_wait(&g.cv, &g.m);
+    pthread_mutex_unlock(&g.m);
+    pthread_create(&ty, NULL, getter_thread, &y);
+    /* y runs (or will run) while x's registration is pending; let x finish whenever y got there */
+    sched_yield();
+    pthread_mutex_lock(&g.m);
+    g.open = 1;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.m);
+    pthread_join(tx, NULL);
+    pthread_join(ty, NULL);
+    assert_int_equal(x.err, 0);
+    assert_int_equal(y.err, 0);
+    assert_ptr_equal(x.r, y.r);
+    assert_int_equal(tb_nreg(b), 1);
+    EXPECT_STATS(c, .hits = 1, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_put(c, x.r), 0);
+    assert_int_equal(drc_put(c, y.r), 0);
+    done(b, c);
+}
+
+/* ---- hits, misses and merges racing invalidations ------------------------ */
+
+enum {
+    SPACE = 16, HITTERS = 2, INVALIDATIONS = 5000, MIN_GETS = 20000,
+    MAX_TRIES = 200000,     /* per hitter: keeps the backend's registrations under TB_MAX */
+};
+
+struct race {
+    drc_cache_t *c;
+    struct tb *b;
+    unsigned long floor[SPACE];     /* atomic: no region covering page p may have an id <= floor[p] */
+    int stop;                       /* atomic */
+    unsigned long violations, not_live, bad_bounds, gets, errors;  /* atomic */
+};
+
+struct hitter {
+    struct race *x;
+    uint64_t rng;
+};
+
+static uint64_t xs(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void *hitter_thread(void *p)
+{
+    static const unsigned acc[] = { LW, RR, LW | RW, 0 };
+    struct hitter *h = p;
+    struct race *x = h->x;
+    unsigned long snap[SPACE];
+    drc_region_t *r;
+    uintptr_t s;
+    size_t len, i, first, npages;
+    int err, tries;
+
+    for (tries = 0; tries < MAX_TRIES && !__atomic_load_n(&x->stop, __ATOMIC_ACQUIRE); tries++) {
+        size_t page = xs(&h->rng) % SPACE, off = xs(&h->rng) % pg();
+        size_t want = 1 + xs(&h->rng) % (2 * pg());
+        unsigned a = acc[xs(&h->rng) % 4];
+
+        if (page * pg() + off + want > SPACE * pg())
+            want = SPACE * pg() - page * pg() - off;
+        /* invalidations that returned before this get began */
+        for (i = 0; i < SPACE; i++)
+            snap[i] = __atomic_load_n(&x->floor[i], __ATOMIC_ACQUIRE);
+        err = drc_get(x->c, at(page, off), want, a, &r);
+        if (err) {
+            /* -EAGAIN: invalidated again and again while registering, a documented outcome */
+            if (err != -EAGAIN)
+                __atomic_fetch_add(&x->errors, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        __atomic_fetch_add(&x->gets, 1, __ATOMIC_RELAXED);
+        drc_region_bounds(r, &s, &len);
+        if (s > (uintptr_t)at(page, off) || s + len < (uintptr_t)at(page, off) + want ||
+            (drc_region_access(r) & a) != a)
+            __atomic_fetch_add(&x->bad_bounds, 1, __ATOMIC_RELAXED);
+        /* held: its handle must still be registered */
+        if (!tb_is_live(x->b, rid(r)))
+            __atomic_fetch_add(&x->not_live, 1, __ATOMIC_RELAXED);
+        first = (s - BASE) / pg();
+        npages = len / pg();
+        for (i = first; i < first + npages && i < SPACE; i++)
+            if (rid(r) <= snap[i])
+                __atomic_fetch_add(&x->violations, 1, __ATOMIC_RELAXED);
+        drc_put(x->c, r);
+    }
+    return NULL;
+}
+
+static void race_invalidations(const struct drc_config *cfg)
+{
+    struct race x = { 0 };
+    struct hitter h[HITTERS];
+    pthread_t th[HITTERS];
+    uint64_t rng = 42;
+    struct drc_stats st;
+    unsigned long before;
+    int i, k;
+    size_t p;
+
+    x.b = tb_new();
+    x.c = mk(x.b, cfg);
+    for (i = 0; i < HITTERS; i++) {
+        h[i] = (struct hitter){ &x, 0x1234567ull * (uint64_t)(i + 1) };
+        pthread_create(&th[i], NULL, hitter_thread, &h[i]);
+    }
+    /* run until both sides did enough: the hitters may start late on a loaded machine */
+    for (k = 0; k < INVALIDATIONS || (__atomic_load_n(&x.gets, __ATOMIC_RELAXED) < MIN_GETS && k < 20 * INVALIDATIONS);
+         k++) {
+        size_t page = xs(&rng) % SPACE, n = 1 + xs(&rng) % 3;
+
+        if (page + n > SPACE)
+            n = SPACE - page;
+        /* every registration entered before this point has an id <= before */
+        before = tb_nreg(x.b);
+        assert_true(drc_invalidate(x.c, at(page, xs(&rng) % 64), n * pg() - 64) >= 0);
+        for (p = page; p < page + n; p++)
+            __atomic_store_n(&x.floor[p], before, __ATOMIC_RELEASE);
+        if (k % 64 == 0)
+            sched_yield();
+    }
+    __atomic_store_n(&x.stop, 1, __ATOMIC_RELEASE);
+    for (i = 0; i < HITTERS; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(x.errors, 0);
+    assert_int_equal(x.violations, 0);
+    assert_int_equal(x.not_live, 0);
+    assert_int_equal(x.bad_bounds, 0);
+    drc_cache_stats(x.c, &st);
+    print_message("%lu gets (%llu hits, %llu misses, %llu merges) against %d invalidations\n", x.gets,
+                  (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.merges, k);
+    assert_int_equal(st.in_use, 0);
+    assert_int_equal(st.regs, tb_nreg(x.b));
+    assert_int_equal(st.regs - st.deregs, tb_live(x.b));
+    assert_int_equal(tb_live(x.b), st.regions);
+    if (cfg && cfg->max_regions)
+        assert_true(st.regions <= cfg->max_regions);
+    done(x.b, x.c);
+}
+
+static void gets_after_invalidate_never_return_old_regions(void **state)
+{
+    (void)state;
+    race_invalidations(NULL);
+}
+
+static void same_race_without_merging(void **state)
+{
+    struct drc_config cfg = { .flags = DRC_F_NO_MERGE };
+
+    (void)state;
+    race_invalidations(&cfg);
+}
+
+static void same_race_with_eviction(void **state)
+{
+    struct drc_config cfg = { .max_regions = 3, .max_bytes = 6 * pg() };
+
+    (void)state;
+    race_invalidations(&cfg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(concurrent_misses_leave_one_region, setup_alarm),
+        cmocka_unit_test_setup(invalidation_while_reg_is_blocked, setup_alarm),
+        cmocka_unit_test_setup(second_getter_waits_for_pending_registration, setup_alarm),
+        cmocka_unit_test_setup(gets_after_invalidate_never_return_old_regions, setup_alarm),
+        cmocka_unit_test_setup(same_race_without_merging, setup_alarm),
+        cmocka_unit_test_setup(same_race_with_eviction, setup_alarm),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
