@@ -14,7 +14,7 @@ PICFLAGS := -fPIC -fvisibility=hidden
 LDLIBS   := -libverbs -ljemalloc -ldl -lpthread
 
 # Sources of libdrc: every src/*.c except the programs and preload libraries listed here.
-NOT_LIB  := src/drc.c src/doctor.c src/hook_preload.c src/verbs_preload.c
+NOT_LIB  := src/drc.c src/doctor.c src/hook_preload.c src/hook_cupti.c src/verbs_preload.c
 LIB_SRCS := $(filter-out $(NOT_LIB),$(wildcard src/*.c))
 HDRS     := include/drc.h $(wildcard src/*.h)
 
@@ -107,6 +107,27 @@ $B/bench/%: tests/bench/%.c $B/libdrc.a
 	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ $< $B/libdrc.a $($*_LDFLAGS) $(LDLIBS) -lm
 bench: $(addprefix $B/bench/,$(BENCHES))
 	@set -e; for b in $^; do echo "== $$b"; $$b; done
+
+# ---- invalidation hooks (issue 4): libdrc_hook.so and the doubles its test runs against ----
+# The hook library is built at -O2 with sibling calls whatever CFLAGS say: its dlsym must
+# tail-call libc's, which resolves RTLD_NEXT from the caller's return address.
+HOOK_OBJS := $B/hook/hook_preload.o $B/hook/hook_cupti.o
+$B/hook/%.o: src/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -O2 -g -foptimize-sibling-calls $(WARN) $(PICFLAGS) -c $< -o $@
+$B/libdrc_hook.so: $(HOOK_OBJS)
+	$(CC) -shared $(LDFLAGS) -o $@ $(HOOK_OBJS) -ldl
+all: $B/libdrc_hook.so
+# A double of libcuda.so.1 (there is no GPU in CI) and the programs the preload test runs under
+# LD_PRELOAD, all without sanitizers (ASan does not mix with preloading another library).
+$B/fakecuda/libcuda.so.1: tests/hooks/fake_cuda.c tests/hooks/fake_cuda.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/hooks -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $<
+$B/hooktest/hook_child: tests/hooks/hook_child.c tests/hooks/fake_cuda.h $B/libdrc.a $B/fakecuda/libcuda.so.1
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/hooks -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/fakecuda -l:libcuda.so.1 \
+	  -Wl,-rpath,'$$ORIGIN/../fakecuda' $(LDLIBS)
+$B/tests/test_hook_preload $B/asan/tests/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child
 
 # ---- the demo and the doctor -----------------------------------------------
 demo: $B/drc

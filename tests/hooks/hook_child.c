@@ -1,0 +1,170 @@
+/*
+ * The program the preload test (tests/test_hook_preload.c) runs, with and
+ * without LD_PRELOAD=build/libdrc_hook.so, against the fake libcuda.so.1 of
+ * fake_cuda.c (a double: no GPU in CI).
+ *
+ * Usage: hook_child MODE. It allocates fake device memory, registers two
+ * regions of it in a drc cache (one held, one idle), frees the allocation
+ * the way MODE says, and at the moment the fake driver frees it checks what
+ * drc did. Prints one line, "MODE: notified" or "MODE: NOT notified", and
+ * exits 0 when drc was told before the free, 2 when not, 1 on a setup error.
+ *
+ * MODE: direct    call cuMemFree_v2 (linked)
+ *       gpa       ask the linked cuGetProcAddress_v2 for "cuMemFree", call that
+ *       runtime   as the CUDA runtime: dlopen libcuda, dlsym cuGetProcAddress_v2,
+ *                 ask it for "cuGetProcAddress", ask that for "cuMemFree" (3020)
+ *       runtime-async  the same for "cuMemFreeAsync" (11020, per-thread stream)
+ *       dlsym     dlsym(libcuda, "cuMemFree_v2")
+ *       unmap     dlsym(libcuda, "cuMemUnmap") on the whole allocation
+ *       wrapper   drc_cuMemFree (no preload needed)
+ *       rtld-next check that dlsym(RTLD_NEXT) still means "after the caller"
+ *       nocache   free through every path with no cache created: all succeed
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "drc.h"
+#include "fake_cuda.h"
+
+typedef int free_fn(unsigned long long);
+typedef int free_async_fn(unsigned long long, void *);
+typedef int unmap_fn(unsigned long long, size_t);
+typedef int gpa2_fn(const char *, void **, int, unsigned long long, int *);
+
+static unsigned long deregs;
+
+static int reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
+{
+    static uintptr_t next;
+
+    (void)ctx;
+    (void)a;
+    *handle = (void *)++next;
+    *lkey = *rkey = (uint32_t)next;
+    return 0;
+}
+
+static int dereg(void *ctx, void *handle)
+{
+    (void)ctx;
+    (void)handle;
+    deregs++;
+    return 0;
+}
+
+struct seen {
+    drc_region_t *held;
+    int called, held_valid;
+    unsigned long deregs;
+};
+
+static void on_free(uintptr_t ptr, size_t len, const char *entry, void *arg)
+{
+    struct seen *s = arg;
+
+    (void)ptr;
+    (void)len;
+    (void)entry;
+    s->called = 1;
+    s->held_valid = drc_region_valid(s->held);
+    s->deregs = deregs;
+}
+
+static void *sym(const char *name)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+
+    return h ? dlsym(h, name) : NULL;
+}
+
+static int free_by(const char *mode, unsigned long long d, size_t len)
+{
+    void *f = NULL, *gpa = NULL;
+    int st;
+
+    if (!strcmp(mode, "direct"))
+        return cuMemFree_v2(d);
+    if (!strcmp(mode, "wrapper"))
+        return drc_cuMemFree(d);
+    if (!strcmp(mode, "gpa")) {
+        if (cuGetProcAddress_v2("cuMemFree", &f, 3020, 0, &st) || !f)
+            return -1;
+        return ((free_fn *)f)(d);
+    }
+    if (!strcmp(mode, "runtime") || !strcmp(mode, "runtime-async")) {
+        gpa2_fn *first = (gpa2_fn *)sym("cuGetProcAddress_v2");
+
+        if (!first || first("cuGetProcAddress", &gpa, 13000, 0, &st) || !gpa)
+            return -1;
+        if (!strcmp(mode, "runtime")) {
+            if (((gpa2_fn *)gpa)("cuMemFree", &f, 3020, 0, &st) || !f)
+                return -1;
+            return ((free_fn *)f)(d);
+        }
+        if (((gpa2_fn *)gpa)("cuMemFreeAsync", &f, 11020, 2, &st) || !f)
+            return -1;
+        return ((free_async_fn *)f)(d, NULL);
+    }
+    if (!strcmp(mode, "dlsym"))
+        return (f = sym("cuMemFree_v2")) ? ((free_fn *)f)(d) : -1;
+    if (!strcmp(mode, "unmap"))
+        return (f = sym("cuMemUnmap")) ? ((unmap_fn *)f)(d, len) : -1;
+    return -1;
+}
+
+static int nocache(void)
+{
+    static const char *const modes[] = { "direct", "gpa", "runtime", "runtime-async", "dlsym", "unmap" };
+    unsigned long long d;
+    unsigned i;
+
+    for (i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        if (cuMemAlloc_v2(&d, 1 << 16) || free_by(modes[i], d, 1 << 16)) {
+            printf("nocache: %s failed\n", modes[i]);
+            return 1;
+        }
+    }
+    printf("nocache: %u frees\n", fake_cuda_frees());
+    return fake_cuda_frees() == i ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    struct drc_backend be = { reg, dereg, NULL };
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 4 * pg;
+    struct seen s = { 0 };
+    unsigned long long d;
+    drc_region_t *idle;
+    drc_cache_t *c;
+    const char *mode = argc > 1 ? argv[1] : "direct";
+    int err;
+
+    if (!strcmp(mode, "rtld-next")) {
+        void *next = dlsym(RTLD_NEXT, "cuMemFree_v2");
+
+        /* from the executable, the next definition is whichever one the executable itself binds to */
+        printf("rtld-next: %s\n", next == (void *)cuMemFree_v2 ? "relative to the caller" : "WRONG object");
+        return next == (void *)cuMemFree_v2 ? 0 : 2;
+    }
+    if (!strcmp(mode, "nocache"))
+        return nocache();
+    if (drc_cache_create(&be, NULL, &c) || cuMemAlloc_v2(&d, len))
+        return 1;
+    if (drc_get(c, (void *)(uintptr_t)(d + pg), pg, 0x1, &s.held) ||
+        drc_get(c, (void *)(uintptr_t)(d + 3 * pg), pg, 0x1, &idle) || drc_put(c, idle))
+        return 1;
+    fake_cuda_on_free(on_free, &s);
+    err = free_by(mode, d, len);
+    if (err || !s.called) {
+        printf("%s: the free failed (%d)\n", mode, err);
+        return 1;
+    }
+    /* notified = the held region was invalid and the idle one deregistered while the memory still existed */
+    printf("%s: %s (held region valid at free: %d, deregs at free: %lu)\n", mode,
+           !s.held_valid && s.deregs == 1 ? "notified" : "NOT notified", s.held_valid, s.deregs);
+    drc_put(c, s.held);
+    drc_cache_destroy(c);
+    return !s.held_valid && s.deregs == 1 ? 0 : 2;
+}

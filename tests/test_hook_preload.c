@@ -1,0 +1,207 @@
+/*
+ * Tests of build/libdrc_hook.so (src/hook_preload.c): does LD_PRELOADing it
+ * make drc invalidate before a free, however the program reaches the driver?
+ *
+ * There is no GPU in CI: the driver is build/fakecuda/libcuda.so.1, a DOUBLE
+ * (tests/hooks/fake_cuda.c) whose "device memory" is host memory and which,
+ * inside every free, lets the program look at what drc has done. The program
+ * is tests/hooks/hook_child.c, run as a child process without sanitizers
+ * (this binary may be an ASan build; ASan does not mix with preloading). The
+ * child exits 0 when the region it held was invalidated and the idle one
+ * deregistered before the memory was freed, 2 when not.
+ *
+ * Each path is also run without the hook library, where the child must
+ * report the stale region (exit 2): the check can fail, and does when no
+ * hook is in place.
+ */
+#include <limits.h>
+#include <setjmp.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+extern char **environ;
+
+static char build[PATH_MAX];
+
+/* The build folder: the one above this binary that holds hooktest/hook_child. */
+static int find_build(void **state)
+{
+    char exe[PATH_MAX], probe[PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    const char *env = getenv("DRC_BUILD");
+    int up;
+
+    (void)state;
+    if (env) {
+        snprintf(build, sizeof(build), "%s", env);
+        return 0;
+    }
+    if (n <= 0)
+        return -1;
+    exe[n] = 0;
+    for (up = 0; up < 4; up++) {
+        char *slash = strrchr(exe, '/');
+
+        if (!slash)
+            return -1;
+        *slash = 0;
+        snprintf(probe, sizeof(probe), "%s/hooktest/hook_child", exe);
+        if (access(probe, X_OK) == 0) {
+            snprintf(build, sizeof(build), "%s", exe);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Run the child in @mode; @preload: with the hook library; @monitor: DRC_MONITOR or NULL. Its exit status. */
+static int run_child(const char *mode, int preload, const char *monitor, char *out, size_t outlen)
+{
+    char child[PATH_MAX + 32], pre[PATH_MAX + 48], mon[64];
+    char *argv[] = { child, (char *)mode, NULL };
+    char *envp[8];
+    int e = 0, fds[2], status;
+    posix_spawn_file_actions_t fa;
+    ssize_t got, total = 0;
+    pid_t pid;
+
+    snprintf(child, sizeof(child), "%s/hooktest/hook_child", build);
+    snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/libdrc_hook.so", build);
+    envp[e++] = "PATH=/usr/bin:/bin";
+    if (preload)
+        envp[e++] = pre;
+    if (monitor) {
+        snprintf(mon, sizeof(mon), "DRC_MONITOR=%s", monitor);
+        envp[e++] = mon;
+    }
+    envp[e] = NULL;
+    assert_int_equal(pipe(fds), 0);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    assert_int_equal(posix_spawn(&pid, child, &fa, NULL, argv, envp), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    while (total < (ssize_t)outlen - 1 && (got = read(fds[0], out + total, outlen - 1 - total)) > 0)
+        total += got;
+    out[total] = 0;
+    close(fds[0]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    printf("  [%s%s%s] %s", preload ? "preload" : "no hook", monitor ? ", DRC_MONITOR=" : "", monitor ? monitor : "",
+           out);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+static void caught(const char *mode)
+{
+    char out[512], want[64];
+
+    snprintf(want, sizeof(want), "%s: notified", mode);
+    assert_int_equal(run_child(mode, 1, NULL, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, want));
+    /* the control: the same program without the hook keeps the stale region */
+    snprintf(want, sizeof(want), "%s: NOT notified", mode);
+    assert_int_equal(run_child(mode, 0, NULL, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, want));
+}
+
+/* A program linked with -lcuda calling cuMemFree_v2 itself. */
+static void test_direct_cuMemFree_v2(void **state)
+{
+    (void)state;
+    caught("direct");
+}
+
+/* A program asking the linked cuGetProcAddress_v2 for "cuMemFree". */
+static void test_through_cuGetProcAddress(void **state)
+{
+    (void)state;
+    caught("gpa");
+}
+
+/* What the CUDA runtime does: dlsym(libcuda, "cuGetProcAddress_v2") -> "cuGetProcAddress" -> "cuMemFree". */
+static void test_through_dlsym_like_the_runtime(void **state)
+{
+    (void)state;
+    caught("runtime");
+}
+
+/* The same path for cuMemFreeAsync with the per-thread default stream (the _ptsz entry). */
+static void test_free_async_like_the_runtime(void **state)
+{
+    (void)state;
+    caught("runtime-async");
+}
+
+/* dlsym(libcuda, "cuMemFree_v2") and dlsym(libcuda, "cuMemUnmap"). */
+static void test_dlsym_of_the_free_itself(void **state)
+{
+    (void)state;
+    caught("dlsym");
+    caught("unmap");
+}
+
+/* The explicit wrapper needs no preload, and is not broken by one. */
+static void test_wrapper_with_and_without_preload(void **state)
+{
+    char out[512];
+
+    (void)state;
+    assert_int_equal(run_child("wrapper", 0, NULL, out, sizeof(out)), 0);
+    assert_int_equal(run_child("wrapper", 1, NULL, out, sizeof(out)), 0);
+}
+
+/* DRC_MONITOR=none turns the library into a pass-through: the stale region stays (and the free works). */
+static void test_monitor_none_passes_through(void **state)
+{
+    char out[512];
+
+    (void)state;
+    assert_int_equal(run_child("runtime", 1, "none", out, sizeof(out)), 2);
+}
+
+/* Interposing dlsym must keep RTLD_NEXT relative to the program that called it. */
+static void test_rtld_next_keeps_its_meaning(void **state)
+{
+    char out[512];
+
+    (void)state;
+    assert_int_equal(run_child("rtld-next", 1, NULL, out, sizeof(out)), 0);
+}
+
+/* A program that never creates a cache: every free path still frees, through the hook. */
+static void test_no_cache_every_path_still_frees(void **state)
+{
+    char out[512];
+
+    (void)state;
+    assert_int_equal(run_child("nocache", 1, NULL, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "nocache: 6 frees"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_direct_cuMemFree_v2),
+        cmocka_unit_test(test_through_cuGetProcAddress),
+        cmocka_unit_test(test_through_dlsym_like_the_runtime),
+        cmocka_unit_test(test_free_async_like_the_runtime),
+        cmocka_unit_test(test_dlsym_of_the_free_itself),
+        cmocka_unit_test(test_wrapper_with_and_without_preload),
+        cmocka_unit_test(test_monitor_none_passes_through),
+        cmocka_unit_test(test_rtld_next_keeps_its_meaning),
+        cmocka_unit_test(test_no_cache_every_path_still_frees),
+    };
+
+    return cmocka_run_group_tests(tests, find_build, NULL);
+}
