@@ -14,7 +14,7 @@ PICFLAGS := -fPIC -fvisibility=hidden
 LDLIBS   := -libverbs -ljemalloc -ldl -lpthread
 
 # Sources of libdrc: every src/*.c except the programs and preload libraries listed here.
-NOT_LIB  := src/drc.c src/doctor.c src/hook_preload.c src/hook_cupti.c src/verbs_preload.c
+NOT_LIB  := src/drc.c src/doctor.c src/hook_preload.c src/hook_cupti.c src/verbs_preload.c src/hook_host.c
 LIB_SRCS := $(filter-out $(NOT_LIB),$(wildcard src/*.c))
 HDRS     := include/drc.h $(wildcard src/*.h)
 
@@ -105,6 +105,8 @@ BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
 $B/bench/%: tests/bench/%.c $B/libdrc.a
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ $< $B/libdrc.a $($*_LDFLAGS) $(LDLIBS) -lm
+# ---- bench_cache (drc vs UCX ucs_rcache) ----
+bench_cache_LDFLAGS := -lucs -lucm
 bench: $(addprefix $B/bench/,$(BENCHES))
 	@set -e; for b in $^; do echo "== $$b"; $$b; done
 

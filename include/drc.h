@@ -196,6 +196,18 @@ DRC_API int drc_cache_verbs_method(drc_cache_t *c, int device);
  */
 DRC_API struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access);
 DRC_API int drc_dereg_mr(struct ibv_mr *mr);
+/*
+ * drc_dereg_mr returns 0 or a negative errno; an MR that drc_reg_mr did not
+ * hand out (including ones it passed straight to ibv_reg_mr because of access
+ * bits outside DRC_ACCESS_MASK) is passed to ibv_dereg_mr.
+ *
+ * drc_pd_release: deregister the cached MRs of @pd and drop its cache; call it
+ * before ibv_dealloc_pd (which fails with EBUSY while cached MRs exist).
+ * Returns 0 (also when @pd has no cache), -EINVAL for NULL, or -EBUSY while an
+ * MR from drc_reg_mr on @pd is not yet deregistered. Must not race
+ * drc_reg_mr on the same @pd.
+ */
+DRC_API int drc_pd_release(struct ibv_pd *pd);
 
 /* ---- Invalidation from the allocator ----------------------------------- */
 
