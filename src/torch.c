@@ -50,11 +50,11 @@ static int ensure_context(const struct drc__hook_driver *d, int device)
     void *ctx = NULL;
     int dev;
 
-    if (!d->ctx_get_current || !d->ctx_set_current || !d->device_get || !d->primary_ctx_retain)
+    if (!d->ctx_get_current)
         return -1;
     if (d->ctx_get_current(&ctx) == 0 && ctx)
         return 0;
-    if (d->device_get(&dev, device) || d->primary_ctx_retain(&ctx, dev) || d->ctx_set_current(ctx))
+    if (!d->ctx_set_current || !d->device_get || !d->primary_ctx_retain || d->device_get(&dev, device) || d->primary_ctx_retain(&ctx, dev) || d->ctx_set_current(ctx))
         return -1;
     return 0;       /* the primary context is retained for the life of the process */
 }
