@@ -1,0 +1,24 @@
+#!/bin/sh
+# Build and run every GPU test program, then `drc doctor`; print a summary.
+# Usage: tests/gpu/run.sh [BUILD_DIR]   (default: ../../build, absolute)
+# Each program prints "<name>: N checks, M failed" as its last line; to add one,
+# list it in GPU_PROGS in tests/gpu/Makefile: this script runs all of them.
+cd "$(dirname "$0")" || exit 1
+B=${1:-$(cd ../.. && pwd)/build}
+echo "== drc GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n)"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/== GPU: /'
+# A newer compiler may warn where this one did not: then build without -Werror, and say so.
+make -s B="$B" || { echo "== build with -Werror FAILED: building with warnings off"; make -s B="$B" WARN=-w; } ||
+    { echo "== build FAILED"; exit 1; }
+progs=$(make -s B="$B" -p 2>/dev/null | sed -n 's/^GPU_PROGS := //p' | head -1)
+fail=0
+for p in $progs; do
+    echo "== $p"
+    "$B/gpu/$p"
+    rc=$?
+    [ "$rc" -eq 0 ] || { fail=$((fail + 1)); echo "== $p FAILED (exit $rc)"; }
+done
+echo "== drc doctor"
+"$B/gpu/drc" doctor
+echo "== summary: $(echo $progs | wc -w) programs, $fail failed"
+[ "$fail" -eq 0 ]

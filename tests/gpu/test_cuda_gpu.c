@@ -1,0 +1,454 @@
+/*
+ * GPU tests of the CUDA layer (src/cuda.c) through the cache, on real CUDA.
+ *
+ * The GPU machine has no RDMA NIC, so the registrations go to a RECORDING
+ * BACKEND (a double, below) that registers nothing: inside reg() it records
+ * the arguments and reads the size of the dmabuf fd it was handed from
+ * /proc/self/fdinfo, so that offsets and lengths are checked against what
+ * CUDA really exported. Everything on the CUDA side is real: allocations,
+ * classification, VMM walks, exports, buffer ids, contexts.
+ */
+#include <cuda.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../src/cuda.h"
+#include "drc.h"
+#include "gpu.h"
+#include "mem.h"
+
+enum { MiB = 1 << 20, MAXREC = 256 };
+
+/* ---- the recording backend (a double: no NIC here) ---------------------- */
+struct rec {
+    int calls, deregs;
+    struct drc_reg_args a[MAXREC];
+    long fd_size[MAXREC];   /* fdinfo size of the dmabuf fd at reg() time, -1 without fd */
+};
+
+static long fdinfo_size(int fd)
+{
+    char path[64], line[256];
+    long size = -1;
+    FILE *f;
+
+    if (fd < 0)
+        return -1;
+    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+    if (!(f = fopen(path, "r")))
+        return -2;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "size: %ld", &size) == 1)
+            break;
+    fclose(f);
+    return size;
+}
+
+static int rec_reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
+{
+    struct rec *r = ctx;
+    int i = r->calls++;
+
+    if (i < MAXREC) {
+        r->a[i] = *a;
+        r->fd_size[i] = fdinfo_size(a->dmabuf_fd);
+    }
+    *handle = (void *)(uintptr_t)(i + 1);
+    *lkey = *rkey = (uint32_t)i + 1;
+    return 0;
+}
+
+static int rec_dereg(void *ctx, void *handle)
+{
+    (void)handle;
+    ((struct rec *)ctx)->deregs++;
+    return 0;
+}
+
+static drc_cache_t *rec_cache(struct rec *r, unsigned flags)
+{
+    struct drc_backend be = { rec_reg, rec_dereg, r };
+    struct drc_config cfg = { 0, 0, flags, DRC_DMABUF_THEN_PEERMEM };
+    drc_cache_t *c = NULL;
+
+    memset(r, 0, sizeof(*r));
+    if (drc_cache_create(&be, &cfg, &c))
+        exit(2);
+    return c;
+}
+
+static void done(drc_cache_t *c)
+{
+    int e = drc_cache_destroy(c);
+
+    CHECK(e == 0, "destroy: %s", drc_strerror(e));
+}
+
+static int get_put(drc_cache_t *c, CUdeviceptr p, size_t len)
+{
+    drc_region_t *r;
+    int e = drc_get(c, (void *)(uintptr_t)p, len, 0x7, &r);
+
+    if (!e)
+        drc_put(c, r);
+    return e;
+}
+
+static CUcontext ctx;
+static size_t page;
+
+/* ---- cuMemAlloc, sub-ranges, unaligned requests ------------------------- */
+static void test_mem_alloc(void)
+{
+    CUdeviceptr p;
+    struct rec r;
+    drc_cache_t *c = rec_cache(&r, 0);
+    struct drc__mem m;
+    uint64_t off;
+    int e, fd;
+
+    printf("cuMemAlloc 64 MiB, whole / sub-range / unaligned\n");
+    CU(cuMemAlloc(&p, 64 * MiB));
+    e = get_put(c, p, 64 * MiB);
+    CHECK(e == 0, "%s", drc_strerror(e));
+    CHECK(r.calls == 1 && r.a[0].type == DRC_MEM_CUDA && r.a[0].device == 0, "calls %d", r.calls);
+    CHECK(r.a[0].start == p && r.a[0].len == 64 * MiB && r.a[0].dmabuf_offset == 0, "start %#lx len %zu off %lu",
+          (unsigned long)r.a[0].start, r.a[0].len, (unsigned long)r.a[0].dmabuf_offset);
+    CHECK(r.fd_size[0] == 64 * MiB, "fdinfo size %ld", r.fd_size[0]);
+    drc_notify_free((void *)(uintptr_t)p, 64 * MiB);
+
+    /* an unaligned request inside: the region is its page hull, the export exactly that */
+    e = get_put(c, p + 3 * page + 100, 10000);
+    CHECK(e == 0, "%s", drc_strerror(e));
+    CHECK(r.calls == 2 && r.a[1].start == p + 3 * page &&
+              r.a[1].len == ((100 + 10000 + page - 1) / page) * page && r.a[1].dmabuf_offset == 0,
+          "start +%#lx len %zu", (unsigned long)(r.a[1].start - p), r.a[1].len);
+    CHECK(r.fd_size[1] == (long)r.a[1].len, "fdinfo size %ld, len %zu", r.fd_size[1], r.a[1].len);
+
+    /* the export itself, at an unaligned start: base rounded down, offset kept */
+    e = drc__mem_classify(p + 5 * page + 123, 2 * page, &m);
+    CHECK(e == 0 && m.type == DRC_MEM_CUDA && m.lo == p && m.hi == p + 64 * MiB, "classify %d lo %#lx hi %#lx", e,
+          (unsigned long)m.lo, (unsigned long)m.hi);
+    e = drc__mem_export(&m, p + 5 * page + 123, 2 * page, 0, &fd, &off);
+    CHECK(e == 0 && off == 123 && fdinfo_size(fd) == (long)(3 * page), "export %d off %lu size %ld", e,
+          (unsigned long)off, e ? 0 : fdinfo_size(fd));
+    if (!e)
+        close(fd);
+    /* a request running out of the allocation is refused, nothing registered */
+    e = get_put(c, p + 63 * MiB, 2 * MiB);
+    CHECK(e == -EFAULT && r.calls == 2, "e %d calls %d", e, r.calls);
+    drc_notify_free((void *)(uintptr_t)p, 64 * MiB);
+    done(c);
+    CU(cuMemFree(p));
+}
+
+/* ---- cuMemAllocAsync, pinned host, a small allocation, PCIe flag --------- */
+static void test_other_kinds(void)
+{
+    CUdeviceptr p;
+    void *h;
+    struct rec r;
+    drc_cache_t *c = rec_cache(&r, DRC_F_DMABUF_PCIE);
+    int e;
+
+    printf("cuMemAllocAsync, cuMemAllocHost, 1000-byte cuMemAlloc, DRC_F_DMABUF_PCIE\n");
+    CU(cuMemAllocAsync(&p, 8 * MiB, 0));
+    CU(cuCtxSynchronize());
+    e = get_put(c, p, 8 * MiB);
+    CHECK(e == 0 && r.calls == 1 && r.a[0].type == DRC_MEM_CUDA && r.fd_size[0] == 8 * MiB,
+          "async: %s, calls %d, size %ld", drc_strerror(e), r.calls, r.fd_size[0]);
+    printf("  cuMemAllocAsync exported with DRC_F_DMABUF_PCIE set (PCIe type tried, fell back): %s\n",
+           e ? "no" : "yes");
+    drc_notify_free((void *)(uintptr_t)p, 8 * MiB);
+    CU(cuMemFreeAsync(p, 0));
+    CU(cuCtxSynchronize());
+
+    CU(cuMemAllocHost(&h, 4 * MiB));
+    e = get_put(c, (CUdeviceptr)(uintptr_t)h, 4 * MiB);
+    CHECK(e == 0 && r.calls == 2 && r.a[1].type == DRC_MEM_HOST && r.a[1].dmabuf_fd == -1,
+          "pinned host: %s type %d", drc_strerror(e), r.a[1].type);
+    drc_notify_free(h, 4 * MiB);
+    CU(cuMemFreeHost(h));
+
+    CU(cuMemAlloc(&p, 1000));
+    e = get_put(c, p, 1000);
+    printf("  1000-byte cuMemAlloc: %s%s (region %zu bytes, fdinfo %ld)\n", e ? "refused: " : "registered",
+           e ? drc_strerror(e) : "", r.a[r.calls - 1].len, r.fd_size[r.calls - 1]);
+    CHECK(e == 0 || e == -EFAULT, "%s", drc_strerror(e));
+    drc_notify_free((void *)(uintptr_t)p, 1000);
+    CU(cuMemFree(p));
+    done(c);
+}
+
+/* ---- VMM ----------------------------------------------------------------- */
+struct vmm {
+    CUdeviceptr va;
+    size_t gran, size;
+    CUmemGenericAllocationHandle h[4];
+    int mapped;
+};
+
+static void vmm_make(struct vmm *v, int chunks, int mapped, int gdr)
+{
+    CUmemAllocationProp prop;
+    CUmemAccessDesc acc;
+    int i;
+
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.allocFlags.gpuDirectRDMACapable = (unsigned char)gdr;
+    CU(cuMemGetAllocationGranularity(&v->gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    v->size = v->gran * chunks;
+    v->mapped = mapped;
+    CU(cuMemAddressReserve(&v->va, v->size, 0, 0, 0));
+    memset(&acc, 0, sizeof(acc));
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (i = 0; i < mapped; i++) {
+        CU(cuMemCreate(&v->h[i], v->gran, &prop, 0));
+        CU(cuMemMap(v->va + i * v->gran, v->gran, 0, v->h[i], 0));
+        CU(cuMemSetAccess(v->va + i * v->gran, v->gran, &acc, 1));
+    }
+}
+
+static void vmm_free(struct vmm *v)
+{
+    int i;
+
+    drc_notify_free((void *)(uintptr_t)v->va, v->size);
+    for (i = 0; i < v->mapped; i++) {
+        CU(cuMemUnmap(v->va + i * v->gran, v->gran));
+        CU(cuMemRelease(v->h[i]));
+    }
+    CU(cuMemAddressFree(v->va, v->size));
+}
+
+static void test_vmm(void)
+{
+    struct vmm v;
+    struct rec r;
+    drc_cache_t *c = rec_cache(&r, 0);
+    struct drc__mem m;
+    int e;
+
+    printf("VMM: 3 chunks mapped with gpuDirectRDMACapable, 1 of 2 mapped, without the flag\n");
+    vmm_make(&v, 3, 3, 1);
+    e = drc__mem_classify(v.va + v.gran / 2, v.gran, &m);
+    CHECK(e == 0 && m.type == DRC_MEM_CUDA && m.lo == v.va && m.hi == v.va + v.size,
+          "classify %d: lo +%#lx hi +%#lx (gran %zu)", e, (unsigned long)(m.lo - v.va), (unsigned long)(m.hi - v.va),
+          v.gran);
+    printf("  buffer ids of chunk 0 and 1: %llu %llu\n", (unsigned long long)m.buffer_id,
+           (unsigned long long)m.buffer_id_end);
+    /* one registration across the first two chunks, exported as one dmabuf */
+    e = get_put(c, v.va + v.gran / 2, v.gran);
+    CHECK(e == 0 && r.calls == 1 && r.a[0].start == v.va + v.gran / 2 && r.a[0].len == v.gran &&
+              r.fd_size[0] == (long)v.gran,
+          "%s calls %d size %ld", drc_strerror(e), r.calls, r.fd_size[0]);
+    /* coalescing inside the run of chunks: the union, one export */
+    e = get_put(c, v.va + v.gran, 2 * v.gran);
+    CHECK(e == 0 && r.calls == 2 && r.a[1].start == v.va + v.gran / 2 && r.a[1].len == 2 * v.gran + v.gran / 2 &&
+              r.fd_size[1] == (long)r.a[1].len,
+          "%s calls %d start +%#lx len %zu size %ld", drc_strerror(e), r.calls,
+          (unsigned long)(r.a[1].start - v.va), r.a[1].len, r.fd_size[1]);
+    vmm_free(&v);
+
+    vmm_make(&v, 2, 1, 1);
+    e = get_put(c, v.va, v.size);
+    CHECK(e == -EFAULT && r.calls == 2, "half-mapped: %s, calls %d", drc_strerror(e), r.calls);
+    e = get_put(c, v.va, v.gran);
+    CHECK(e == 0 && r.calls == 3 && r.fd_size[2] == (long)v.gran, "mapped half: %s", drc_strerror(e));
+    vmm_free(&v);
+
+    vmm_make(&v, 1, 1, 0);
+    e = get_put(c, v.va, v.size);
+    CHECK(e == -EACCES && r.calls == 3, "no gpuDirectRDMACapable: %s, calls %d", drc_strerror(e), r.calls);
+    printf("  without gpuDirectRDMACapable: %s\n", drc_strerror(e));
+    vmm_free(&v);
+    done(c);
+}
+
+/* ---- coalescing inside one allocation, never across two ----------------- */
+static void test_coalesce(void)
+{
+    CUdeviceptr a, b;
+    struct rec r;
+    drc_cache_t *c = rec_cache(&r, 0);
+    struct drc_stats s;
+    int e;
+
+    printf("coalescing: inside one cuMemAlloc, never across two\n");
+    CU(cuMemAlloc(&a, 4 * MiB));
+    CU(cuMemAlloc(&b, 4 * MiB));
+    printf("  two 4 MiB allocations %s adjacent (b - a = %lld)\n", b == a + 4 * MiB ? "are" : "are not",
+           (long long)(b - a));
+    e = get_put(c, a, MiB);
+    CHECK(e == 0, "%s", drc_strerror(e));
+    e = get_put(c, a + MiB / 2, 2 * MiB);
+    CHECK(e == 0 && r.calls == 2 && r.a[1].start == a && r.a[1].len == 5 * MiB / 2 &&
+              r.fd_size[1] == 5 * MiB / 2,
+          "union: start +%#lx len %zu", (unsigned long)(r.a[1].start - a), r.a[1].len);
+    e = get_put(c, a + 3 * MiB, MiB);
+    CHECK(e == 0, "%s", drc_strerror(e));
+    e = get_put(c, b, MiB);
+    CHECK(e == 0 && r.calls == 4 && r.a[3].start == b && r.a[3].len == MiB, "b: start %#lx len %zu",
+          (unsigned long)r.a[3].start, r.a[3].len);
+    drc_cache_stats(c, &s);
+    CHECK(s.merges == 1 || (s.merges == 2 && r.a[2].start == a), "merges %llu", (unsigned long long)s.merges);
+    if (b == a + 4 * MiB) {
+        e = get_put(c, a + 3 * MiB, 2 * MiB);
+        CHECK(e == -EFAULT && r.calls == 4, "across two allocations: %s", drc_strerror(e));
+    }
+    drc_notify_free((void *)(uintptr_t)a, 4 * MiB);
+    drc_notify_free((void *)(uintptr_t)b, 4 * MiB);
+    CU(cuMemFree(a));
+    CU(cuMemFree(b));
+    done(c);
+}
+
+/* ---- DRC_F_VALIDATE catches a free no hook saw --------------------------- */
+static void test_validate(void)
+{
+    struct rec r, r2;
+    drc_cache_t *c = rec_cache(&r, DRC_F_VALIDATE);
+    drc_cache_t *plain;
+    struct drc_stats s;
+    struct drc__mem m1, m2;
+    CUdeviceptr p, q;
+    int e;
+
+    /* a second recorder for the cache without validation */
+    plain = rec_cache(&r2, 0);
+    printf("DRC_F_VALIDATE: cuMemFree + cuMemAlloc behind the cache's back\n");
+    CU(cuMemAlloc(&p, 32 * MiB));
+    drc__mem_classify(p, 32 * MiB, &m1);
+    CHECK(get_put(c, p, 32 * MiB) == 0 && get_put(plain, p, 32 * MiB) == 0, "first gets");
+    CU(cuMemFree(p));   /* no drc_notify_free: a free no hook saw */
+    CU(cuMemAlloc(&q, 32 * MiB));
+    drc__mem_classify(q, 32 * MiB, &m2);
+    printf("  realloc: %s VA, buffer id %llu -> %llu\n", q == p ? "same" : "different",
+           (unsigned long long)m1.buffer_id, (unsigned long long)m2.buffer_id);
+    CHECK(m1.buffer_id != m2.buffer_id, "buffer ids");
+    e = get_put(c, q, 32 * MiB);
+    drc_cache_stats(c, &s);
+    if (q == p) {
+        CHECK(e == 0 && r.calls == 2 && s.invalidated == 1 && r.fd_size[1] == 32 * MiB,
+              "validate: %s regs %d invalidated %llu", drc_strerror(e), r.calls, (unsigned long long)s.invalidated);
+        e = get_put(plain, q, 32 * MiB);
+        CHECK(e == 0 && r2.calls == 1, "without validation the stale region is a hit: regs %d", r2.calls);
+        printf("  without DRC_F_VALIDATE the stale region was returned: %s\n", r2.calls == 1 ? "yes" : "no");
+    }
+    drc_notify_free((void *)(uintptr_t)q, 32 * MiB);
+    CU(cuMemFree(q));
+    done(c);
+    done(plain);
+}
+
+/* ---- a thread with no current context ----------------------------------- */
+static CUdeviceptr thread_p;
+static struct vmm thread_vmm;
+static int thread_err[2];
+static CUcontext thread_before, thread_after;
+static drc_cache_t *thread_cache;
+
+static void *no_ctx_thread(void *arg)
+{
+    (void)arg;
+    cuCtxGetCurrent(&thread_before);
+    thread_err[0] = get_put(thread_cache, thread_p, 2 * MiB);
+    thread_err[1] = get_put(thread_cache, thread_vmm.va, thread_vmm.size);
+    cuCtxGetCurrent(&thread_after);
+    return NULL;
+}
+
+static void test_contexts(void)
+{
+    struct rec r;
+    pthread_t t;
+
+    printf("contexts: registration from a thread with no current context\n");
+    thread_cache = rec_cache(&r, 0);
+    CU(cuMemAlloc(&thread_p, 2 * MiB));
+    vmm_make(&thread_vmm, 1, 1, 1);
+    pthread_create(&t, NULL, no_ctx_thread, NULL);
+    pthread_join(t, NULL);
+    CHECK(thread_before == NULL, "the new thread had a context");
+    CHECK(thread_err[0] == 0 && thread_err[1] == 0 && r.calls == 2 && r.fd_size[0] == 2 * MiB &&
+              r.fd_size[1] == (long)thread_vmm.size,
+          "cuMemAlloc: %s, VMM: %s", drc_strerror(thread_err[0]), drc_strerror(thread_err[1]));
+    CHECK(thread_after == NULL, "the caller's (absent) context was not restored: %p", (void *)thread_after);
+    drc_notify_free((void *)(uintptr_t)thread_p, 2 * MiB);
+    CU(cuMemFree(thread_p));
+    vmm_free(&thread_vmm);
+    done(thread_cache);
+}
+
+/* ---- the cost of a hit ---------------------------------------------------- */
+static void test_hit_cost(void)
+{
+    unsigned flags[2] = { 0, DRC_F_VALIDATE };
+    CUdeviceptr p;
+    int i, k, n, bad;
+
+    printf("cost of a hit (drc_get + drc_put of a registered 4 KiB in a 64 MiB region)\n");
+    CU(cuMemAlloc(&p, 64 * MiB));
+    for (k = 0; k < 2; k++) {
+        struct rec r;
+        drc_cache_t *c = rec_cache(&r, flags[k]);
+        double t0, t1;
+
+        n = k ? 200000 : 2000000;
+        get_put(c, p, 64 * MiB);
+        bad = 0;
+        t0 = gpu_now_ns();
+        for (i = 0; i < n; i++)
+            bad += get_put(c, p + (size_t)(i % 16384) * 4096, 4096) != 0;
+        t1 = gpu_now_ns();
+        CHECK(bad == 0 && r.calls == 1, "hits failed %d, regs %d", bad, r.calls);
+        printf("  %-16s %.1f ns per hit (%d hits)\n", k ? "DRC_F_VALIDATE" : "no validation", (t1 - t0) / n, n);
+        drc_notify_free((void *)(uintptr_t)p, 64 * MiB);
+        done(c);
+    }
+    CU(cuMemFree(p));
+}
+
+/* ---- facts the code relies on --------------------------------------------- */
+static void facts(void)
+{
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr p;
+    CUresult rc;
+
+    CU(cuMemAlloc(&p, 2 * MiB));
+    rc = cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)p);
+    printf("fact: cuMemRetainAllocationHandle on cuMemAlloc memory: %s\n", rc ? "fails (not VMM)" : "succeeds");
+    if (!rc)
+        cuMemRelease(h);
+    CU(cuMemFree(p));
+}
+
+int main(void)
+{
+    CUdevice dev;
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    page = (size_t)sysconf(_SC_PAGESIZE);
+    CU(cuInit(0));
+    CU(cuDeviceGet(&dev, 0));
+    CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CU(cuCtxSetCurrent(ctx));
+    CHECK(drc__cuda_driver() != NULL, "drc found no driver");
+    facts();
+    test_mem_alloc();
+    test_other_kinds();
+    test_vmm();
+    test_coalesce();
+    test_validate();
+    test_contexts();
+    test_hit_cost();
+    return gpu_summary("test_cuda_gpu");
+}
