@@ -626,6 +626,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     widen_hull(c, p.start, p.last);
     pthread_mutex_unlock(&c->lock);
 
+    drc__notify_wait_frees(p.start, p.last);    /* never export memory a hook is freeing (notify.c) */
     err = register_plan(c, &p, &m, &handle, &lkey, &rkey);
     registered = !err;
 

@@ -5,8 +5,8 @@
  * libcupti is loaded with dlopen (DRC_CUPTI_LIB names it, else the usual
  * places), a callback subscriber is registered, and the enter callbacks of
  * cuMemFree_v2, cuMemFreeAsync(_ptsz), cuMemUnmap, cudaFree and
- * cudaFreeAsync(_ptsz) are enabled; each one notifies drc before the driver
- * frees. The driver runs these callbacks however the program reached the
+ * cudaFreeAsync(_ptsz) are enabled: each enter invalidates the range and
+ * marks it as being freed, the matching exit withdraws the mark. The driver runs these callbacks however the program reached the
  * entry point, runtime included.
  *
  * The limit: CUPTI allows one callback subscriber per process, so this
@@ -93,22 +93,35 @@ static void on_callback(void *userdata, int domain, uint32_t cbid, const void *d
 {
     const struct cupti_cbdata *cb = data;
     enum what w = NONE;
+    int t = -1;
 
     (void)userdata;
-    if (!cb || cb->site != SITE_ENTER || !cb->params)
+    if (!cb || !cb->params)
         return;
     if (by_name)
         w = classify(domain, cb->function_name);
     else if (cbid < MAX_CBID)
         w = domain == DOMAIN_DRIVER ? driver_what[cbid] : domain == DOMAIN_RUNTIME ? runtime_what[cbid] : NONE;
+    if (w == NONE)
+        return;
+    if (cb->site != SITE_ENTER) {
+        /* the exit callback: the memory is gone, withdraw the mark the enter set (its ticket + 1) */
+        if (cb->correlation_data && *cb->correlation_data)
+            drc__hook_end((int)*cb->correlation_data - 1);
+        return;
+    }
     /* every one of these takes the pointer first; cuMemUnmap's size follows it */
     if (w == FREE) {
-        drc__hook_before_free(*(const unsigned long long *)cb->params);
-    } else if (w == UNMAP) {
+        t = drc__hook_begin_free(*(const unsigned long long *)cb->params);
+    } else {
         const struct { unsigned long long ptr; size_t size; } *p = cb->params;
 
-        drc__hook_before_unmap(p->ptr, p->size);
+        t = drc__hook_begin_unmap(p->ptr, p->size);
     }
+    if (cb->correlation_data)
+        *cb->correlation_data = (uint64_t)(t + 1);  /* CUPTI's scratch word from enter to exit */
+    else
+        drc__hook_end(t);
 }
 
 static void *open_cupti(void)

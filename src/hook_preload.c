@@ -29,8 +29,10 @@
  * per-thread stream). Should the slots run out, the real pointer is handed
  * back and that path is not caught (DRC_HOOK_DEBUG=1 says so on stderr).
  *
- * Nothing here enters drc until drc itself says where it is: the first cache
- * created calls drc_hook_attach() (notify.c). Until then, and whenever no
+ * Each wrapper brackets the real call: drc's begin (invalidate the whole
+ * allocation and mark it as being freed) before, end after (notify.c,
+ * "Frees in flight"). Nothing here enters drc until drc itself says where it
+ * is: the first cache created calls drc_hook_attach() (notify.c). Until then, and whenever no
  * cache exists, a free costs one load more than without this library.
  * Lookups that drc's own code makes (libdrc.so's driver tables) get the real
  * functions: their callers are recognised by exporting drc_notify_free.
@@ -52,13 +54,19 @@
 
 typedef unsigned long long cuptr;
 typedef void *dlsym_fn(void *, const char *);
-typedef int notify_fn(const void *, size_t);
+
+/* What drc hands over in drc_hook_attach(): notify.h's struct drc__hook_ops, version 1. */
+struct hook_ops {
+    int version;
+    int (*begin)(const void *addr, size_t len);
+    void (*end)(int ticket);
+    const unsigned *caches;
+};
 
 enum mode { MODE_UNSET = 0, MODE_HOOK = 1, MODE_CUPTI = 2, MODE_OFF = 3 };
 
 static int mode;                        /* atomic: enum mode, decided once */
-static notify_fn *notify;               /* atomic: drc_notify_free of the drc that attached */
-static const unsigned *live_caches;     /* atomic: its count of subscribed caches */
+static const struct hook_ops *ops;      /* atomic: the drc that attached */
 static dlsym_fn *libc_dlsym;            /* atomic */
 static int debug;
 
@@ -119,50 +127,53 @@ __attribute__((constructor)) static void hook_init(void)
  * Called by drc (notify.c) when its first cache is created. One drc per
  * process: a second one attaching replaces the first.
  */
-EXPORT void drc_hook_attach(notify_fn *fn, const unsigned *caches)
+EXPORT void drc_hook_attach(const struct hook_ops *o)
 {
-    __atomic_store_n(&live_caches, caches, __ATOMIC_RELEASE);
-    __atomic_store_n(&notify, fn, __ATOMIC_RELEASE);
+    if (!o || o->version != 1)
+        return;
+    __atomic_store_n(&ops, o, __ATOMIC_RELEASE);
     if (debug)
         fprintf(stderr, "drc hook: attached to drc (monitor: %s)\n",
                 get_mode() == MODE_CUPTI ? "cupti" : get_mode() == MODE_HOOK ? "hook" : "off");
 }
 
-static notify_fn *active_notify(void)
+static const struct hook_ops *active_ops(void)
 {
-    notify_fn *fn = __atomic_load_n(&notify, __ATOMIC_ACQUIRE);
-    const unsigned *caches;
+    const struct hook_ops *o = __atomic_load_n(&ops, __ATOMIC_ACQUIRE);
 
-    if (!fn)
-        return NULL;
-    caches = __atomic_load_n(&live_caches, __ATOMIC_ACQUIRE);
-    return caches && __atomic_load_n(caches, __ATOMIC_ACQUIRE) ? fn : NULL;
+    return o && __atomic_load_n(o->caches, __ATOMIC_ACQUIRE) ? o : NULL;
 }
 
-void drc__hook_before_free(cuptr dptr)
+int drc__hook_begin_free(cuptr dptr)
 {
     static int (*range)(cuptr *, size_t *, cuptr);
-    notify_fn *fn = active_notify();
+    const struct hook_ops *o = active_ops();
     cuptr base = 0;
     size_t size = 0;
 
-    if (!fn || !dptr)
-        return;
+    if (!o || !dptr)
+        return -1;
     if (!__atomic_load_n(&range, __ATOMIC_ACQUIRE))
         __atomic_store_n((void **)&range, driver_sym("cuMemGetAddressRange_v2"), __ATOMIC_RELEASE);
     /* the bounds while the pointer is still valid: a region may cover any part of the allocation */
     if (range && range(&base, &size, dptr) == 0 && size)
-        fn((const void *)(uintptr_t)base, size);
-    else
-        fn((const void *)(uintptr_t)dptr, 1);
+        return o->begin((const void *)(uintptr_t)base, size);
+    return o->begin((const void *)(uintptr_t)dptr, 1);
 }
 
-void drc__hook_before_unmap(cuptr ptr, size_t size)
+int drc__hook_begin_unmap(cuptr ptr, size_t size)
 {
-    notify_fn *fn = active_notify();
+    const struct hook_ops *o = active_ops();
 
-    if (fn && ptr && size)
-        fn((const void *)(uintptr_t)ptr, size);
+    return o && ptr && size ? o->begin((const void *)(uintptr_t)ptr, size) : -1;
+}
+
+void drc__hook_end(int ticket)
+{
+    const struct hook_ops *o = __atomic_load_n(&ops, __ATOMIC_ACQUIRE);
+
+    if (o && ticket >= 0)
+        o->end(ticket);
 }
 
 static int hooking(void)
@@ -191,27 +202,30 @@ static int call_free(void *real, cuptr d)
 {
     if (!real)
         return 3;       /* CUDA_ERROR_NOT_INITIALIZED: there is no driver behind us */
-    if (hooking())
-        drc__hook_before_free(d);
-    return ((free_fn *)real)(d);
+    int t = hooking() ? drc__hook_begin_free(d) : -1, r = ((free_fn *)real)(d);
+
+    drc__hook_end(t);
+    return r;
 }
 
 static int call_free_async(void *real, cuptr d, void *stream)
 {
     if (!real)
         return 3;
-    if (hooking())
-        drc__hook_before_free(d);
-    return ((free_async_fn *)real)(d, stream);
+    int t = hooking() ? drc__hook_begin_free(d) : -1, r = ((free_async_fn *)real)(d, stream);
+
+    drc__hook_end(t);
+    return r;
 }
 
 static int call_unmap(void *real, cuptr p, size_t size)
 {
     if (!real)
         return 3;
-    if (hooking())
-        drc__hook_before_unmap(p, size);
-    return ((unmap_fn *)real)(p, size);
+    int t = hooking() ? drc__hook_begin_unmap(p, size) : -1, r = ((unmap_fn *)real)(p, size);
+
+    drc__hook_end(t);
+    return r;
 }
 
 /* Which wrapper an answer of cuGetProcAddress gets, by the symbol asked for. */
@@ -395,9 +409,10 @@ EXPORT int cudaFree(void *ptr)
     int err;
 
     if (next_sym(&next, "cudaFree")) {
-        if (hooking())
-            drc__hook_before_free((cuptr)(uintptr_t)ptr);
-        return ((int (*)(void *))next)(ptr);
+        int t = hooking() ? drc__hook_begin_free((cuptr)(uintptr_t)ptr) : -1, r = ((int (*)(void *))next)(ptr);
+
+        drc__hook_end(t);
+        return r;
     }
     /*
      * No shared runtime behind us: someone found this symbol with dlsym
@@ -417,9 +432,11 @@ EXPORT int cudaFreeAsync(void *ptr, void *stream)
     static void *next, *drv_free_async;
 
     if (next_sym(&next, "cudaFreeAsync")) {
-        if (hooking())
-            drc__hook_before_free((cuptr)(uintptr_t)ptr);
-        return ((int (*)(void *, void *))next)(ptr, stream);
+        int t = hooking() ? drc__hook_begin_free((cuptr)(uintptr_t)ptr) : -1;
+        int r = ((int (*)(void *, void *))next)(ptr, stream);
+
+        drc__hook_end(t);
+        return r;
     }
     return rt_error(call_free_async(next_sym(&drv_free_async, "cuMemFreeAsync"), (cuptr)(uintptr_t)ptr, stream));
 }

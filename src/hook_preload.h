@@ -8,11 +8,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Tell drc the allocation containing @dptr is about to be freed (whole bounds looked up first). */
-void drc__hook_before_free(unsigned long long dptr);
-
-/* Tell drc [ptr, ptr+size) is about to be unmapped. */
-void drc__hook_before_unmap(unsigned long long ptr, size_t size);
+/*
+ * Begin the free of the allocation containing @dptr (its whole bounds looked
+ * up first) or of the mapping [ptr, ptr+size): drc invalidates it and marks
+ * it as being freed. Returns a ticket for drc__hook_end(), to call once the
+ * real free returned (-1: drc is not attached or has no cache).
+ */
+int drc__hook_begin_free(unsigned long long dptr);
+int drc__hook_begin_unmap(unsigned long long ptr, size_t size);
+void drc__hook_end(int ticket);
 
 /* The real dlsym (libc's), for code of the hook library that must not see its own interposer. */
 void *drc__hook_real_dlsym(void *handle, const char *name);

@@ -3,8 +3,11 @@
  *
  * Each one tells drc before the memory goes, then frees it: it looks up the
  * bounds of the whole allocation (cuMemGetAddressRange) while the pointer is
- * still valid, calls drc_notify_free() on them, and only then calls the real
- * function, returning its result unchanged. Looking the bounds up first
+ * still valid, invalidates them in every cache and marks them as being freed
+ * (drc__notify_begin), calls the real function, and withdraws the mark once
+ * it returned (drc__notify_end), returning its result unchanged. The mark
+ * keeps registrations of the range from exporting the memory while it goes
+ * (notify.c, "Frees in flight"). Looking the bounds up first
  * matters: after the free the driver no longer knows them, and a region may
  * cover any part of the allocation, not only the byte the pointer names.
  *
@@ -93,50 +96,57 @@ void drc__hooks_set_driver(const struct drc__hook_driver *d)
     }
 }
 
-void drc__hooks_notify_alloc(const struct drc__hook_driver *d, drc__cuptr dptr)
+int drc__hooks_begin_free(const struct drc__hook_driver *d, drc__cuptr dptr)
 {
     drc__cuptr base = 0;
     size_t size = 0;
 
     if (!dptr || !drc__notify_active())
-        return;
+        return -1;
     if (d->mem_get_address_range && d->mem_get_address_range(&base, &size, dptr) == CU_SUCCESS && size)
-        drc_notify_free((const void *)(uintptr_t)base, size);
-    else
-        drc_notify_free((const void *)(uintptr_t)dptr, 1);
+        return drc__notify_begin((const void *)(uintptr_t)base, size);
+    return drc__notify_begin((const void *)(uintptr_t)dptr, 1);
 }
 
 int drc_cuMemFree(unsigned long long dptr)
 {
     const struct drc__hook_driver *d = drc__hooks_driver();
+    int t, err;
 
     if (!d->mem_free)
         return CU_ERROR_NOT_INITIALIZED;
-    drc__hooks_notify_alloc(d, dptr);
-    return d->mem_free(dptr);
+    t = drc__hooks_begin_free(d, dptr);
+    err = d->mem_free(dptr);
+    drc__notify_end(t);
+    return err;
 }
 
 int drc_cuMemFreeAsync(unsigned long long dptr, void *stream)
 {
     const struct drc__hook_driver *d = drc__hooks_driver();
+    int t, err;
 
     if (!d->mem_free_async)
         return CU_ERROR_NOT_INITIALIZED;
     /* Early, not wrong: the caller promises not to touch the memory once the free is enqueued. */
-    drc__hooks_notify_alloc(d, dptr);
-    return d->mem_free_async(dptr, stream);
+    t = drc__hooks_begin_free(d, dptr);
+    err = d->mem_free_async(dptr, stream);
+    drc__notify_end(t);
+    return err;
 }
 
 int drc_cuMemUnmap(unsigned long long ptr, size_t size)
 {
     const struct drc__hook_driver *d = drc__hooks_driver();
+    int t, err;
 
     if (!d->mem_unmap)
         return CU_ERROR_NOT_INITIALIZED;
     /* A VMM mapping is exactly the range given: no lookup. */
-    if (ptr && size && drc__notify_active())
-        drc_notify_free((const void *)(uintptr_t)ptr, size);
-    return d->mem_unmap(ptr, size);
+    t = ptr && size ? drc__notify_begin((const void *)(uintptr_t)ptr, size) : -1;
+    err = d->mem_unmap(ptr, size);
+    drc__notify_end(t);
+    return err;
 }
 
 int drc_cuMemRelease(unsigned long long handle)
@@ -182,24 +192,14 @@ static void *runtime_fn(void *const *cached, const char *name)
     return f;
 }
 
-int drc_cudaFree(void *ptr)
+/* The runtime free, or what a static runtime's cudaFree does for cudaMalloc memory. */
+static int cuda_free(const struct drc__hook_driver *d, int (*rt)(void *), void *ptr)
 {
-    const struct drc__hook_driver *d = drc__hooks_driver();
-    int (*rt)(void *) = d->rt_free;
     int err;
 
-    if (d == &real_driver)
-        *(void **)&rt = runtime_fn((void *const *)&real_driver.rt_free, "cudaFree");
-    drc__hooks_notify_alloc(d, (drc__cuptr)(uintptr_t)ptr);
     if (rt)
         return rt(ptr);
-    /*
-     * A statically linked runtime hides its cudaFree. Do what it does for
-     * cudaMalloc memory: wait for the device, then free. (cudaFree(NULL) is
-     * the runtime's idiom for "initialise": nothing to free then.)
-     */
-    if (!ptr)
-        return CUDA_RT_SUCCESS;
+    /* A statically linked runtime hides its cudaFree: wait for the device, then free. */
     if (!d->mem_free)
         return CUDA_RT_INITIALIZATION_ERROR;
     if (d->ctx_synchronize && (err = d->ctx_synchronize()) != CU_SUCCESS)
@@ -207,17 +207,36 @@ int drc_cudaFree(void *ptr)
     return rt_error(d->mem_free((drc__cuptr)(uintptr_t)ptr));
 }
 
+int drc_cudaFree(void *ptr)
+{
+    const struct drc__hook_driver *d = drc__hooks_driver();
+    int (*rt)(void *) = d->rt_free;
+    int t, err;
+
+    if (d == &real_driver)
+        *(void **)&rt = runtime_fn((void *const *)&real_driver.rt_free, "cudaFree");
+    if (!ptr)   /* the runtime's idiom for "initialise": nothing is freed */
+        return rt ? rt(ptr) : CUDA_RT_SUCCESS;
+    t = drc__hooks_begin_free(d, (drc__cuptr)(uintptr_t)ptr);
+    err = cuda_free(d, rt, ptr);
+    drc__notify_end(t);
+    return err;
+}
+
 int drc_cudaFreeAsync(void *ptr, void *stream)
 {
     const struct drc__hook_driver *d = drc__hooks_driver();
     int (*rt)(void *, void *) = d->rt_free_async;
+    int t, err;
 
     if (d == &real_driver)
         *(void **)&rt = runtime_fn((void *const *)&real_driver.rt_free_async, "cudaFreeAsync");
-    drc__hooks_notify_alloc(d, (drc__cuptr)(uintptr_t)ptr);
+    t = drc__hooks_begin_free(d, (drc__cuptr)(uintptr_t)ptr);
     if (rt)
-        return rt(ptr, stream);
-    if (!d->mem_free_async)
-        return CUDA_RT_INITIALIZATION_ERROR;
-    return rt_error(d->mem_free_async((drc__cuptr)(uintptr_t)ptr, stream));
+        err = rt(ptr, stream);
+    else
+        err = d->mem_free_async ? rt_error(d->mem_free_async((drc__cuptr)(uintptr_t)ptr, stream))
+                                : CUDA_RT_INITIALIZATION_ERROR;
+    drc__notify_end(t);
+    return err;
 }

@@ -93,11 +93,13 @@ const struct drc__hook_driver *drc__hooks_driver(void);
 void drc__hooks_set_driver(const struct drc__hook_driver *d);
 
 /*
- * Notify the whole allocation containing @dptr (its bounds from
- * mem_get_address_range), or nothing when no cache exists. When the bounds
- * cannot be found, the first byte is notified, so at least every region
- * containing @dptr goes. The frees of hooks.c and torch.c start with this.
+ * Begin the free of the whole allocation containing @dptr (its bounds from
+ * mem_get_address_range): drc__notify_begin() on it, or nothing when no
+ * cache exists. When the bounds cannot be found, the first byte is used, so
+ * at least every region containing @dptr goes. Returns the ticket to pass to
+ * drc__notify_end() once the real free has returned. The frees of hooks.c
+ * and torch.c are: ticket = begin; real free; end(ticket).
  */
-void drc__hooks_notify_alloc(const struct drc__hook_driver *d, drc__cuptr dptr);
+int drc__hooks_begin_free(const struct drc__hook_driver *d, drc__cuptr dptr);
 
 #endif

@@ -7,6 +7,9 @@
 #ifndef DRC_NOTIFY_H
 #define DRC_NOTIFY_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "drc.h"
 
 int  drc__notify_subscribe(drc_cache_t *c);   /* 0 or -ENOSPC */
@@ -14,5 +17,29 @@ void drc__notify_unsubscribe(drc_cache_t *c);
 
 /* 1 while any cache is subscribed: the wrappers skip their driver lookups otherwise. Lock-free. */
 int  drc__notify_active(void);
+
+/*
+ * Bracket a real free (see notify.c, "Frees in flight"): begin publishes
+ * [addr, addr+len) as being freed and invalidates it in every cache (as
+ * drc_notify_free); end, called once the memory is really gone, withdraws
+ * it. begin returns the ticket for end (-1: nothing was published, end is a
+ * no-op). Neither allocates nor takes a lock.
+ */
+int  drc__notify_begin(const void *addr, size_t len);
+void drc__notify_end(int ticket);
+
+/*
+ * cache.c, after it made a registration pending and before it exports:
+ * wait while a free overlapping [s, last] is in flight.
+ */
+void drc__notify_wait_frees(uintptr_t s, uintptr_t last);
+
+/* What drc hands the hook library (hook_preload.c) through drc_hook_attach(). */
+struct drc__hook_ops {
+    int version;                                    /* 1 */
+    int (*begin)(const void *addr, size_t len);     /* drc__notify_begin */
+    void (*end)(int ticket);                        /* drc__notify_end */
+    const unsigned *caches;                         /* atomic: caches subscribed now */
+};
 
 #endif

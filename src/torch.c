@@ -10,8 +10,8 @@
  * plain cuMemAlloc. The physical handle is released as soon as it is mapped,
  * so the mapping alone keeps the memory and the unmap frees it.
  *
- * drc_torch_free invalidates the segment in every cache (drc_notify_free)
- * before it unmaps or frees it, so no registration outlives a segment.
+ * drc_torch_free invalidates the segment in every cache and marks it as being
+ * freed (drc__notify_begin/end) around the unmap or free, so no registration outlives a segment.
  * Set DRC_TORCH_VMM=0 to force cuMemAlloc.
  */
 #include <stdlib.h>
@@ -20,6 +20,7 @@
 
 #include "drc.h"
 #include "hooks.h"
+#include "notify.h"
 
 enum { MAX_DEVICES = 64 };
 
@@ -136,6 +137,7 @@ void drc_torch_free(void *ptr, ssize_t size, int device, void *stream)
     unsigned long long h;
     drc__cuptr p = (drc__cuptr)(uintptr_t)ptr;
     size_t len, g;
+    int t;
 
     (void)stream;
     if (!ptr || size <= 0 || device < 0 || device >= MAX_DEVICES)
@@ -145,15 +147,17 @@ void drc_torch_free(void *ptr, ssize_t size, int device, void *stream)
     if (g && d->mem_retain_allocation_handle && d->mem_retain_allocation_handle(&h, ptr) == 0) {
         d->mem_release(h);      /* drop the reference the lookup took */
         len = ((size_t)size + g - 1) / g * g;
-        drc_notify_free(ptr, len);
+        t = drc__notify_begin(ptr, len);
         /* the segment's last kernels must be done before its pages go */
         if (d->ctx_synchronize)
             d->ctx_synchronize();
         d->mem_unmap(p, len);
+        drc__notify_end(t);
         d->mem_address_free(p, len);
         return;
     }
-    drc__hooks_notify_alloc(d, p);
+    t = drc__hooks_begin_free(d, p);
     if (d->mem_free)
         d->mem_free(p);     /* cuMemFree waits for the device itself */
+    drc__notify_end(t);
 }
