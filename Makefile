@@ -100,6 +100,22 @@ fuzz: $(addprefix $B/fuzz/,$(FUZZERS))
 	  $B/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $B/fuzz/corpus/$$f; \
 	done
 
+# ---- fuzz targets replayed by make test (core tests and fuzzers, issue 2) ----
+# Each fuzz target is also built with $(CC) and fuzz/standalone.c (no libFuzzer), under
+# ASan+UBSan, and replays its committed seed corpus fuzz/corpus/<target>/, so the fuzz code
+# compiles and runs wherever make test does. Its result joins tests/summary.sh's count.
+$B/fuzz-replay/%: fuzz/%.c fuzz/standalone.c $(ASAN_LIB_OBJS) $(wildcard fuzz/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Ifuzz -O1 -g $(WARN) $(ASAN) -DDRC_DEBUG -o $@ $< fuzz/standalone.c $(ASAN_LIB_OBJS) $(LDLIBS)
+.PHONY: test-fuzz-replay
+test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
+	@mkdir -p $B/test-results && : > $B/test-results/fuzz-replay && for f in $(FUZZERS); do \
+	  if ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 $B/fuzz-replay/$$f fuzz/corpus/$$f; \
+	  then echo "$$f 1 0" >> $B/test-results/fuzz-replay; \
+	  else echo "!! $$f failed on its corpus"; echo "$$f 0 1" >> $B/test-results/fuzz-replay; fi; \
+	done
+test: test-fuzz-replay
+
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
 $B/bench/%: tests/bench/%.c $B/libdrc.a

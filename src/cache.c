@@ -80,6 +80,8 @@
 enum {
     LOOKUP_BUDGET = 256,   /* nodes a lockless walk may visit (depth of 2^64 nodes is < 128) */
     REG_RETRIES   = 8,     /* registrations raced by an invalidation before -EAGAIN */
+    RACED         = 2,     /* get_slow: an invalidation raced the registration; not an errno, so
+                            * that a backend's own -EAGAIN is returned, not retried */
     HIT_SLOTS     = 64,    /* threads that count hits in a slot of their own; the rest share one */
     CHUNK_REGIONS = 63,
 };
@@ -144,7 +146,8 @@ struct drc_cache {
 
 static struct drc_region *region_of(struct drc__itree_node *n)
 {
-    return (struct drc_region *)((char *)n - offsetof(struct drc_region, node));
+    /* through void *: n is inside a 64-byte-aligned region, which clang's -Wcast-align cannot know */
+    return (struct drc_region *)(void *)((char *)n - offsetof(struct drc_region, node));
 }
 
 /*
@@ -584,7 +587,7 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
 
 /*
  * The locked path: a hit the lockless walk could not take, or a miss.
- * Returns 0 with a cached *out, 1 with a region registered just now, -EAGAIN
+ * Returns 0 with a cached *out, 1 with a region registered just now, RACED
  * if an invalidation raced the registration, or an error.
  */
 static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struct drc_region **out)
@@ -635,7 +638,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     c->regs += registered;
     r = NULL;
     if (!err && pend.stale)
-        err = -EAGAIN;      /* it may map memory that is being freed: never insert it */
+        err = RACED;        /* it may map memory that is being freed: never insert it */
     if (!err && !(r = pool_get(c)))
         err = -ENOMEM;
     if (err) {
@@ -683,7 +686,7 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
         if (r) {
             count_hit(c);
             err = 0;
-        } else if ((err = get_slow(c, s, last, access, &r)) == -EAGAIN) {
+        } else if ((err = get_slow(c, s, last, access, &r)) == RACED) {
             continue;
         } else if (err < 0) {
             return err;

@@ -840,7 +840,7 @@ static void null_accessors_are_safe(void **state)
 
 static void backend_failure_returns_its_errno_and_caches_nothing(void **state)
 {
-    static const int errs[] = { -EFAULT, -ENOMEM, -EPERM, -EOPNOTSUPP };
+    static const int errs[] = { -EFAULT, -ENOMEM, -EPERM, -EOPNOTSUPP, -EAGAIN };
     struct tb *b = tb_new();
     drc_cache_t *c = mk(b, NULL);
     drc_region_t *r = NULL, *a;
@@ -851,9 +851,10 @@ static void backend_failure_returns_its_errno_and_caches_nothing(void **state)
         b->reg_fail = errs[i];
         assert_int_equal(drc_get(c, at(0, 0), pg(), LW, &r), errs[i]);
         assert_null(r);
+        assert_int_equal(b->reg_calls, i + 1);  /* returned as it is, not retried (-EAGAIN too) */
     }
     assert_int_equal(tb_live(b), 0);
-    EXPECT_STATS(c, .misses = 4);
+    EXPECT_STATS(c, .misses = 5);
     /* a failure is not cached: the next get asks the backend again */
     a = get_ok(c, at(0, 0), pg(), LW);
     assert_int_equal(rid(a), 1);
@@ -863,11 +864,11 @@ static void backend_failure_returns_its_errno_and_caches_nothing(void **state)
     b->reg_fail = -EIO;
     assert_int_equal(drc_get(c, at(0, 0), 3 * pg(), LW, &r), -EIO);
     assert_int_equal(tb_is_live(b, 1), 1);
-    EXPECT_STATS(c, .misses = 6, .regs = 1, .regions = 1, .bytes = pg());
+    EXPECT_STATS(c, .misses = 7, .regs = 1, .regions = 1, .bytes = pg());
     a = get_ok(c, at(0, 0), 1, LW);
     assert_int_equal(rid(a), 1);
     assert_int_equal(drc_put(c, a), 0);
-    EXPECT_STATS(c, .hits = 1, .misses = 6, .regs = 1, .regions = 1, .bytes = pg());
+    EXPECT_STATS(c, .hits = 1, .misses = 7, .regs = 1, .regions = 1, .bytes = pg());
     done(b, c);
 }
 

@@ -1,0 +1,353 @@
+/*
+ * Fuzz target for src/cache.c: the cache against a model, one thread.
+ *
+ * The input first picks a configuration (limits, DRC_F_NO_MERGE, a backend
+ * size limit), then becomes a program of get / put / invalidate / failing
+ * registrations / registrations raced by an invalidation / re-creation, on
+ * 16 fake pages (the cache never touches the memory; the backend below is a
+ * recording double that registers nothing). After every step:
+ *   - a returned region contains the request and has its access bits, its
+ *     handle is a live registration whose arguments are its bounds, and it
+ *     was not registered before an invalidation of a range it overlaps;
+ *   - refcounts balance: stats.in_use is the number of distinct regions the
+ *     model holds, a put of a region not held fails and changes nothing;
+ *   - drc_region_valid() of every held region is what the model expects, and
+ *     drc_invalidate() returns how many valid regions overlapped its range;
+ *   - over a limit, no idle region is left in the tree;
+ * and at the end (and at every re-creation), with everything put, destroy
+ * succeeds and every handle was deregistered exactly once.
+ */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "fuzz.h"
+
+enum { PAGES = 16, MAX_HANDLES = 1 << 14, MAX_HOLDS = 32 };
+
+#define BASE ((uintptr_t)1 << 30)
+
+struct handle {
+    uintptr_t start;
+    size_t len;
+    unsigned access;
+    int deregs;
+    int live;
+    int valid;          /* model: no invalidation overlapped it since it was registered */
+    int in_flight;      /* inside reg(): an invalidation now makes it stale, it is not counted */
+};
+
+struct backend {
+    struct handle h[MAX_HANDLES];
+    unsigned long n;
+    int fail;           /* next reg fails with this */
+    drc_cache_t *c;
+    int raced;          /* next reg invalidates [race_s, race_s + race_len) */
+    uintptr_t race_s;
+    size_t race_len;
+    int race_result;
+    unsigned long regs_in_get;
+};
+
+static struct backend B;
+static size_t page;
+
+/* The model's invalidation: every live registration overlapping the range is no longer valid. */
+static int model_invalidate(uintptr_t s, size_t len)
+{
+    unsigned long i;
+    int count = 0;
+
+    for (i = 0; i < B.n; i++) {
+        struct handle *h = &B.h[i];
+
+        if (!h->live || s + len <= h->start || h->start + h->len <= s)
+            continue;
+        if (h->valid && !h->in_flight)
+            count++;
+        h->valid = 0;
+    }
+    return count;
+}
+
+static int be_reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
+{
+    struct handle *h;
+    int err;
+
+    (void)ctx;
+    B.regs_in_get++;
+    FUZZ_ASSERT(a->start % page == 0 && a->len % page == 0 && a->len > 0);
+    FUZZ_ASSERT(a->type == DRC_MEM_HOST && a->device == -1 && a->dmabuf_fd == -1);
+    if (B.fail) {
+        err = B.fail;
+        B.fail = 0;
+        return err;
+    }
+    FUZZ_ASSERT(B.n < MAX_HANDLES);
+    h = &B.h[B.n++];
+    *h = (struct handle){ .start = a->start, .len = a->len, .access = a->access, .live = 1, .valid = 1,
+                          .in_flight = 1 };
+    if (B.raced) {
+        /* the memory is freed while the backend registers it */
+        int want = model_invalidate(B.race_s, B.race_len);   /* before: idle ones are deregistered inside */
+
+        B.raced = 0;
+        B.race_result = drc_invalidate(B.c, (const void *)B.race_s, B.race_len);
+        FUZZ_ASSERT(B.race_result == want);
+    }
+    h->in_flight = 0;
+    *handle = (void *)(uintptr_t)B.n;       /* id = index + 1 */
+    *lkey = (uint32_t)B.n;
+    *rkey = (uint32_t)~B.n;
+    return 0;
+}
+
+static int be_dereg(void *ctx, void *handle)
+{
+    unsigned long id = (unsigned long)(uintptr_t)handle;
+
+    (void)ctx;
+    FUZZ_ASSERT(id >= 1 && id <= B.n);
+    FUZZ_ASSERT(B.h[id - 1].live);
+    B.h[id - 1].live = 0;
+    B.h[id - 1].deregs++;
+    return 0;
+}
+
+static struct handle *handle_of(const drc_region_t *r)
+{
+    unsigned long id = (unsigned long)(uintptr_t)drc_region_handle(r);
+
+    FUZZ_ASSERT(id >= 1 && id <= B.n);
+    return &B.h[id - 1];
+}
+
+struct hold {
+    drc_region_t *r;
+    unsigned long id;
+};
+
+struct state {
+    drc_cache_t *c;
+    struct drc_config cfg;
+    size_t max_len;
+    struct hold holds[MAX_HOLDS];
+    int nholds;
+};
+
+static size_t distinct_held(const struct state *st)
+{
+    size_t n = 0;
+    int i, j;
+
+    for (i = 0; i < st->nholds; i++) {
+        for (j = 0; j < i; j++)
+            if (st->holds[j].r == st->holds[i].r)
+                break;
+        n += j == i;
+    }
+    return n;
+}
+
+static void check_invariants(struct state *st)
+{
+    struct drc_stats s;
+    unsigned long i, live = 0;
+    int k;
+
+    drc_cache_stats(st->c, &s);
+    FUZZ_ASSERT(s.in_use == distinct_held(st));
+    for (i = 0; i < B.n; i++)
+        live += B.h[i].live;
+    FUZZ_ASSERT(s.regs - s.deregs == live);
+    FUZZ_ASSERT(s.regions <= live);
+    for (k = 0; k < st->nholds; k++) {
+        struct handle *h = handle_of(st->holds[k].r);
+
+        FUZZ_ASSERT(h->live);   /* never deregistered while held */
+        FUZZ_ASSERT(drc_region_valid(st->holds[k].r) == h->valid);
+    }
+    /* over a limit every region left in the tree is in use */
+    if ((st->cfg.max_regions && s.regions > st->cfg.max_regions) ||
+        (st->cfg.max_bytes && s.bytes > st->cfg.max_bytes))
+        FUZZ_ASSERT(s.regions <= s.in_use);
+}
+
+static void create(struct state *st, struct fuzz_in *in)
+{
+    struct drc_backend be = { .reg = be_reg, .dereg = be_dereg, .ctx = &B };
+    struct drc__cache_opts o = { 0 };
+    uint8_t f = fuzz_u8(in);
+
+    memset(&st->cfg, 0, sizeof(st->cfg));
+    st->cfg.max_regions = f & 1 ? fuzz_range(in, 1, 4) : 0;
+    st->cfg.max_bytes = f & 2 ? fuzz_range(in, 1, 8) * page : 0;
+    st->cfg.flags = f & 4 ? DRC_F_NO_MERGE : 0;
+    st->max_len = f & 8 ? fuzz_range(in, 1, 6) * page : 0;
+    o.max_len = st->max_len;
+    FUZZ_ASSERT(drc__cache_create(&be, &st->cfg, &o, &st->c) == 0);
+    B.c = st->c;
+}
+
+/* Put everything, destroy, and check every handle was deregistered exactly once. */
+static void finish(struct state *st)
+{
+    unsigned long i;
+
+    if (st->nholds)
+        FUZZ_ASSERT(drc_cache_destroy(st->c) == -EBUSY);
+    while (st->nholds > 0) {
+        st->nholds--;
+        FUZZ_ASSERT(drc_put(st->c, st->holds[st->nholds].r) == 0);
+    }
+    FUZZ_ASSERT(drc_cache_destroy(st->c) == 0);
+    st->c = NULL;
+    for (i = 0; i < B.n; i++) {
+        FUZZ_ASSERT(!B.h[i].live);
+        FUZZ_ASSERT(B.h[i].deregs == 1);
+    }
+    B.n = 0;
+}
+
+static void op_get(struct state *st, struct fuzz_in *in, int fail, int race)
+{
+    static const unsigned acc[] = { 0, 1, 2, 4, 1 | 2, 1 | 4, 8, DRC_ACCESS_MASK };
+    uintptr_t a = BASE + fuzz_range(in, 0, PAGES * page - 1);
+    size_t len = 1 + fuzz_range(in, 0, 4 * page);
+    unsigned access = acc[fuzz_u8(in) % 8];
+    uintptr_t first = a & ~(uintptr_t)(page - 1), end = (a + len + page - 1) & ~(uintptr_t)(page - 1);
+    struct drc_stats before, after;
+    drc_region_t *r = NULL;
+    struct handle *h;
+    uintptr_t rs;
+    size_t rl;
+    int err, want_err = 0;
+
+    if (st->nholds == MAX_HOLDS)
+        return;
+    if (fail)
+        B.fail = want_err = -(int)fuzz_range(in, 1, 120);
+    if (race) {
+        B.raced = 1;
+        B.race_s = BASE + fuzz_range(in, 0, PAGES) * page;
+        B.race_len = fuzz_range(in, 1, 4) * page;
+    }
+    drc_cache_stats(st->c, &before);
+    B.regs_in_get = 0;
+    err = drc_get(st->c, (const void *)a, len, access, &r);
+    drc_cache_stats(st->c, &after);
+    if (st->max_len && end - first > st->max_len)
+        FUZZ_ASSERT(err == -E2BIG && B.regs_in_get == 0);
+    if (fail && B.regs_in_get)
+        FUZZ_ASSERT(err == want_err);   /* the backend's first reg failed: its errno, no retry */
+    B.fail = 0;
+    B.raced = 0;
+    if (err) {
+        /* nothing cached, nothing leaked (check_invariants counts live handles) */
+        FUZZ_ASSERT(after.regions <= before.regions && after.hits == before.hits);
+        FUZZ_ASSERT(err == -E2BIG || (fail && err == want_err));
+        return;
+    }
+    h = handle_of(r);
+    drc_region_bounds(r, &rs, &rl);
+    FUZZ_ASSERT(rs <= a && a + len <= rs + rl);
+    FUZZ_ASSERT((drc_region_access(r) & access) == access);
+    FUZZ_ASSERT(h->live && h->valid);
+    FUZZ_ASSERT(h->start == rs && h->len == rl && h->access == drc_region_access(r));
+    FUZZ_ASSERT(drc_region_valid(r) == 1);
+    FUZZ_ASSERT(drc_region_lkey(r) == (uint32_t)(uintptr_t)drc_region_handle(r));
+    if (B.regs_in_get == 0) {
+        FUZZ_ASSERT(after.hits == before.hits + 1 && after.misses == before.misses);
+    } else {
+        FUZZ_ASSERT(after.hits == before.hits);
+        FUZZ_ASSERT(after.misses >= before.misses + 1);
+        /* a new registration covers its request's page range */
+        FUZZ_ASSERT(rs <= first && first + (end - first) <= rs + rl);
+        if (st->cfg.flags & DRC_F_NO_MERGE)
+            FUZZ_ASSERT(rs == first && rl == end - first);
+    }
+    st->holds[st->nholds++] = (struct hold){ r, (unsigned long)(uintptr_t)drc_region_handle(r) };
+}
+
+static void op_put(struct state *st, struct fuzz_in *in)
+{
+    int k, i, still;
+    drc_region_t *r;
+
+    if (!st->nholds)
+        return;
+    k = (int)fuzz_range(in, 0, (uint64_t)st->nholds - 1);
+    r = st->holds[k].r;
+    st->holds[k] = st->holds[--st->nholds];
+    FUZZ_ASSERT(drc_put(st->c, r) == 0);
+    for (still = 0, i = 0; i < st->nholds; i++)
+        still |= st->holds[i].r == r;
+    /* one put too many, while its registration is known to be this region's and idle in the cache */
+    if (!still && handle_of(r)->live && fuzz_u8(in) & 1) {
+        struct drc_stats a, b;
+
+        drc_cache_stats(st->c, &a);
+        FUZZ_ASSERT(drc_put(st->c, r) == -EINVAL);
+        drc_cache_stats(st->c, &b);
+        FUZZ_ASSERT(memcmp(&a, &b, sizeof(a)) == 0);
+    }
+}
+
+static void op_invalidate(struct state *st, struct fuzz_in *in)
+{
+    uintptr_t s = BASE - page + fuzz_range(in, 0, (PAGES + 2) * page);
+    size_t len = fuzz_range(in, 0, 6 * page);
+    int want = len ? model_invalidate(s, len) : 0;
+
+    FUZZ_ASSERT(drc_invalidate(st->c, (const void *)s, len) == want);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct fuzz_in in = { data, size };
+    static struct state st;
+    int steps = 0;
+
+    page = (size_t)sysconf(_SC_PAGESIZE);
+    memset(&st, 0, sizeof(st));
+    B.n = 0;            /* B.h[i] is filled by each reg */
+    B.fail = 0;
+    B.raced = 0;
+    create(&st, &in);
+    while (fuzz_more(&in) && steps++ < 2048) {
+        switch (fuzz_u8(&in) % 8) {
+        case 0:
+        case 1:
+            op_get(&st, &in, 0, 0);
+            break;
+        case 2:
+            op_put(&st, &in);
+            break;
+        case 3:
+            op_invalidate(&st, &in);
+            break;
+        case 4:
+            op_get(&st, &in, 1, 0);     /* the backend fails */
+            break;
+        case 5:
+            op_get(&st, &in, 0, 1);     /* an invalidation inside reg() */
+            break;
+        case 6:
+            op_put(&st, &in);
+            break;
+        case 7:
+            if (fuzz_u8(&in) % 8 == 0) {
+                finish(&st);            /* a new cache with a new configuration */
+                create(&st, &in);
+            } else {
+                op_get(&st, &in, 0, 0);
+            }
+            break;
+        }
+        check_invariants(&st);
+    }
+    finish(&st);
+    return 0;
+}

@@ -1,0 +1,89 @@
+/*
+ * Fuzz target for src/itree.c: one property, the tree answers like a naive
+ * array. The input is a program of insert / remove / overlap query / floor
+ * query on a small key space (many overlaps and equal starts). After every
+ * step drc__itree_check() must accept the tree and count its nodes, and every
+ * answer must equal the array's.
+ */
+#include <string.h>
+
+#include "fuzz.h"
+#include "itree.h"
+
+enum { NODES = 48, KEYS = 64 };
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct fuzz_in in = { data, size };
+    struct drc__itree t = { NULL };
+    struct drc__itree_node n[NODES];
+    int in_tree[NODES] = { 0 }, seen[NODES];
+    long count = 0;
+    int steps = 0;
+
+    memset(n, 0, sizeof(n));
+    while (fuzz_more(&in) && steps++ < 4096) {
+        uint8_t op = fuzz_u8(&in) % 4;
+        int i = (int)fuzz_range(&in, 0, NODES - 1), j, got, want, budget = DRC__ITREE_UNBOUNDED;
+        uintptr_t s = fuzz_range(&in, 0, KEYS - 1), l = s + fuzz_range(&in, 0, 15);
+        struct drc__itree_node *x;
+        uintptr_t prev = 0;
+
+        /* the very top of the key space too: closed intervals ending at UINTPTR_MAX */
+        if (s == KEYS - 1) {
+            s = UINTPTR_MAX - (l - s);
+            l = UINTPTR_MAX;
+        }
+        switch (op) {
+        case 0:     /* insert node i, or remove it if it is in */
+        case 1:
+            if (in_tree[i]) {
+                drc__itree_remove(&t, &n[i]);
+                in_tree[i] = 0;
+                count--;
+            } else {
+                n[i].start = s;
+                n[i].last = l;
+                drc__itree_insert(&t, &n[i]);
+                in_tree[i] = 1;
+                count++;
+            }
+            FUZZ_ASSERT(drc__itree_check(&t) == count);
+            break;
+        case 2:     /* overlap query [s, l]: each overlapping node once, in start order */
+            memset(seen, 0, sizeof(seen));
+            got = want = 0;
+            for (x = drc__itree_first(&t, s, l, &budget); x; x = drc__itree_next(x, s, l, &budget)) {
+                j = (int)(x - n);
+                FUZZ_ASSERT(j >= 0 && j < NODES && in_tree[j] && !seen[j]);
+                FUZZ_ASSERT(x->start <= l && s <= x->last);
+                FUZZ_ASSERT(x->start >= prev);
+                prev = x->start;
+                seen[j] = 1;
+                got++;
+            }
+            FUZZ_ASSERT(budget > 0);
+            for (j = 0; j < NODES; j++)
+                if (in_tree[j] && n[j].start <= l && s <= n[j].last) {
+                    FUZZ_ASSERT(seen[j]);
+                    want++;
+                }
+            FUZZ_ASSERT(got == want);
+            break;
+        case 3:     /* floor(s): the largest start <= s */
+            x = drc__itree_floor(&t, s, &budget);
+            want = -1;
+            for (j = 0; j < NODES; j++)
+                if (in_tree[j] && n[j].start <= s && (want < 0 || n[j].start > n[want].start))
+                    want = j;
+            if (want < 0) {
+                FUZZ_ASSERT(x == NULL);
+            } else {
+                FUZZ_ASSERT(x != NULL && in_tree[x - n]);
+                FUZZ_ASSERT(x->start == n[want].start);
+            }
+            break;
+        }
+    }
+    return 0;
+}
