@@ -1,0 +1,27 @@
+#!/bin/sh
+# The GPU tests of issue 4 (invalidation from the allocator). Usage: tests/gpu/hooks.sh [BUILD_DIR]
+# Builds build/libdrc_hook.so at the top and the programs of hooks.mk, then runs the hazard
+# with every way of getting invalidation, the no-hook control, and the PyTorch pool.
+cd "$(dirname "$0")" || exit 1
+B=${1:-$(cd ../.. && pwd)/build}
+O=$B/gpu
+echo "== drc hook GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+make -s -C ../.. "$B/libdrc_hook.so" B="$B" >/dev/null || { echo "== libdrc_hook.so build FAILED"; exit 1; }
+make -s B="$B" hooks || { echo "== build FAILED"; exit 1; }
+H=$B/libdrc_hook.so
+fail=0
+run() {
+    echo "== $*"
+    "$@"
+    rc=$?
+    [ "$rc" -eq 0 ] || { fail=$((fail + 1)); echo "== FAILED (exit $rc): $*"; }
+}
+run "$O/test_hooks_gpu_static" wrappers
+run "$O/test_hooks_gpu_static" control
+run env LD_PRELOAD="$H" "$O/test_hooks_gpu_static" hooked
+run env LD_PRELOAD="$H" "$O/test_hooks_gpu_shared" hooked
+run env LD_PRELOAD="$H" DRC_MONITOR=cupti DRC_HOOK_DEBUG=1 "$O/test_hooks_gpu_static" hooked
+run env LD_PRELOAD="$H" DRC_MONITOR=cupti DRC_HOOK_DEBUG=1 "$O/test_hooks_gpu_shared" hooked
+run env DRC_LIB="$O/libdrc_torch.so" PYTHONUNBUFFERED=1 python3 test_torch_gpu.py
+echo "== hooks summary: $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,202 @@
+/*
+ * The exact hazard of issue 4, on a real GPU: register GPU memory, free it,
+ * allocate the same size again (the driver hands back the same VA, measured),
+ * and look it up: drc must register the new memory, not return the region of
+ * the old one. And the old memory must really be released: the backend here
+ * holds a dup of the dmabuf fd per region, as an MR holds the buffer, so a
+ * missed invalidation keeps the freed memory allocated (cuMemGetInfo shows it).
+ *
+ * No RDMA NIC there: the backend is a recording double that keeps the dmabuf.
+ *
+ * Usage: test_hooks_gpu MODE
+ *   wrappers  frees through drc_cuMemFree / drc_cudaFree (no hook library)
+ *   hooked    plain cuMemFree / cudaFree / cudaFreeAsync: run it under
+ *             LD_PRELOAD=libdrc_hook.so (optionally DRC_MONITOR=cupti)
+ *   control   plain frees with no hook at all: the stale region and the held
+ *             memory must show (proves the checks above can fail)
+ * Built twice by the Makefile: with nvcc's default static cudart and with
+ * -cudart shared.
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "drc.h"
+#include "gpu.h"
+
+enum { MAX_H = 4096 };
+
+static struct {
+    int fd[MAX_H];
+    unsigned long regs, deregs, exported;
+} be_state;
+
+static int hold_reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
+{
+    unsigned long i = be_state.regs++;
+
+    (void)ctx;
+    if (i >= MAX_H)
+        return -ENOSPC;
+    be_state.fd[i] = a->dmabuf_fd >= 0 ? dup(a->dmabuf_fd) : -1;   /* what an MR would hold */
+    be_state.exported += be_state.fd[i] >= 0;
+    *handle = (void *)(uintptr_t)(i + 1);
+    *lkey = *rkey = (uint32_t)(i + 1);
+    return 0;
+}
+
+static int hold_dereg(void *ctx, void *handle)
+{
+    unsigned long i = (uintptr_t)handle - 1;
+
+    (void)ctx;
+    if (be_state.fd[i] >= 0)
+        close(be_state.fd[i]);
+    be_state.fd[i] = -1;
+    be_state.deregs++;
+    return 0;
+}
+
+enum how { DRV, RT, RT_ASYNC, DRV_WRAP, RT_WRAP };
+static const char *const how_name[] = { "cuMemAlloc/cuMemFree", "cudaMalloc/cudaFree",
+                                        "cudaMallocAsync/cudaFreeAsync", "cuMemAlloc/drc_cuMemFree",
+                                        "cudaMalloc/drc_cudaFree" };
+
+static void *alloc(enum how h, size_t size)
+{
+    CUdeviceptr d = 0;
+    void *p = NULL;
+
+    if (h == DRV || h == DRV_WRAP) {
+        CU(cuMemAlloc(&d, size));
+        return (void *)(uintptr_t)d;
+    }
+    if (h == RT_ASYNC) {
+        if (cudaMallocAsync(&p, size, 0) != cudaSuccess || cudaStreamSynchronize(0) != cudaSuccess)
+            return NULL;
+        return p;
+    }
+    return cudaMalloc(&p, size) == cudaSuccess ? p : NULL;
+}
+
+static int dofree(enum how h, void *p)
+{
+    switch (h) {
+    case DRV:
+        return cuMemFree((CUdeviceptr)(uintptr_t)p);
+    case RT:
+        return cudaFree(p);
+    case RT_ASYNC: {
+        int e = cudaFreeAsync(p, 0);
+
+        /* release the pool's memory to the driver so that cuMemGetInfo can see it */
+        cudaStreamSynchronize(0);
+        return e;
+    }
+    case DRV_WRAP:
+        return drc_cuMemFree((unsigned long long)(uintptr_t)p);
+    case RT_WRAP:
+        return drc_cudaFree(p);
+    }
+    return -1;
+}
+
+static size_t free_mem(void)
+{
+    size_t f = 0, t = 0;
+
+    CU(cuMemGetInfo(&f, &t));
+    return f;
+}
+
+/* One round of the hazard. @expect_caught: 1 with a hook/wrapper, 0 for the control. */
+static void hazard(drc_cache_t *c, enum how h, int expect_caught)
+{
+    const size_t size = 256u << 20, mib = 1u << 20;
+    struct drc_stats s0, s1;
+    drc_region_t *r1, *r2;
+    size_t before, after;
+    uintptr_t id1, id2;
+    void *p, *q;
+
+    printf("%s (%s)\n", how_name[h], expect_caught ? "caught" : "control, no hook");
+    before = free_mem();
+    p = alloc(h, size);
+    CHECK(p != NULL, "allocation failed");
+    if (!p)
+        return;
+    CHECK(drc_get(c, p, size, 1, &r1) == 0, "register");
+    id1 = (uintptr_t)drc_region_handle(r1);
+    CHECK(be_state.fd[id1 - 1] >= 0, "the region was exported as a dmabuf");
+    drc_put(c, r1);     /* idle in the cache, its dmabuf held like an MR would */
+    drc_cache_stats(c, &s0);
+    CHECK(dofree(h, p) == 0, "free");
+    /* async pools keep freed memory: trim so that the driver really gets it back */
+    if (h == RT_ASYNC) {
+        cudaMemPool_t pool;
+
+        if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess)
+            cudaMemPoolTrimTo(pool, 0);
+    }
+    after = free_mem();
+    printf("  cuMemGetInfo free: before alloc %zu MiB, after free %zu MiB (%s)\n", before / mib, after / mib,
+           after + size / 2 < before ? "the freed 256 MiB is still held" : "released");
+    q = alloc(h, size);
+    CHECK(q != NULL, "second allocation failed");
+    if (!q)
+        return;
+    printf("  same size again: %s VA\n", q == p ? "same" : "different");
+    CHECK(drc_get(c, q, size, 1, &r2) == 0, "lookup after realloc");
+    id2 = (uintptr_t)drc_region_handle(r2);
+    drc_cache_stats(c, &s1);
+    if (expect_caught) {
+        CHECK(id2 != id1, "the region of the freed memory was returned (handle %lu)", (unsigned long)id1);
+        CHECK(s1.misses == s0.misses + 1, "the lookup after realloc registered anew");
+        CHECK(after + size / 2 >= before, "freed memory still allocated: %zu MiB of %zu", (before - after) / mib,
+              size / mib);
+    } else {
+        printf("  control: stale region returned: %s; freed memory held: %s\n", id2 == id1 ? "yes" : "no",
+               after + size / 2 < before ? "yes" : "no");
+        CHECK(q != p || id2 == id1, "without a hook the same VA must hit the old region (the hazard)");
+        CHECK(after + size / 2 < before, "without a hook the dmabuf must keep the freed memory");
+    }
+    drc_put(c, r2);
+    drc_invalidate(c, p, size);     /* the control's stale region and its held memory go here */
+    drc_invalidate(c, q, size);
+    CHECK(dofree(h, q) == 0, "free of the second allocation");
+    if (!expect_caught)
+        CHECK(free_mem() + size / 2 >= before, "after drc_invalidate the held memory is back");
+}
+
+int main(int argc, char **argv)
+{
+    struct drc_backend be = { hold_reg, hold_dereg, NULL };
+    const char *mode = argc > 1 ? argv[1] : "wrappers";
+    drc_cache_t *c;
+    int rt_ver = 0;
+
+    CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
+    cudaFree(0);    /* creates the primary context */
+    cudaRuntimeGetVersion(&rt_ver);
+    printf("mode %s, runtime %d, LD_PRELOAD=%s, DRC_MONITOR=%s\n", mode, rt_ver,
+           getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "", getenv("DRC_MONITOR") ? getenv("DRC_MONITOR") : "");
+    CHECK(drc_cache_create(&be, NULL, &c) == 0, "cache");
+    if (!strcmp(mode, "wrappers")) {
+        hazard(c, DRV_WRAP, 1);
+        hazard(c, RT_WRAP, 1);
+    } else if (!strcmp(mode, "hooked")) {
+        hazard(c, DRV, 1);
+        hazard(c, RT, 1);
+        hazard(c, RT_ASYNC, 1);
+    } else {
+        hazard(c, DRV, 0);
+        hazard(c, RT, 0);
+    }
+    CHECK(be_state.exported > 0, "nothing was exported: no dmabuf on this machine?");
+    CHECK(drc_cache_destroy(c) == 0, "destroy");
+    CHECK(be_state.regs == be_state.deregs, "regs %lu, deregs %lu", be_state.regs, be_state.deregs);
+    return gpu_summary(mode);
+}

@@ -1,0 +1,93 @@
+"""The PyTorch pool on a real GPU (issue 4): segments from drc_torch_malloc
+export as dmabufs, and freeing a segment (del pool + empty_cache) invalidates
+its registrations before the memory goes, so the memory is really released.
+No RDMA NIC there: the backend is a recording double that dup()s the dmabuf
+fd, as an MR holds the buffer. Prints "test_torch_gpu: N checks, M failed"."""
+import ctypes
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "python"))
+import drc_torch  # noqa: E402
+
+checks = failed = 0
+
+
+def check(cond, what):
+    global checks, failed
+    checks += 1
+    if not cond:
+        failed += 1
+        print("  FAIL", what)
+
+
+class Holder:
+    def __init__(self):
+        self.fds, self.next, self.exported = {}, 0, 0
+
+    def reg(self, a):
+        self.next += 1
+        self.fds[self.next] = os.dup(a.dmabuf_fd) if a.dmabuf_fd >= 0 else -1
+        self.exported += a.dmabuf_fd >= 0
+        return self.next, self.next, self.next
+
+    def dereg(self, h):
+        fd = self.fds.pop(h, -1)
+        if fd >= 0:
+            os.close(fd)
+
+
+def mem_free():
+    return torch.cuda.mem_get_info()[0]
+
+
+def main():
+    torch.cuda.init()
+    size = 256 << 20
+    holder = Holder()
+    cache = drc_torch.Cache(holder)
+    pool = drc_torch.Pool()
+    torch.cuda.synchronize()
+    before = mem_free()
+    with pool.use():
+        x = torch.empty(size, dtype=torch.uint8, device="cuda")
+    x.fill_(7)
+    torch.cuda.synchronize()
+    r = cache.register(x)
+    check(holder.exported == 1, "the pool segment exported as a dmabuf")
+    old_handle = r.handle
+    ptr = x.data_ptr()
+    print("segment at 0x%x, registered, handle %d" % (ptr, old_handle))
+    del x
+    torch.cuda.synchronize()
+    check(r.valid, "freeing the tensor keeps the segment (PyTorch caches the block)")
+    del pool
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    check(not r.valid, "the segment free invalidated the region before the memory went")
+    r.release()     # the region was detached: its last put deregisters it, closing the held dmabuf
+    after = mem_free()
+    print("mem_get_info free: before %d MiB, after segment free %d MiB" % (before >> 20, after >> 20))
+    check(after + size // 2 >= before, "the segment's memory was released")
+    # a new pool: the same size again, registered anew (never the old region)
+    pool2 = drc_torch.Pool()
+    with pool2.use():
+        y = torch.empty(size, dtype=torch.uint8, device="cuda")
+    print("second segment at 0x%x (%s VA)" % (y.data_ptr(), "same" if y.data_ptr() == ptr else "different"))
+    s0 = cache.stats()
+    r2 = cache.register(y)
+    check(r2.handle != old_handle and cache.stats()["misses"] == s0["misses"] + 1, "a fresh registration")
+    r2.release()
+    del y
+    del pool2
+    torch.cuda.empty_cache()
+    cache.close()
+    check(not holder.fds, "every registration released")
+    print("test_torch_gpu: %d checks, %d failed" % (checks, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
