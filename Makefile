@@ -147,6 +147,32 @@ $B/hooktest/hook_child: tests/hooks/hook_child.c tests/hooks/fake_cuda.h $B/libd
 	  -Wl,-rpath,'$$ORIGIN/../fakecuda' $(LDLIBS)
 $B/tests/test_hook_preload $B/asan/tests/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child
 
+# ---- transfer-engine interposer (issue 5): libdrc_verbs.so, its doubles and test programs ----
+# libdrc_verbs.so is the whole library plus the ibv_reg_mr interposer, the host-memory hooks
+# (hook_host.c) and the CUDA free hooks of libdrc_hook.so: one LD_PRELOAD does everything.
+VERBS_PRELOAD_OBJS := $B/obj/verbs_preload.o $B/obj/hook_host.o
+$B/libdrc_verbs.so: $(VERBS_PRELOAD_OBJS) $(HOOK_OBJS) $(LIB_OBJS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libdrc_verbs.so -o $@ $^ $(LDLIBS)
+all: $B/libdrc_verbs.so
+# DOUBLES (no NIC, no GPU in CI): a recording libibverbs.so.1 and a libcuda.so.1 that exports
+# dmabufs, both found by the test through LD_LIBRARY_PATH; and the program run under the preload.
+$B/engine/libibverbs.so.1: tests/engine/ibverbs_double.c tests/engine/ibverbs_double.h tests/engine/ibverbs_double.map
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libibverbs.so.1 \
+	  -Wl,--version-script=tests/engine/ibverbs_double.map -o $@ $< -lpthread
+$B/engine/fakecuda/libcuda.so.1: tests/engine/fake_libcuda.c tests/engine/fake_libcuda.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+$B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.h tests/engine/fake_libcuda.h \
+                        $B/engine/libibverbs.so.1
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
+$B/tests/test_verbs_preload $B/asan/tests/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
+  $B/engine/fakecuda/libcuda.so.1
+test_regmr_LDFLAGS := -Wl,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device
+bench_engine_LDFLAGS :=
+$B/bench/bench_engine: $B/engine/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
+
 # ---- the demo and the doctor -----------------------------------------------
 demo: $B/drc
 	$B/drc demo
@@ -164,6 +190,10 @@ install: all
 	ln -sf libdrc.so.0 $(DESTDIR)$(LIBDIR)/libdrc.so
 	install -m 644 $B/drc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
 	install -m 755 $B/drc $(DESTDIR)$(PREFIX)/bin/
+
+# ---- CUDA layer and verbs backend (issue 3) ----
+# test_verbs replaces libibverbs with doubles and counts close() of the dmabuf fds.
+test_verbs_LDFLAGS := -Wl,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device,--wrap=close
 
 clean:
 	rm -rf $B

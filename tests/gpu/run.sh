@@ -8,7 +8,7 @@ B=${1:-$(cd ../.. && pwd)/build}
 echo "== drc GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n)"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/== GPU: /'
 # A newer compiler may warn where this one did not: then build without -Werror, and say so.
-make -s B="$B" || { echo "== build with -Werror FAILED: building with warnings off"; make -s B="$B" WARN=-w; } ||
+make -s B="$B" all || { echo "== build with -Werror FAILED: building with warnings off"; make -s B="$B" WARN=-w all; } ||
     { echo "== build FAILED"; exit 1; }
 progs=$(make -s B="$B" -p 2>/dev/null | sed -n 's/^GPU_PROGS := //p' | head -1)
 fail=0
