@@ -27,6 +27,7 @@
 #include <jemalloc/jemalloc.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "drc.h"
 
@@ -127,6 +128,7 @@ static void init(void)
 
 void *drc_host_alloc(size_t size)
 {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
     void *p;
 
     pthread_once(&once, init);
@@ -134,8 +136,13 @@ void *drc_host_alloc(size_t size)
         errno = init_err ? -init_err : EINVAL;
         return NULL;
     }
-    /* no thread cache: a freed buffer goes straight back to this arena, where its purge is seen */
-    p = mallocx(size, MALLOCX_ARENA(arena) | MALLOCX_TCACHE_NONE);
+    /*
+     * No thread cache: a freed buffer goes straight back to this arena, where
+     * its purge is seen. A buffer of a page or more starts on a page (jemalloc
+     * would otherwise offset large ones inside their first page), so that it
+     * shares no page, and no registration, with its neighbours.
+     */
+    p = mallocx(size, MALLOCX_ARENA(arena) | MALLOCX_TCACHE_NONE | (size >= page ? MALLOCX_ALIGN(page) : 0));
     if (!p)
         errno = ENOMEM;
     return p;

@@ -1,0 +1,469 @@
+/*
+ * The program test_verbs_preload runs with build/libdrc_verbs.so preloaded
+ * over the recording libibverbs DOUBLE (build/engine/libibverbs.so.1), and
+ * with CUDA from the libcuda DOUBLE in CI or the real driver on a GPU
+ * machine (the same program, the same checks). It registers the way a
+ * transfer engine does — ibv_reg_mr on GPU and host buffers, ibv_dereg_mr
+ * when done — and checks what the engine and the NIC would see, by reading
+ * the double's record of calls. argv[1] names the scenario; exit 0 and a
+ * last line "ok <scenario>" when every check held, else 1 after a line
+ * "FAIL <line>: <what>".
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <jemalloc/jemalloc.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "ibverbs_double.h"
+
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+#define MiB (1ull << 20)
+
+static int fails;
+
+static void check_at(int ok, int line, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (ok)
+        return;
+    printf("FAIL %d: ", line);
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+    fails++;
+    exit(1);
+}
+#define CHECK(cond, ...) check_at(!!(cond), __LINE__, __VA_ARGS__)
+
+/* ---- CUDA, real or the double, through dlopen as an engine's runtime would ---- */
+static int (*cu_alloc)(unsigned long long *, size_t);
+static int (*cu_free)(unsigned long long);
+static int fake_cuda;
+
+static void cuda_open(void)
+{
+    int (*init)(unsigned), (*dev_get)(int *, int), (*retain)(void **, int), (*set)(void *);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    void *ctx = NULL;
+    int dev = 0;
+
+    CHECK(h, "no libcuda.so.1: %s", dlerror());
+    *(void **)&init = dlsym(h, "cuInit");
+    *(void **)&dev_get = dlsym(h, "cuDeviceGet");
+    *(void **)&retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+    *(void **)&set = dlsym(h, "cuCtxSetCurrent");
+    *(void **)&cu_alloc = dlsym(h, "cuMemAlloc_v2");
+    *(void **)&cu_free = dlsym(h, "cuMemFree_v2");
+    fake_cuda = dlsym(h, "fakecu_exports") != NULL;
+    CHECK(init && dev_get && retain && set && cu_alloc && cu_free, "libcuda lacks an entry point");
+    CHECK(init(0) == 0 && dev_get(&dev, 0) == 0 && retain(&ctx, dev) == 0 && set(ctx) == 0, "no CUDA context");
+}
+
+static void *gpu_alloc(size_t len)
+{
+    unsigned long long p = 0;
+
+    CHECK(cu_alloc(&p, len) == 0 && p, "cuMemAlloc of %zu", len);
+    return (void *)(uintptr_t)p;
+}
+
+/* ---- verbs ---- */
+static struct ibv_pd *open_pd(void)
+{
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+
+    CHECK(list && list[0], "no RDMA device (is the double on LD_LIBRARY_PATH?)");
+    CHECK(!strcmp(ibv_get_device_name(list[0]), "drc_double0"), "not the double: %s", ibv_get_device_name(list[0]));
+    ctx = ibv_open_device(list[0]);
+    ibv_free_device_list(list);
+    CHECK(ctx, "ibv_open_device");
+    pd = ibv_alloc_pd(ctx);
+    CHECK(pd, "ibv_alloc_pd");
+    return pd;
+}
+
+/* Calls of @op recorded since index @from. */
+static size_t since(size_t from, enum ibvd_op op)
+{
+    struct ibvd_call c;
+    size_t n = 0;
+
+    for (; ibvd_call(from, &c); from++)
+        n += c.op == op;
+    return n;
+}
+
+/* The last recorded call of @op, 1 if there is one. */
+static int last(enum ibvd_op op, struct ibvd_call *out)
+{
+    struct ibvd_call c;
+    size_t i;
+    int found = 0;
+
+    for (i = 0; ibvd_call(i, &c); i++)
+        if (c.op == op) {
+            *out = c;
+            found = 1;
+        }
+    return found;
+}
+
+/* The recorded deregistration of the MR with @lkey, 1 if there is one. */
+static int dereg_of(uint32_t lkey, struct ibvd_call *out)
+{
+    struct ibvd_call c;
+    size_t i;
+
+    for (i = 0; ibvd_call(i, &c); i++)
+        if (c.op == IBVD_DEREG && c.lkey == lkey) {
+            *out = c;
+            return 1;
+        }
+    return 0;
+}
+
+/* Engine-style registration with run-time flags: verbs.h sends it to ibv_reg_mr_iova2. */
+static struct ibv_mr *reg_runtime(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+    return ibv_reg_mr(pd, addr, len, access);
+}
+
+/* The caller's own MR: its fields as ibv_reg_mr would have made them, keys of a live MR. */
+static void check_caller_mr(const struct ibv_mr *mr, struct ibv_pd *pd, void *addr, size_t len)
+{
+    CHECK(mr, "registration of %p+%zu failed: %s", addr, len, strerror(errno));
+    CHECK(mr->addr == addr && mr->length == len, "caller MR reads %p+%zu, asked %p+%zu", mr->addr, mr->length,
+          addr, len);
+    CHECK(mr->pd == pd && mr->context == pd->context, "caller MR has another pd/context");
+    CHECK(ibvd_lkey_live(mr->lkey), "caller MR's lkey 0x%x is no registered MR", mr->lkey);
+}
+
+static void gpu_dedup(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(64 * MiB);
+    struct ibv_mr *whole, *part, *tiny, *ro;
+    struct ibvd_call d;
+    size_t from = ibvd_ncalls();
+
+    whole = ibv_reg_mr(pd, g, 64 * MiB, ACCESS);
+    check_caller_mr(whole, pd, g, 64 * MiB);
+    part = ibv_reg_mr(pd, g + 4096 + 100, 1 * MiB, ACCESS);
+    check_caller_mr(part, pd, g + 4096 + 100, 1 * MiB);
+    tiny = reg_runtime(pd, g + 8 * MiB + 17, 64, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(tiny, pd, g + 8 * MiB + 17, 64);
+    CHECK(since(from, IBVD_REG_DMABUF) == 1, "%zu dmabuf registrations for 3 nested ones, want 1",
+          since(from, IBVD_REG_DMABUF));
+    CHECK(since(from, IBVD_REG_VA) == 0, "GPU memory reached ibv_reg_mr (peermem path) %zu times",
+          since(from, IBVD_REG_VA));
+    CHECK(last(IBVD_REG_DMABUF, &d), "no dmabuf registration recorded");
+    CHECK(d.iova == (uintptr_t)g && d.len == 64 * MiB, "dmabuf MR covers 0x%llx+%zu, want %p+%llu",
+          (unsigned long long)d.iova, d.len, (void *)g, 64 * MiB);
+    CHECK(d.offset + d.len <= (unsigned long long)d.fd_size, "dmabuf range past the end of the fd");
+    if (fake_cuda)
+        CHECK(!strncmp(d.fd_link, "/memfd:fake-dmabuf", 18), "fd is %s", d.fd_link);
+    else
+        CHECK(strstr(d.fd_link, "dmabuf") != NULL, "the fd registered is no dmabuf: %s", d.fd_link);
+    CHECK(whole->lkey == d.lkey && whole->rkey == d.rkey && part->lkey == d.lkey && tiny->rkey == d.rkey,
+          "caller keys differ from the cached MR's");
+    CHECK(whole->handle == d.mr->handle, "handle not the cached MR's");
+    CHECK(whole != d.mr && part != whole, "callers share an ibv_mr");
+    CHECK(d.mr->addr == (void *)(uintptr_t)d.offset, "the double did not leave the offset in mr->addr");
+    ro = reg_runtime(pd, g, 2 * MiB, ACCESS | IBV_ACCESS_RELAXED_ORDERING);
+    check_caller_mr(ro, pd, g, 2 * MiB);
+    CHECK(ibv_dereg_mr(ro) == 0 && ibv_dereg_mr(tiny) == 0 && ibv_dereg_mr(part) == 0 && ibv_dereg_mr(whole) == 0,
+          "ibv_dereg_mr of a caller MR failed");
+    CHECK(since(from, IBVD_DEREG_UNKNOWN) == 0, "a caller MR reached the real ibv_dereg_mr");
+    CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd after every dereg");
+    CHECK(ibvd_live() == 0, "%zu MRs left registered after ibv_dealloc_pd", ibvd_live());
+}
+
+static void overlap(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(8 * MiB);
+    struct ibv_mr *a, *b;
+
+    a = ibv_reg_mr(pd, g, 2 * MiB, ACCESS);
+    b = ibv_reg_mr(pd, g + 1 * MiB, 2 * MiB, ACCESS);   /* overlaps a: Mooncake refuses this itself */
+    check_caller_mr(a, pd, g, 2 * MiB);
+    check_caller_mr(b, pd, g + 1 * MiB, 2 * MiB);
+    CHECK(ibv_dereg_mr(a) == 0, "dereg a");
+    CHECK(ibvd_lkey_live(b->lkey), "b's MR went with a");
+    CHECK(ibv_dereg_mr(b) == 0, "dereg b");
+    CHECK(ibvd_count(IBVD_DEREG_UNKNOWN) == 0, "a caller MR reached the real ibv_dereg_mr");
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left after ibv_dealloc_pd");
+}
+
+static void refcount(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(4 * MiB);
+    struct ibv_mr *a, *b;
+    size_t from = ibvd_ncalls();
+    uint32_t key;
+
+    a = ibv_reg_mr(pd, g, 4 * MiB, ACCESS);
+    b = ibv_reg_mr(pd, g, 4 * MiB, ACCESS);
+    check_caller_mr(a, pd, g, 4 * MiB);
+    check_caller_mr(b, pd, g, 4 * MiB);
+    CHECK(a != b && a->lkey == b->lkey, "two registrations of one range: %s",
+          a == b ? "same ibv_mr" : "different MRs");
+    key = a->lkey;
+    CHECK(ibv_dereg_mr(a) == 0, "dereg a");
+    CHECK(ibvd_lkey_live(key) && ibvd_count(IBVD_DEREG) == 0, "the MR went while b still holds it");
+    CHECK(ibv_dealloc_pd(pd) == EBUSY, "ibv_dealloc_pd with b registered did not say EBUSY");
+    CHECK(ibvd_lkey_live(key), "the MR went while b still holds it");
+    CHECK(ibv_dereg_mr(b) == 0, "dereg b");
+    CHECK(ibvd_lkey_live(key), "an idle MR should stay cached");
+    CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+    CHECK(since(from, IBVD_DEREG) == 1 && !ibvd_lkey_live(key), "the cached MR was not deregistered once");
+}
+
+static void passthrough(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *h = mmap(NULL, 2 * MiB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct ibv_mr *iova, *odp, *dma;
+    struct ibvd_call c;
+    int fd = memfd_create("app-dmabuf", 0);
+
+    CHECK(h != MAP_FAILED && fd >= 0 && ftruncate(fd, 2 * MiB) == 0, "setup");
+    iova = ibv_reg_mr_iova(pd, h, 1 * MiB, 0x10000, ACCESS);     /* another iova: drc cannot share it */
+    CHECK(iova && last(IBVD_REG_VA, &c) && c.mr == iova && c.iova == 0x10000, "iova registration not passed on");
+    odp = ibv_reg_mr(pd, h, 1 * MiB, ACCESS | IBV_ACCESS_ON_DEMAND);
+    CHECK(odp && last(IBVD_REG_VA, &c) && c.mr == odp, "ON_DEMAND registration not passed on");
+    dma = ibv_reg_dmabuf_mr(pd, 0, 1 * MiB, 0, fd, ACCESS);
+    CHECK(dma && last(IBVD_REG_DMABUF, &c) && c.mr == dma, "the engine's own dmabuf MR not passed on");
+    CHECK(ibv_dereg_mr(iova) == 0 && ibv_dereg_mr(odp) == 0 && ibv_dereg_mr(dma) == 0,
+          "dereg of MRs drc did not make");
+    CHECK(ibvd_count(IBVD_DEREG) == 3 && ibvd_count(IBVD_DEREG_UNKNOWN) == 0, "unknown MRs not deregistered as they are");
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
+static char *host_buffer(size_t len, int fill)
+{
+    char *h = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    CHECK(h != MAP_FAILED, "mmap");
+    memset(h, fill, len);
+    return h;
+}
+
+/* Host memory that goes back to the OS is invalidated first: munmap. */
+static void host_munmap(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *h = host_buffer(1 * MiB, 0xa5), *again;
+    struct ibv_mr *mr, *held, *fresh;
+    struct ibvd_call c;
+    uint32_t key;
+    size_t from;
+
+    mr = ibv_reg_mr(pd, h, 1 * MiB, ACCESS);
+    check_caller_mr(mr, pd, h, 1 * MiB);
+    key = mr->lkey;
+    CHECK(ibv_dereg_mr(mr) == 0 && ibvd_lkey_live(key), "idle host MR not cached");
+    CHECK(munmap(h, 1 * MiB) == 0, "munmap");
+    CHECK(dereg_of(key, &c), "munmap did not deregister the cached MR");
+    CHECK(c.mapped && c.first_byte == 0xa5, "the MR was deregistered after the memory went (mapped %d, byte %d)",
+          c.mapped, c.first_byte);
+
+    /* held across the munmap: a new mapping at the same address must not hit the old MR */
+    h = host_buffer(1 * MiB, 0x11);
+    held = ibv_reg_mr(pd, h, 1 * MiB, ACCESS);
+    check_caller_mr(held, pd, h, 1 * MiB);
+    key = held->lkey;
+    CHECK(munmap(h, 1 * MiB) == 0, "munmap");
+    CHECK(ibvd_lkey_live(key), "an MR still held by the engine was deregistered under it");
+    again = mmap(h, 1 * MiB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    CHECK(again == h, "could not map the same address again");
+    from = ibvd_ncalls();
+    fresh = ibv_reg_mr(pd, again, 1 * MiB, ACCESS);
+    check_caller_mr(fresh, pd, again, 1 * MiB);
+    CHECK(since(from, IBVD_REG_VA) == 1 && fresh->lkey != key, "the new mapping was served the stale MR");
+    CHECK(ibv_dereg_mr(held) == 0 && !ibvd_lkey_live(key), "the stale MR outlived its last dereg");
+    CHECK(ibv_dereg_mr(fresh) == 0 && munmap(again, 1 * MiB) == 0, "cleanup");
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
+static void host_madvise(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *h = host_buffer(2 * MiB, 0x5a);
+    struct ibv_mr *mr;
+    struct ibvd_call c;
+    uint32_t key;
+    size_t from;
+
+    mr = ibv_reg_mr(pd, h, 2 * MiB, ACCESS);
+    check_caller_mr(mr, pd, h, 2 * MiB);
+    key = mr->lkey;
+    CHECK(ibv_dereg_mr(mr) == 0, "dereg");
+    CHECK(madvise(h + 1 * MiB, 4096, MADV_DONTNEED) == 0, "madvise");
+    CHECK(dereg_of(key, &c), "madvise(DONTNEED) did not deregister the MR");
+    CHECK(c.first_byte == 0x5a, "the MR was deregistered after the pages went");
+    CHECK(h[1 * MiB] == 0, "MADV_DONTNEED did not drop the page");
+    from = ibvd_ncalls();
+    mr = ibv_reg_mr(pd, h, 2 * MiB, ACCESS);
+    check_caller_mr(mr, pd, h, 2 * MiB);
+    CHECK(since(from, IBVD_REG_VA) == 1, "registration after madvise hit the old MR");
+    key = mr->lkey;
+    CHECK(ibv_dereg_mr(mr) == 0 && madvise(h, 2 * MiB, MADV_WILLNEED) == 0 && ibvd_lkey_live(key),
+          "MADV_WILLNEED must not invalidate");
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
+/* drc_host_alloc memory: invalidated when jemalloc purges it, not before. */
+static void host_jemalloc(void)
+{
+    void *(*host_alloc)(size_t);
+    void (*host_free)(void *);
+    struct ibv_pd *pd = open_pd();
+    struct ibv_mr *mr;
+    struct ibvd_call c;
+    uint32_t key;
+    char *p;
+
+    *(void **)&host_alloc = dlsym(RTLD_DEFAULT, "drc_host_alloc");
+    *(void **)&host_free = dlsym(RTLD_DEFAULT, "drc_host_free");
+    CHECK(host_alloc && host_free, "drc_host_alloc is not exported by the preloaded library");
+    p = host_alloc(4 * MiB);
+    CHECK(p, "drc_host_alloc");
+    memset(p, 0xc3, 4 * MiB);
+    ibvd_probe(p);
+    mr = ibv_reg_mr(pd, p, 4 * MiB, ACCESS);
+    check_caller_mr(mr, pd, p, 4 * MiB);
+    key = mr->lkey;
+    CHECK(ibv_dereg_mr(mr) == 0, "dereg");
+    host_free(p);
+    CHECK(ibvd_lkey_live(key), "freed but not yet given back: the MR should stay (the pages are the same)");
+    CHECK(mallctl("arena.4096.purge", NULL, NULL, NULL, 0) == 0, "purge");
+    CHECK(dereg_of(key, &c), "jemalloc's purge did not deregister the MR");
+    CHECK(c.mapped && c.first_byte == 0xc3, "deregistered after the pages went (byte %d)", c.first_byte);
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
+/* DRC_VERBS_HOST=passthrough: host registrations straight to the library, GPU ones cached. */
+static void host_passthrough(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *h = host_buffer(1 * MiB, 1), *g = gpu_alloc(2 * MiB);
+    struct ibv_mr *a, *b, *x, *y;
+    struct ibvd_call c;
+    size_t from = ibvd_ncalls();
+
+    a = ibv_reg_mr(pd, h, 1 * MiB, ACCESS);
+    CHECK(a && last(IBVD_REG_VA, &c) && c.mr == a, "host registration was not passed through");
+    b = ibv_reg_mr(pd, h, 1 * MiB, ACCESS);
+    CHECK(b && b != a && since(from, IBVD_REG_VA) == 2, "host registrations were cached");
+    x = ibv_reg_mr(pd, g, 2 * MiB, ACCESS);
+    y = ibv_reg_mr(pd, g, 1 * MiB, ACCESS);
+    check_caller_mr(x, pd, g, 2 * MiB);
+    check_caller_mr(y, pd, g, 1 * MiB);
+    CHECK(since(from, IBVD_REG_DMABUF) == 1, "GPU registrations not cached");
+    CHECK(ibv_dereg_mr(a) == 0 && ibv_dereg_mr(b) == 0 && ibv_dereg_mr(x) == 0 && ibv_dereg_mr(y) == 0, "dereg");
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0 && ibvd_count(IBVD_DEREG_UNKNOWN) == 0, "MRs left");
+}
+
+/* cuMemFree of registered memory, then the same VA again: never the stale MR. */
+static void gpu_free(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(4 * MiB), *g2;
+    struct ibv_mr *mr, *held;
+    uint32_t key;
+    size_t from;
+
+    mr = ibv_reg_mr(pd, g, 4 * MiB, ACCESS);
+    check_caller_mr(mr, pd, g, 4 * MiB);
+    key = mr->lkey;
+    CHECK(ibv_dereg_mr(mr) == 0 && ibvd_lkey_live(key), "idle GPU MR not cached");
+    CHECK(cu_free((uintptr_t)g) == 0, "cuMemFree");
+    CHECK(!ibvd_lkey_live(key), "cuMemFree did not deregister the cached MR");
+    g = gpu_alloc(4 * MiB);
+    held = ibv_reg_mr(pd, g, 4 * MiB, ACCESS);
+    check_caller_mr(held, pd, g, 4 * MiB);
+    key = held->lkey;
+    CHECK(cu_free((uintptr_t)g) == 0, "cuMemFree");
+    CHECK(ibvd_lkey_live(key), "an MR still held was deregistered under the engine");
+    g2 = gpu_alloc(4 * MiB);
+    from = ibvd_ncalls();
+    mr = ibv_reg_mr(pd, g2, 4 * MiB, ACCESS);
+    check_caller_mr(mr, pd, g2, 4 * MiB);
+    CHECK(since(from, IBVD_REG_DMABUF) == 1 && mr->lkey != key, "%s memory was served the stale MR",
+          g2 == g ? "reallocated (same VA)" : "new");
+    CHECK(ibv_dereg_mr(held) == 0 && !ibvd_lkey_live(key), "the stale MR outlived its last dereg");
+    CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
+/* An engine that opens libibverbs itself and calls ibv_reg_mr through dlsym. */
+static void private_dlopen(void)
+{
+    struct ibv_mr *(*reg)(struct ibv_pd *, void *, size_t, int);
+    void *lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(2 * MiB);
+    struct ibv_mr *mr;
+    size_t from = ibvd_ncalls();
+
+    CHECK(lib, "dlopen libibverbs.so.1");
+    *(void **)&reg = dlsym(lib, "ibv_reg_mr");
+    CHECK(reg, "dlsym ibv_reg_mr");
+    mr = reg(pd, g + 4096, 8192, ACCESS);
+    check_caller_mr(mr, pd, g + 4096, 8192);
+    CHECK(since(from, IBVD_REG_DMABUF) == 1 && since(from, IBVD_REG_VA) == 0,
+          "ibv_reg_mr reached through dlsym was not served by drc");
+    CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
+/* A few registrations for the DRC_LOG test; the parent reads stderr. */
+static void log_run(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(2 * MiB);
+    struct ibv_mr *a = ibv_reg_mr(pd, g, 1 * MiB, ACCESS), *b = ibv_reg_mr(pd, g, 4096, ACCESS);
+
+    check_caller_mr(a, pd, g, 1 * MiB);
+    check_caller_mr(b, pd, g, 4096);
+    CHECK(ibv_dereg_mr(a) == 0 && ibv_dereg_mr(b) == 0, "dereg");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct {
+        const char *name;
+        void (*run)(void);
+        int gpu;
+    } scenarios[] = {
+        { "gpu_dedup", gpu_dedup, 1 },   { "overlap", overlap, 1 },         { "refcount", refcount, 1 },
+        { "passthrough", passthrough, 0 }, { "host_munmap", host_munmap, 0 }, { "host_madvise", host_madvise, 0 },
+        { "host_jemalloc", host_jemalloc, 0 }, { "host_passthrough", host_passthrough, 1 },
+        { "gpu_free", gpu_free, 1 },     { "private_dlopen", private_dlopen, 1 }, { "log", log_run, 1 },
+    };
+    size_t i;
+
+    setenv("IBVD_READ_AT_DEREG", "1", 1);   /* the double may read host MRs' first byte at dereg */
+    for (i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++) {
+        if (argc < 2 || strcmp(argv[1], scenarios[i].name))
+            continue;
+        if (scenarios[i].gpu)
+            cuda_open();
+        scenarios[i].run();
+        printf("ok %s%s\n", argv[1], scenarios[i].gpu ? (fake_cuda ? " (libcuda double)" : " (real GPU)") : "");
+        return fails != 0;
+    }
+    fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
+    return 2;
+}

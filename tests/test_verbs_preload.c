@@ -1,0 +1,258 @@
+/*
+ * Tests of build/libdrc_verbs.so (src/verbs_preload.c, with hook_host.c and
+ * the CUDA free hooks): does a transfer engine that calls ibv_reg_mr on GPU
+ * and host memory work through drc with LD_PRELOAD and no code change?
+ *
+ * There is no NIC and no GPU in CI. The program (tests/engine/engine_child.c)
+ * runs as a child process, without sanitizers (this binary may be an ASan
+ * build, and ASan does not mix with preloading), against two DOUBLES found
+ * through LD_LIBRARY_PATH: build/engine/libibverbs.so.1, a recording
+ * libibverbs (tests/engine/ibverbs_double.c), and build/engine/fakecuda/
+ * libcuda.so.1, a CUDA driver whose device memory is reserved address space
+ * and whose dmabufs are memfds (tests/engine/fake_libcuda.c). The child
+ * checks, from the double's record, what the engine and the NIC would see,
+ * and exits 0 with "ok <scenario>" when all of it held.
+ *
+ * Controls: the same program without the preload fails the GPU and
+ * host-invalidation scenarios, so the checks can fail.
+ */
+#include <limits.h>
+#include <setjmp.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static char build[PATH_MAX];
+
+/* The build folder: the one above this binary that holds engine/engine_child. */
+static int find_build(void **state)
+{
+    char exe[PATH_MAX], probe[PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    const char *env = getenv("DRC_BUILD");
+    int up;
+
+    (void)state;
+    if (env) {
+        snprintf(build, sizeof(build), "%s", env);
+        return 0;
+    }
+    if (n <= 0)
+        return -1;
+    exe[n] = 0;
+    for (up = 0; up < 4; up++) {
+        char *slash = strrchr(exe, '/');
+
+        if (!slash)
+            return -1;
+        *slash = 0;
+        snprintf(probe, sizeof(probe), "%s/engine/engine_child", exe);
+        if (access(probe, X_OK) == 0) {
+            snprintf(build, sizeof(build), "%s", exe);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+struct run {
+    int status;             /* exit status */
+    char out[4096];         /* stdout */
+    char err[4096];         /* stderr */
+};
+
+static void drain(int fd, char *buf, size_t len)
+{
+    size_t total = 0;
+    ssize_t got;
+
+    while (total < len - 1 && (got = read(fd, buf + total, len - 1 - total)) > 0)
+        total += (size_t)got;
+    buf[total] = 0;
+}
+
+/*
+ * Run the child's @scenario with the doubles on LD_LIBRARY_PATH, the
+ * interposer preloaded if @preload, and @extra ("NAME=value" or NULL) set.
+ */
+static void run_child(const char *scenario, int preload, const char *extra, struct run *r)
+{
+    char child[PATH_MAX + 32], pre[PATH_MAX + 48], lib[2 * PATH_MAX + 64];
+    char *argv[] = { child, (char *)scenario, NULL };
+    char *envp[6];
+    int e = 0, out[2], err[2];
+    posix_spawn_file_actions_t fa;
+    pid_t pid;
+
+    snprintf(child, sizeof(child), "%s/engine/engine_child", build);
+    snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/libdrc_verbs.so", build);
+    snprintf(lib, sizeof(lib), "LD_LIBRARY_PATH=%s/engine:%s/engine/fakecuda", build, build);
+    envp[e++] = "PATH=/usr/bin:/bin";
+    envp[e++] = lib;
+    if (preload)
+        envp[e++] = pre;
+    if (extra)
+        envp[e++] = (char *)extra;
+    envp[e] = NULL;
+    assert_int_equal(pipe(out), 0);
+    assert_int_equal(pipe(err), 0);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    posix_spawn_file_actions_addclose(&fa, err[0]);
+    assert_int_equal(posix_spawn(&pid, child, &fa, NULL, argv, envp), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    close(err[1]);
+    drain(out[0], r->out, sizeof(r->out));   /* the child writes little: stdout then stderr cannot block */
+    drain(err[0], r->err, sizeof(r->err));
+    close(out[0]);
+    close(err[0]);
+    assert_int_equal(waitpid(pid, &r->status, 0), pid);
+    printf("  [%s%s%s] %s%s", preload ? "preload" : "no preload", extra ? ", " : "", extra ? extra : "", r->out,
+           r->err);
+    assert_true(WIFEXITED(r->status));
+    r->status = WEXITSTATUS(r->status);
+}
+
+/* The scenario passes under the preload, and writes nothing to stderr (DRC_LOG is unset). */
+static void passes(const char *scenario, const char *extra)
+{
+    struct run r;
+    char want[64];
+
+    run_child(scenario, 1, extra, &r);
+    assert_int_equal(r.status, 0);
+    snprintf(want, sizeof(want), "ok %s", scenario);
+    assert_non_null(strstr(r.out, want));
+    assert_string_equal(r.err, "");
+}
+
+/* ... and fails without it: the checks catch what drc is there to do. */
+static void fails_without(const char *scenario)
+{
+    struct run r;
+
+    run_child(scenario, 0, NULL, &r);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.out, "FAIL"));
+}
+
+/* Nested GPU registrations share one dmabuf MR; each caller's ibv_mr reads as it asked. */
+static void test_gpu_registrations_are_deduplicated(void **state)
+{
+    (void)state;
+    passes("gpu_dedup", NULL);
+    fails_without("gpu_dedup");
+}
+
+/* Overlapping registrations (which Mooncake refuses) both succeed and stay valid. */
+static void test_overlapping_registrations_work(void **state)
+{
+    (void)state;
+    passes("overlap", NULL);
+}
+
+/* ibv_dereg_mr drops one reference; ibv_dealloc_pd releases what the cache kept, and says EBUSY while held. */
+static void test_dereg_is_refcounted(void **state)
+{
+    (void)state;
+    passes("refcount", NULL);
+    fails_without("refcount");
+}
+
+/* Another iova, ON_DEMAND, the engine's own dmabuf MRs: passed through, and deregistered as they are. */
+static void test_what_drc_cannot_serve_passes_through(void **state)
+{
+    (void)state;
+    passes("passthrough", NULL);
+}
+
+/* munmap of registered host memory deregisters before the memory goes; a held MR is never reused. */
+static void test_munmap_invalidates_first(void **state)
+{
+    (void)state;
+    passes("host_munmap", NULL);
+    fails_without("host_munmap");
+}
+
+/* madvise(DONTNEED) likewise; WILLNEED does not. */
+static void test_madvise_invalidates_first(void **state)
+{
+    (void)state;
+    passes("host_madvise", NULL);
+}
+
+/* drc_host_alloc memory: kept across free and reuse, invalidated when jemalloc purges it. */
+static void test_jemalloc_purge_invalidates_first(void **state)
+{
+    (void)state;
+    passes("host_jemalloc", NULL);
+}
+
+/* DRC_VERBS_HOST=passthrough: host registrations untouched, GPU ones still cached. */
+static void test_host_passthrough(void **state)
+{
+    (void)state;
+    passes("host_passthrough", "DRC_VERBS_HOST=passthrough");
+}
+
+/* cuMemFree of registered GPU memory, reallocated at the same VA: never served the stale MR. */
+static void test_gpu_free_invalidates(void **state)
+{
+    (void)state;
+    passes("gpu_free", NULL);
+    fails_without("gpu_free");
+}
+
+/* An engine with a private dlopen of libibverbs: ibv_reg_mr via dlsym still reaches drc. */
+static void test_private_dlopen_is_served(void **state)
+{
+    (void)state;
+    passes("private_dlopen", NULL);
+}
+
+/* DRC_LOG=info: one summary line at exit, on stderr, and nothing else. */
+static void test_log_summary_only_when_asked(void **state)
+{
+    struct run r;
+    const char *nl;
+
+    (void)state;
+    run_child("log", 1, "DRC_LOG=info", &r);
+    assert_int_equal(r.status, 0);
+    nl = strchr(r.err, '\n');
+    assert_non_null(nl);
+    assert_int_equal(nl[1], 0);     /* exactly one line */
+    assert_int_equal(strncmp(r.err, "drc: 1 PDs, 2 MRs handed out (2 GPU, 0 host", 43), 0);
+    assert_non_null(strstr(r.err, "1 registrations for them, 1 hits"));
+    assert_non_null(strstr(r.err, "GPU via dmabuf"));
+    passes("log", NULL);            /* and without DRC_LOG, silence */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpu_registrations_are_deduplicated),
+        cmocka_unit_test(test_overlapping_registrations_work),
+        cmocka_unit_test(test_dereg_is_refcounted),
+        cmocka_unit_test(test_what_drc_cannot_serve_passes_through),
+        cmocka_unit_test(test_munmap_invalidates_first),
+        cmocka_unit_test(test_madvise_invalidates_first),
+        cmocka_unit_test(test_jemalloc_purge_invalidates_first),
+        cmocka_unit_test(test_host_passthrough),
+        cmocka_unit_test(test_gpu_free_invalidates),
+        cmocka_unit_test(test_private_dlopen_is_served),
+        cmocka_unit_test(test_log_summary_only_when_asked),
+    };
+
+    return cmocka_run_group_tests(tests, find_build, NULL);
+}
