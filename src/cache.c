@@ -490,7 +490,7 @@ struct plan {
 static int same_memory(const struct drc_region *r, const struct drc__mem *m)
 {
     return r->mem.type == m->type && r->mem.device == m->device && LD(r->node.start) >= m->lo &&
-           LD(r->node.last) <= m->hi;
+           LD(r->node.last) < m->hi;  /* hi is exclusive (mem.h) */
 }
 
 static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, const struct drc__mem *m,
