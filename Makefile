@@ -97,7 +97,7 @@ fuzz: $(addprefix $B/fuzz/,$(FUZZERS))
 	@set -e; for f in $(FUZZERS); do \
 	  mkdir -p $B/fuzz/corpus/$$f; \
 	  echo "== $$f for $(FUZZ_SECONDS)s"; \
-	  $B/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $B/fuzz/corpus/$$f; \
+	  $B/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $B/fuzz/corpus/$$f fuzz/corpus/$$f; \
 	done
 
 # ---- fuzz targets replayed by make test (core tests and fuzzers, issue 2) ----
