@@ -16,6 +16,16 @@
  * what the caller posts with; any range inside [addr, addr+length) is
  * covered by them.
  *
+ * GPU registrations are widened to their whole allocation (the range
+ * cuMemGetAddressRange gives: for VMM memory, one mapped chunk) before they
+ * reach the cache. An engine registers a KV cache as thousands of tensors
+ * packed back to back in one allocation; registered as asked, neighbours
+ * that share a page coalesce one by one, and each merge registers the union
+ * again — thousands of ever larger registrations. Widened, the first
+ * registration covers the allocation and every later one is a hit. Should
+ * the whole allocation fail (larger than max_mr_size, say), the range as
+ * asked is registered instead.
+ *
  * Two tables, each under its own lock:
  *   pds  (pds_lock, a rwlock: read on every registration)  PD -> cache
  *   mrs  (mrs_lock)  caller ibv_mr -> the region it holds
@@ -29,6 +39,8 @@
  * destroy's ibv_dereg_mr may reach the interposer, which takes mrs_lock).
  */
 #include "regmr.h"
+
+#include "cuda.h"
 
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -141,6 +153,18 @@ static int cacheable(int access)
     return access >= 0 && !((unsigned)access & ~DRC_ACCESS_MASK);
 }
 
+/* drc_get on the GPU allocation around [addr, addr+len) if there is one, else on the range itself. */
+static int get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **r)
+{
+    uintptr_t base, a = (uintptr_t)addr;
+    size_t alen;
+
+    if (drc__cuda_alloc_range(a, &base, &alen) == 0 && a - base <= alen && len <= alen - (a - base) &&
+        drc_get(c, (const void *)base, alen, access, r) == 0)
+        return 0;
+    return drc_get(c, addr, len, access, r);
+}
+
 struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
 {
     struct caller_mr *m;
@@ -166,7 +190,7 @@ struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
     err = pd_get(pd, &e);
     if (err)
         goto err_free;
-    err = drc_get(e->cache, addr, len, (unsigned)access, &r);
+    err = get_widened(e->cache, addr, len, (unsigned)access, &r);
     if (err)
         goto err_free;
     cached = drc_region_mr(r);

@@ -29,6 +29,8 @@ static struct dmr *mrs;
 static size_t nlive;
 static uint32_t next_key = 0x100;
 static uintptr_t probe;
+static size_t counts[5];           /* per op, not capped like the record */
+static unsigned long long reg_bytes;
 
 
 static struct ibv_device device;
@@ -36,6 +38,9 @@ static struct ibv_device *device_list[2] = { &device, NULL };
 
 static void record(const struct ibvd_call *c)
 {
+    counts[c->op]++;
+    if (c->op == IBVD_REG_VA || c->op == IBVD_REG_DMABUF)
+        reg_bytes += c->len;
     if (ncalls < MAX_CALLS)
         calls[ncalls++] = *c;
 }
@@ -66,6 +71,8 @@ void ibvd_reset(void)
 {
     pthread_mutex_lock(&lock);
     ncalls = 0;
+    memset(counts, 0, sizeof(counts));
+    reg_bytes = 0;
     pthread_mutex_unlock(&lock);
 }
 
@@ -98,11 +105,20 @@ void ibvd_probe(const void *addr)
 
 size_t ibvd_count(enum ibvd_op op)
 {
-    size_t i, n = 0;
+    size_t n;
 
     pthread_mutex_lock(&lock);
-    for (i = 0; i < ncalls; i++)
-        n += calls[i].op == op;
+    n = op >= 1 && op <= 4 ? counts[op] : 0;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+unsigned long long ibvd_reg_bytes(void)
+{
+    unsigned long long n;
+
+    pthread_mutex_lock(&lock);
+    n = reg_bytes;
     pthread_mutex_unlock(&lock);
     return n;
 }

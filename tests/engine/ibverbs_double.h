@@ -45,7 +45,7 @@ struct ibvd_call {
     long long fd_size;          /* REG_DMABUF: lseek(fd, 0, SEEK_END), -1 if it cannot seek */
 };
 
-/* Calls recorded so far; ibvd_call copies the i-th (0 if there is none). */
+/* Calls recorded so far (the first 65,536); ibvd_call copies the i-th (0 if there is none). */
 size_t ibvd_ncalls(void);
 int ibvd_call(size_t i, struct ibvd_call *out);
 /* Forget the record (MRs stay registered). */
@@ -55,7 +55,8 @@ size_t ibvd_live(void);
 int ibvd_lkey_live(uint32_t lkey);
 /* The byte that deregistrations of VA MRs covering it record (NULL: their first byte). */
 void ibvd_probe(const void *addr);
-/* Calls of kind @op recorded. */
+/* Calls of kind @op since the start or ibvd_reset (counted past the record's cap), and bytes registered. */
 size_t ibvd_count(enum ibvd_op op);
+unsigned long long ibvd_reg_bytes(void);
 
 #endif
