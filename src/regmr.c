@@ -23,8 +23,8 @@
  * that share a page coalesce one by one, and each merge registers the union
  * again — thousands of ever larger registrations. Widened, the first
  * registration covers the allocation and every later one is a hit. Should
- * the whole allocation fail (larger than max_mr_size, say), the range as
- * asked is registered instead.
+ * the whole allocation be larger than the device's max_mr_size (-E2BIG),
+ * the range as asked is registered instead.
  *
  * Two tables, each under its own lock:
  *   pds  (pds_lock, a rwlock: read on every registration)  PD -> cache
@@ -158,10 +158,13 @@ static int get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned ac
 {
     uintptr_t base, a = (uintptr_t)addr;
     size_t alen;
+    int err;
 
-    if (drc__cuda_alloc_range(a, &base, &alen) == 0 && a - base <= alen && len <= alen - (a - base) &&
-        drc_get(c, (const void *)base, alen, access, r) == 0)
-        return 0;
+    if (drc__cuda_alloc_range(a, &base, &alen) == 0 && a - base <= alen && len <= alen - (a - base)) {
+        err = drc_get(c, (const void *)base, alen, access, r);
+        if (err != -E2BIG)
+            return err;     /* only the device's size limit is worth a second, smaller try */
+    }
     return drc_get(c, addr, len, access, r);
 }
 

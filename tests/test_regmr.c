@@ -33,6 +33,7 @@ static struct {
     int reg_errno;              /* next registration fails with this */
     struct ibv_mr *last;        /* the last MR made */
     struct ibv_mr *deregged;    /* the last MR released */
+    uint64_t max_mr_size;       /* what ibv_query_device reports; 0: 1 TiB */
 } v;
 
 static struct ibv_context ctx_a, ctx_b;
@@ -98,7 +99,7 @@ int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *att
 {
     (void)ctx;
     memset(attr, 0, sizeof(*attr));
-    attr->max_mr_size = 1ull << 40;
+    attr->max_mr_size = v.max_mr_size ? v.max_mr_size : 1ull << 40;
     return 0;
 }
 
@@ -246,6 +247,36 @@ static void test_host_memory_and_two_pds(void **state)
     assert_int_equal(drc_dereg_mr(b1), 0);
 }
 
+/* A small GPU registration registers its whole allocation: later tensors of it are hits. */
+static void test_gpu_registration_covers_the_allocation(void **state)
+{
+    struct ibv_mr *a, *b;
+
+    (void)state;
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, RW);
+    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    assert_int_equal(v.last->length, 64 * MiB);
+    b = drc_reg_mr(&pd_a, (void *)(GPU + 40 * MiB), 3 * MiB, RW);
+    check_caller_mr(b, &pd_a, GPU + 40 * MiB, 3 * MiB);
+    assert_int_equal(v.regs[DMABUF], 1);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    assert_int_equal(drc_dereg_mr(b), 0);
+}
+
+/* An allocation larger than max_mr_size: the range as asked is registered. */
+static void test_allocation_too_large_for_the_device(void **state)
+{
+    struct ibv_mr *a;
+
+    (void)state;
+    v.max_mr_size = 16 * MiB;
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 4096), 8192, RW);
+    check_caller_mr(a, &pd_a, GPU + 4096, 8192);
+    assert_int_equal(v.regs[DMABUF], 1);
+    assert_int_equal(v.last->length, 8192);
+    assert_int_equal(drc_dereg_mr(a), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -255,6 +286,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_arguments_and_failures_set_errno, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalidated_while_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_memory_and_two_pds, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_registration_covers_the_allocation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_allocation_too_large_for_the_device, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
