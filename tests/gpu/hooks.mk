@@ -16,4 +16,7 @@ $(O)/pic/%.o: $(TOP)/src/%.c $(wildcard $(TOP)/src/*.h) $(TOP)/include/drc.h
 $(O)/libdrc_torch.so: $(HOOK_PIC_OBJS) $(TOP)/src/drc.map
 	$(CC) -shared -Wl,--version-script=$(TOP)/src/drc.map -o $@ $(HOOK_PIC_OBJS) $(LIBS)
 
-hooks: $(O)/test_hooks_gpu_static $(O)/test_hooks_gpu_shared $(O)/libdrc_torch.so
+$(O)/bench_notify: ../bench/bench_notify.c $(HOOK_DRC_OBJS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(HOOK_DRC_OBJS) $(CUDA_LIBS) $(LIBS)
+
+hooks: $(O)/test_hooks_gpu_static $(O)/test_hooks_gpu_shared $(O)/libdrc_torch.so $(O)/bench_notify

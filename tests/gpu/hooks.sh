@@ -22,6 +22,9 @@ run env LD_PRELOAD="$H" "$O/test_hooks_gpu_static" hooked
 run env LD_PRELOAD="$H" "$O/test_hooks_gpu_shared" hooked
 run env LD_PRELOAD="$H" DRC_MONITOR=cupti DRC_HOOK_DEBUG=1 "$O/test_hooks_gpu_static" hooked
 run env LD_PRELOAD="$H" DRC_MONITOR=cupti DRC_HOOK_DEBUG=1 "$O/test_hooks_gpu_shared" hooked
+run "$O/test_hooks_gpu_static" cost
+run env LD_PRELOAD="$H" "$O/test_hooks_gpu_static" cost
+run "$O/bench_notify"
 run env DRC_LIB="$O/libdrc_torch.so" PYTHONUNBUFFERED=1 python3 test_torch_gpu.py
 echo "== hooks summary: $fail failed"
 [ "$fail" -eq 0 ]

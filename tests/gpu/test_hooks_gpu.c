@@ -14,6 +14,8 @@
  *             LD_PRELOAD=libdrc_hook.so (optionally DRC_MONITOR=cupti)
  *   control   plain frees with no hook at all: the stale region and the held
  *             memory must show (proves the checks above can fail)
+ *   cost      time what a free pays with a cache present and nothing
+ *             registered near it (run with and without the hook library)
  * Built twice by the Makefile: with nvcc's default static cudart and with
  * -cudart shared.
  */
@@ -171,6 +173,41 @@ static void hazard(drc_cache_t *c, enum how h, int expect_caught)
         CHECK(free_mem() + size / 2 >= before, "after drc_invalidate the held memory is back");
 }
 
+/* What a free costs with drc present and nothing registered near it: run with and without the hook. */
+static void cost(drc_cache_t *c)
+{
+    enum { PAIRS = 2000, LOOKUPS = 200000 };
+    const size_t size = 2u << 20;
+    CUdeviceptr d, base;
+    drc_region_t *r;
+    size_t len;
+    double t0, t1;
+    void *far;
+    int i;
+
+    /* one region far from the allocations, so that a cache exists and is not empty */
+    far = alloc(DRV, size);
+    CHECK(drc_get(c, far, 4096, 1, &r) == 0, "register");
+    drc_put(c, r);
+    CU(cuMemAlloc(&d, size));
+    t0 = gpu_now_ns();
+    for (i = 0; i < LOOKUPS; i++)
+        cuMemGetAddressRange(&base, &len, d + 4096);
+    t1 = gpu_now_ns();
+    printf("  cuMemGetAddressRange (the bounds lookup a hooked free adds): %.1f ns\n", (t1 - t0) / LOOKUPS);
+    CU(cuMemFree(d));
+    t0 = gpu_now_ns();
+    for (i = 0; i < PAIRS; i++) {
+        CU(cuMemAlloc(&d, size));
+        CU(cuMemFree(d));
+    }
+    t1 = gpu_now_ns();
+    printf("  cuMemAlloc + cuMemFree of 2 MiB, nothing registered there: %.0f ns per pair (%s)\n",
+           (t1 - t0) / PAIRS, getenv("LD_PRELOAD") ? "hook preloaded" : "no hook");
+    drc_invalidate(c, far, size);
+    cuMemFree((CUdeviceptr)(uintptr_t)far);
+}
+
 int main(int argc, char **argv)
 {
     struct drc_backend be = { hold_reg, hold_dereg, NULL };
@@ -191,6 +228,8 @@ int main(int argc, char **argv)
         hazard(c, DRV, 1);
         hazard(c, RT, 1);
         hazard(c, RT_ASYNC, 1);
+    } else if (!strcmp(mode, "cost")) {
+        cost(c);
     } else {
         hazard(c, DRV, 0);
         hazard(c, RT, 0);

@@ -49,12 +49,21 @@ def main():
     holder = Holder()
     cache = drc_torch.Cache(holder)
     pool = drc_torch.Pool()
+    # warm up outside the pool: the fill kernel's module loads lazily and takes memory of its own
+    w = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    w.fill_(1)
     torch.cuda.synchronize()
     before = mem_free()
     with pool.use():
         x = torch.empty(size, dtype=torch.uint8, device="cuda")
     x.fill_(7)
     torch.cuda.synchronize()
+    cuda = ctypes.CDLL("libcuda.so.1")
+    h = ctypes.c_ulonglong()
+    vmm = cuda.cuMemRetainAllocationHandle(ctypes.byref(h), ctypes.c_void_p(x.data_ptr())) == 0
+    if vmm:
+        cuda.cuMemRelease(h)
+    print("segment kind: %s" % ("VMM (cuMemCreate, gpuDirectRDMACapable)" if vmm else "cuMemAlloc"))
     r = cache.register(x)
     check(holder.exported == 1, "the pool segment exported as a dmabuf")
     old_handle = r.handle
@@ -70,7 +79,7 @@ def main():
     r.release()     # the region was detached: its last put deregisters it, closing the held dmabuf
     after = mem_free()
     print("mem_get_info free: before %d MiB, after segment free %d MiB" % (before >> 20, after >> 20))
-    check(after + size // 2 >= before, "the segment's memory was released")
+    check(after + (16 << 20) >= before, "the segment's memory was released (%d MiB short)" % ((before - after) >> 20))
     # a new pool: the same size again, registered anew (never the old region)
     pool2 = drc_torch.Pool()
     with pool2.use():
