@@ -19,4 +19,5 @@ $(O)/libdrc_torch.so: $(HOOK_PIC_OBJS) $(TOP)/src/drc.map
 $(O)/bench_notify: ../bench/bench_notify.c $(HOOK_DRC_OBJS)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(HOOK_DRC_OBJS) $(CUDA_LIBS) $(LIBS)
 
+.PHONY: hooks
 hooks: $(O)/test_hooks_gpu_static $(O)/test_hooks_gpu_shared $(O)/libdrc_torch.so $(O)/bench_notify
