@@ -35,7 +35,7 @@ ifneq ($(filter test test-unit test-asan test-tsan demo fuzz bench,$(MAKECMDGOAL
   endif
 endif
 
-.PHONY: all test test-unit test-asan test-tsan test-gpu fuzz bench demo install clean
+.PHONY: $B/drc.pc all test test-unit test-asan test-tsan test-gpu fuzz bench demo install clean
 all: $B/libdrc.a $B/libdrc.so $B/drc $B/drc.pc
 
 # ---- objects, one tree per flavour ----------------------------------------
@@ -190,6 +190,9 @@ install: all
 	ln -sf libdrc.so.0 $(DESTDIR)$(LIBDIR)/libdrc.so
 	install -m 644 $B/drc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
 	install -m 755 $B/drc $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $B/libdrc_hook.so $B/libdrc_verbs.so $(DESTDIR)$(LIBDIR)/
+	install -d $(DESTDIR)$(PREFIX)/share/drc/python
+	install -m 644 src/python/drc_torch.py $(DESTDIR)$(PREFIX)/share/drc/python/
 
 # ---- CUDA layer and verbs backend (issue 3) ----
 # test_verbs replaces libibverbs with doubles and counts close() of the dmabuf fds.
