@@ -29,7 +29,12 @@
  * r (it was live when taken: the lookup is ordered before the writer) or
  * sees the changed count and drops it. If the writer's CAS lands first, the
  * increment fails. A walk that raced a rotation may miss r or wander; the
- * count catches both, and `budget` bounds the wandering.
+ * count catches both, and `budget` bounds the wandering. Before walking, a
+ * lookup tries the hint table (see struct hint_tab): a guess, taken under the
+ * same count and refused if the region was detached. Invariant for every
+ * path that takes a region out of the tree: it sets `detached` inside the
+ * writer's window (retire), or releases the region (HELD cleared) first
+ * (evict), so that a stale hint can never be taken for a live region.
  *
  * Registrations run without the lock (the backend may be slow, or free
  * memory and so call back into drc_invalidate), as in mmu_interval_notifier:
@@ -78,6 +83,8 @@
 #define ST_SC(x, v) __atomic_store_n(&(x), (v), __ATOMIC_SEQ_CST)
 
 enum {
+    HINT_MIN_BITS = 8,     /* the first table: 256 slots */
+    HINT_MAX_BITS = 20,    /* the largest: 1 Mi slots (8 MiB) */
     LOOKUP_BUDGET = 256,   /* nodes a lockless walk may visit (depth of 2^64 nodes is < 128) */
     REG_RETRIES   = 8,     /* registrations raced by an invalidation before -EAGAIN */
     RACED         = 2,     /* get_slow: an invalidation raced the registration; not an errno, so
@@ -101,8 +108,27 @@ struct drc_region {
     int valid;                      /* atomic */
     int detached;                   /* atomic, written under c->lock */
     struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions only */
-    struct drc_region *next;        /* c->lock: pool link, or a release list */
+    struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
 } __attribute__((aligned(64)));
+
+/*
+ * The hint table: a lossy, direct-mapped map from a page of address space to
+ * the region a lookup last found there, so that a hit is one slot load and
+ * one region line instead of a tree descent (about 2 log2 n dependent loads,
+ * each a coin-toss branch on random addresses). Lookups fill it with plain
+ * atomic stores, without the lock; nothing else writes it, and nothing
+ * clears it: a slot may point to a region that has since been detached,
+ * released or reused, so a lookup checks what it finds exactly as it checks
+ * a tree walk (bounds, then tryget, then the sequence count), plus
+ * !detached, the one state a tree walk cannot reach. Tables are replaced by
+ * larger ones under c->lock as the cache grows; a replaced table stays
+ * allocated (a lockless lookup may still read it) until drc_cache_destroy.
+ */
+struct hint_tab {
+    struct hint_tab *older;         /* the table this one replaced */
+    unsigned shift;                 /* 64 - log2(slots) */
+    struct drc_region *slot[];      /* atomic */
+};
 
 struct chunk {
     struct chunk *next;
@@ -128,6 +154,8 @@ struct drc_cache {
     size_t page;
     struct drc_backend be;
     uintptr_t lo, hi;               /* atomic: hull of every range registered or being registered */
+    struct hint_tab *hint;          /* atomic: replaced under c->lock (release store) */
+    unsigned page_shift;
 
     pthread_mutex_t lock __attribute__((aligned(64)));
     pthread_cond_t pending_done;
@@ -135,6 +163,7 @@ struct drc_cache {
     struct pending *pending;
     struct drc_region *lru_head, *lru_tail;     /* least recently idle first */
     struct drc_region *pool;
+    struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
     struct chunk *chunks;
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
@@ -353,6 +382,8 @@ static struct drc_region *pool_get(drc_cache_t *c)
     struct chunk *ch;
     int i;
 
+    if (!c->pool)
+        c->pool = __atomic_exchange_n(&c->freed, NULL, __ATOMIC_ACQUIRE);
     if (!c->pool) {
         ch = aligned_alloc(64, sizeof(*ch));
         if (!ch)
@@ -373,7 +404,7 @@ static struct drc_region *pool_get(drc_cache_t *c)
 /* Deregister every region on @dead (no lock held) and return them to the pool. */
 static int release_list(drc_cache_t *c, struct drc_region *dead)
 {
-    struct drc_region *r, *next;
+    struct drc_region *r, *tail = NULL, *head;
     int err = 0, e;
 
     if (!dead)
@@ -383,13 +414,17 @@ static int release_list(drc_cache_t *c, struct drc_region *dead)
         if (e && !err)
             err = e;
         __atomic_fetch_add(&c->deregs, 1, __ATOMIC_RELAXED);
+        tail = r;
     }
-    pthread_mutex_lock(&c->lock);
-    for (r = dead; r; r = next) {
-        next = r->next;
-        pool_put(c, r);
-    }
-    pthread_mutex_unlock(&c->lock);
+    /*
+     * Back to the pool without taking the lock a second time: push the whole
+     * list on c->freed. Only pool_get (under c->lock) takes from it, and it
+     * takes everything at once, so a push can never meet a half-taken list.
+     */
+    head = __atomic_load_n(&c->freed, __ATOMIC_RELAXED);
+    do {
+        tail->next = head;
+    } while (!__atomic_compare_exchange_n(&c->freed, &head, dead, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
     return err;
 }
 
@@ -438,23 +473,54 @@ static int unref(drc_cache_t *c, struct drc_region *r)
     return w == HELD ? became_idle(c, r) : 0;
 }
 
+static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
+{
+    struct hint_tab *t = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
+
+    return &t->slot[((uint64_t)(s >> c->page_shift) * 0x9e3779b97f4a7c15ull) >> t->shift];
+}
+
+static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
+{
+    return LD(r->node.start) <= s && LD(r->node.last) >= last && (LD(r->access) & access) == access;
+}
+
 static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access)
 {
-    struct drc_region *r;
+    struct drc_region *r, **hs;
     unsigned seq;
-    int budget, tries;
+    int budget, tries, hinted;
 
     for (tries = 0; tries < 2; tries++) {
         seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
         if (seq & 1)
             return NULL;        /* a writer is at work: wait for it on the lock */
-        budget = LOOKUP_BUDGET;
-        r = find_containing(&c->tree, s, last, access, &budget);
-        if (!r || !tryget(r))
-            return NULL;
+        hs = hint_slot(c, s);
+        r = LD(*hs);
+        hinted = r && covers(r, s, last, access) && tryget(r);
+        if (hinted && LD(r->detached)) {
+            unref(c, r);        /* left the tree: walk it, and the walk replaces the hint */
+            hinted = 0;
+        }
+        if (!hinted) {
+            budget = LOOKUP_BUDGET;
+            r = find_containing(&c->tree, s, last, access, &budget);
+            if (!r || !tryget(r))
+                return NULL;
+        }
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
-        if (LD(c->seq) == seq)
+        /*
+         * seq unchanged: no writer ran since the first load, so r is what
+         * the load saw. A region found in the tree was live then; one found
+         * through a hint may have left the tree earlier, and then it was
+         * detached (retire sets that inside the writer's window) or released
+         * (and tryget failed).
+         */
+        if (LD(c->seq) == seq && !LD(r->detached)) {
+            if (!hinted)
+                ST(*hs, r);
             return r;
+        }
         unref(c, r);
     }
     return NULL;
@@ -565,6 +631,30 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
     return err;
 }
 
+static struct hint_tab *hint_new(unsigned bits, struct hint_tab *older)
+{
+    struct hint_tab *t = calloc(1, sizeof(*t) + (sizeof(t->slot[0]) << bits));
+
+    if (t) {
+        t->shift = 64 - bits;
+        t->older = older;
+    }
+    return t;
+}
+
+/* Keep at least two slots per live region (c->lock); without memory, hits only get slower. */
+static void hint_grow(drc_cache_t *c)
+{
+    unsigned bits = 64 - c->hint->shift;
+    struct hint_tab *t;
+
+    if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 1)))
+        return;
+    t = hint_new(bits + 2 < HINT_MAX_BITS ? bits + 2 : HINT_MAX_BITS, c->hint);
+    if (t)
+        __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
+}
+
 /* Fill a pooled region and put it in the tree (c->lock, seq odd). */
 static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
                     void *handle, uint32_t lkey, uint32_t rkey)
@@ -583,6 +673,7 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     lru_append(c, r);
     c->regions++;
     c->bytes += region_len(r);
+    hint_grow(c);
 }
 
 /*
@@ -609,6 +700,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         r = find_containing(&c->tree, s, last, access, &budget);
         if (r) {
             __atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST);
+            ST(*hint_slot(c, s), r);
             pthread_mutex_unlock(&c->lock);
             count_hit(c);
             *out = r;
@@ -653,6 +745,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     if (p.merging)
         supersede(c, &p, &m, &dead);
     publish(c, r, &p, &m, handle, lkey, rkey);
+    ST(*hint_slot(c, s), r);
     if (c->limited)
         evict(c, &dead);
     seq_end(c);
@@ -724,6 +817,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
     struct drc__itree_node *n;
     struct pending *p;
     uintptr_t s, last;
+    struct drc__itree_node *next;
     int count = 0, budget;
 
     if (!c)
@@ -737,9 +831,12 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
         return 0;
     pthread_mutex_lock(&c->lock);
     budget = DRC__ITREE_UNBOUNDED;
-    if (drc__itree_first(&c->tree, s, last, &budget)) {
+    n = drc__itree_first(&c->tree, s, last, &budget);
+    if (n) {
+        /* one descent: the successor is found before n leaves (next stays in the tree) */
         seq_begin(c);
-        while ((n = drc__itree_first(&c->tree, s, last, &budget))) {
+        for (; n; n = next) {
+            next = drc__itree_next(n, s, last, &budget);
             r = region_of(n);
             ST_SC(r->valid, 0);
             retire(c, r, &dead);
@@ -781,7 +878,13 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     memset(c, 0, sizeof(*c));
     c->be = *be;
     c->page = (size_t)sysconf(_SC_PAGESIZE);
+    c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
+    c->hint = hint_new(HINT_MIN_BITS, NULL);
+    if (!c->hint) {
+        err = -ENOMEM;
+        goto err_hint;
+    }
     if (cfg) {
         c->flags = cfg->flags;
         c->max_regions = cfg->max_regions;
@@ -795,14 +898,18 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->pending_done, NULL);
     err = drc__notify_subscribe(c);
-    if (err) {
-        pthread_cond_destroy(&c->pending_done);
-        pthread_mutex_destroy(&c->lock);
-        free(c);
-        return err;
-    }
+    if (err)
+        goto err_subscribe;
     *out = c;
     return 0;
+
+err_subscribe:
+    pthread_cond_destroy(&c->pending_done);
+    pthread_mutex_destroy(&c->lock);
+    free(c->hint);
+err_hint:
+    free(c);
+    return err;
 }
 
 int drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg, drc_cache_t **out)
@@ -825,6 +932,7 @@ static int busy(const drc_cache_t *c)
 int drc_cache_destroy(drc_cache_t *c)
 {
     struct drc_region *r, *next;
+    struct hint_tab *t;
     struct chunk *ch;
 
     if (!c)
@@ -845,6 +953,10 @@ int drc_cache_destroy(drc_cache_t *c)
     while ((ch = c->chunks)) {
         c->chunks = ch->next;
         free(ch);
+    }
+    while ((t = c->hint)) {
+        c->hint = t->older;
+        free(t);
     }
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);

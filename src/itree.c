@@ -315,18 +315,25 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr
 
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
 {
-    const node_t *n = LD(t->root), *best = NULL;
+    const node_t *n = LD(t->root);
+    uintptr_t best = 0, right;
+    int b = *budget;
 
+    /*
+     * Select with a mask instead of branching: on random keys the direction
+     * is a coin toss at every level, and a mispredicted branch costs more
+     * than loading both children (they share the node's cache line).
+     */
     while (n) {
-        if (--*budget < 0)
+        if (--b < 0) {
+            *budget = 0;
             return NULL;
-        if (LD(n->start) <= key) {
-            best = n;
-            n = LD(n->right);
-        } else {
-            n = LD(n->left);
         }
+        right = -(uintptr_t)(LD(n->start) <= key);
+        best = ((uintptr_t)n & right) | (best & ~right);
+        n = (const node_t *)(((uintptr_t)LD(n->right) & right) | ((uintptr_t)LD(n->left) & ~right));
     }
+    *budget = b;
     return (node_t *)best;
 }
 
