@@ -179,7 +179,7 @@ demo: $B/drc
 	$B/drc doctor
 
 # ---- GPU tests (run on a machine with CUDA; see tests/gpu/README) -------------
-test-gpu: all
+test-gpu:
 	$(MAKE) -C tests/gpu B=$(abspath $B)
 
 install: all

@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | s
 # A newer compiler may warn where this one did not: then build without -Werror, and say so.
 make -s B="$B" all || { echo "== build with -Werror FAILED: building with warnings off"; make -s B="$B" WARN=-w all; } ||
     { echo "== build FAILED"; exit 1; }
-progs=$(make -s B="$B" -p 2>/dev/null | sed -n 's/^GPU_PROGS := //p' | head -1)
+progs=$(make -s B="$B" print-progs)   # (not `make -p`: that also runs the default goal, this script)
 fail=0
 for p in $progs; do
     echo "== $p"
@@ -20,6 +20,8 @@ for p in $progs; do
 done
 # issue 5: the ibv_reg_mr interposer on real GPU memory (built by the top Makefile; its own summary)
 sh ./engine.sh "$B" || fail=$((fail + 1))
+# issue 4: the hooks (wrappers, LD_PRELOAD with static and shared cudart, CUPTI, PyTorch pool)
+sh ./hooks.sh "$B" || fail=$((fail + 1))
 echo "== drc doctor"
 "$B/gpu/drc" doctor
 echo "== summary: $(echo $progs | wc -w) programs, $fail failed"
