@@ -32,6 +32,33 @@ static inline const void *at(size_t n, size_t off)
     return (const void *)(BASE + n * pg() + off);
 }
 
+/* A cache over the recording backend @b; @cfg may be NULL. */
+static inline drc_cache_t *mk(struct tb *b, const struct drc_config *cfg)
+{
+    drc_cache_t *c = NULL;
+
+    assert_int_equal(drc_cache_create(&b->be, cfg, &c), 0);
+    assert_non_null(c);
+    return c;
+}
+
+/* Destroy @c and check what a user would: nothing left registered, every handle released once. */
+static inline void done(struct tb *b, drc_cache_t *c)
+{
+    assert_int_equal(drc_cache_destroy(c), 0);
+    assert_int_equal(tb_live(b), 0);
+    assert_int_equal(tb_all_released_once(b), 0);
+    tb_free(b);
+}
+
+/* A deadlock fails the test (SIGALRM) instead of hanging it. */
+static inline int setup_alarm(void **state)
+{
+    (void)state;
+    alarm(240);
+    return 0;
+}
+
 static inline void expect_stats_(drc_cache_t *c, struct drc_stats want, const char *file, int line)
 {
     struct drc_stats s;

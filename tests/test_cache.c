@@ -17,22 +17,7 @@
 #define RW IBV_ACCESS_REMOTE_WRITE
 #define RR IBV_ACCESS_REMOTE_READ
 
-static drc_cache_t *mk(struct tb *b, const struct drc_config *cfg)
-{
-    drc_cache_t *c = NULL;
 
-    assert_int_equal(drc_cache_create(&b->be, cfg, &c), 0);
-    assert_non_null(c);
-    return c;
-}
-
-static void done(struct tb *b, drc_cache_t *c)
-{
-    assert_int_equal(drc_cache_destroy(c), 0);
-    assert_int_equal(tb_live(b), 0);
-    assert_int_equal(tb_all_released_once(b), 0);
-    tb_free(b);
-}
 
 static void assert_bounds(const drc_region_t *r, const void *start, size_t len)
 {
@@ -45,12 +30,6 @@ static void assert_bounds(const drc_region_t *r, const void *start, size_t len)
 }
 
 /* Deadlocks turn into a failing test instead of a hang. */
-static int setup_alarm(void **state)
-{
-    (void)state;
-    alarm(60);
-    return 0;
-}
 
 /* ---- 1. hits ------------------------------------------------------------ */
 

@@ -17,28 +17,8 @@
 #define RW IBV_ACCESS_REMOTE_WRITE
 #define RR IBV_ACCESS_REMOTE_READ
 
-static drc_cache_t *mk(struct tb *b, const struct drc_config *cfg)
-{
-    drc_cache_t *c = NULL;
 
-    assert_int_equal(drc_cache_create(&b->be, cfg, &c), 0);
-    return c;
-}
 
-static void done(struct tb *b, drc_cache_t *c)
-{
-    assert_int_equal(drc_cache_destroy(c), 0);
-    assert_int_equal(tb_live(b), 0);
-    assert_int_equal(tb_all_released_once(b), 0);
-    tb_free(b);
-}
-
-static int setup_alarm(void **state)
-{
-    (void)state;
-    alarm(240);     /* a deadlock fails the test instead of hanging it */
-    return 0;
-}
 
 /* ---- two threads missing on one range ------------------------------------ */
 

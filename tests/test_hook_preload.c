@@ -27,6 +27,8 @@
 
 #include <cmocka.h>
 
+#include "buildpath.h"
+
 extern char **environ;
 
 static char build[PATH_MAX];
@@ -34,32 +36,8 @@ static char build[PATH_MAX];
 /* The build folder: the one above this binary that holds hooktest/hook_child. */
 static int find_build(void **state)
 {
-    char exe[PATH_MAX], probe[PATH_MAX + 32];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    const char *env = getenv("DRC_BUILD");
-    int up;
-
     (void)state;
-    if (env) {
-        snprintf(build, sizeof(build), "%s", env);
-        return 0;
-    }
-    if (n <= 0)
-        return -1;
-    exe[n] = 0;
-    for (up = 0; up < 4; up++) {
-        char *slash = strrchr(exe, '/');
-
-        if (!slash)
-            return -1;
-        *slash = 0;
-        snprintf(probe, sizeof(probe), "%s/hooktest/hook_child", exe);
-        if (access(probe, X_OK) == 0) {
-            snprintf(build, sizeof(build), "%s", exe);
-            return 0;
-        }
-    }
-    return -1;
+    return find_build_dir(build, sizeof(build), "hooktest/hook_child");
 }
 
 /* Run the child in @mode; @preload: with the hook library; @monitor: DRC_MONITOR or NULL. Its exit status. */

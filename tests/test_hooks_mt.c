@@ -156,12 +156,6 @@ static void test_notify_racing_create_destroy(void **state)
     tb_free(b);
 }
 
-static int setup_alarm(void **state)
-{
-    (void)state;
-    alarm(240);     /* a deadlock fails the test instead of hanging it */
-    return 0;
-}
 
 int main(void)
 {

@@ -14,33 +14,13 @@
 
 #define LW IBV_ACCESS_LOCAL_WRITE
 
-static drc_cache_t *mk(struct tb *b)
-{
-    drc_cache_t *c = NULL;
 
-    assert_int_equal(drc_cache_create(&b->be, NULL, &c), 0);
-    return c;
-}
 
-static void done(struct tb *b, drc_cache_t *c)
-{
-    assert_int_equal(drc_cache_destroy(c), 0);
-    assert_int_equal(tb_live(b), 0);
-    assert_int_equal(tb_all_released_once(b), 0);
-    tb_free(b);
-}
-
-static int setup_alarm(void **state)
-{
-    (void)state;
-    alarm(120);
-    return 0;
-}
 
 static void every_cache_is_invalidated(void **state)
 {
     struct tb *b[3] = { tb_new(), tb_new(), tb_new() };
-    drc_cache_t *c[3] = { mk(b[0]), mk(b[1]), mk(b[2]) };
+    drc_cache_t *c[3] = { mk(b[0], NULL), mk(b[1], NULL), mk(b[2], NULL) };
     drc_region_t *r0, *r1, *r2;
 
     (void)state;
@@ -70,7 +50,7 @@ static void every_cache_is_invalidated(void **state)
 static void destroyed_caches_are_not_reached(void **state)
 {
     struct tb *b0 = tb_new(), *b1 = tb_new();
-    drc_cache_t *c0 = mk(b0), *c1 = mk(b1);
+    drc_cache_t *c0 = mk(b0, NULL), *c1 = mk(b1, NULL);
     drc_region_t *r;
 
     (void)state;
@@ -89,7 +69,7 @@ static void destroyed_caches_are_not_reached(void **state)
 static void bad_ranges(void **state)
 {
     struct tb *b = tb_new();
-    drc_cache_t *c = mk(b);
+    drc_cache_t *c = mk(b, NULL);
     drc_region_t *r;
 
     (void)state;
@@ -161,7 +141,7 @@ static int notify_in_hook(struct tb *b, unsigned long id, void *arg)
 static void notify_from_inside_backend(void **state)
 {
     struct tb *b0 = tb_new(), *b1 = tb_new();
-    drc_cache_t *c0 = mk(b0), *c1 = mk(b1);
+    drc_cache_t *c0 = mk(b0, NULL), *c1 = mk(b1, NULL);
     struct nested in_reg = { 0 }, in_dereg = { 0 };
     drc_region_t *r, *o;
 
@@ -222,7 +202,7 @@ static void notify_races_create_and_destroy(void **state)
     (void)state;
     pthread_create(&th, NULL, notifier_thread, &x);
     for (i = 0; i < 3000; i++) {
-        drc_cache_t *c = mk(b);
+        drc_cache_t *c = mk(b, NULL);
         drc_region_t *r = NULL;
         int err = drc_get(c, at((size_t)(i % 4), 0), pg(), LW, &r);
 

@@ -29,37 +29,15 @@
 
 #include <cmocka.h>
 
+#include "buildpath.h"
+
 static char build[PATH_MAX];
 
 /* The build folder: the one above this binary that holds engine/engine_child. */
 static int find_build(void **state)
 {
-    char exe[PATH_MAX], probe[PATH_MAX + 32];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    const char *env = getenv("DRC_BUILD");
-    int up;
-
     (void)state;
-    if (env) {
-        snprintf(build, sizeof(build), "%s", env);
-        return 0;
-    }
-    if (n <= 0)
-        return -1;
-    exe[n] = 0;
-    for (up = 0; up < 4; up++) {
-        char *slash = strrchr(exe, '/');
-
-        if (!slash)
-            return -1;
-        *slash = 0;
-        snprintf(probe, sizeof(probe), "%s/engine/engine_child", exe);
-        if (access(probe, X_OK) == 0) {
-            snprintf(build, sizeof(build), "%s", exe);
-            return 0;
-        }
-    }
-    return -1;
+    return find_build_dir(build, sizeof(build), "engine/engine_child");
 }
 
 struct run {

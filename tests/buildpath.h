@@ -1,0 +1,44 @@
+/*
+ * For tests that run helper programs the Makefile built: find the build
+ * folder, the nearest folder above the test binary that holds @probe (e.g.
+ * "engine/engine_child"), or $DRC_BUILD when set.
+ */
+#ifndef DRC_TEST_BUILDPATH_H
+#define DRC_TEST_BUILDPATH_H
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static inline int find_build_dir(char *build, size_t size, const char *probe_rel)
+{
+    char exe[PATH_MAX], probe[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    const char *env = getenv("DRC_BUILD");
+    int up;
+
+    if (env) {
+        snprintf(build, size, "%s", env);
+        return 0;
+    }
+    if (n <= 0)
+        return -1;
+    exe[n] = 0;
+    for (up = 0; up < 4; up++) {
+        char *slash = strrchr(exe, '/');
+
+        if (!slash)
+            return -1;
+        *slash = 0;
+        snprintf(probe, sizeof(probe), "%s/%s", exe, probe_rel);
+        if (access(probe, X_OK) == 0) {
+            snprintf(build, size, "%s", exe);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+#endif
