@@ -107,7 +107,7 @@ struct drc_region {
     uint32_t lkey, rkey;
     int valid;                      /* atomic */
     int detached;                   /* atomic, written under c->lock */
-    struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions only */
+    struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
 } __attribute__((aligned(64)));
 
@@ -161,7 +161,7 @@ struct drc_cache {
     pthread_cond_t pending_done;
     struct drc__itree detached;
     struct pending *pending;
-    struct drc_region *lru_head, *lru_tail;     /* least recently idle first */
+    struct drc_region *lru_head, *lru_tail;     /* least recently idle first; kept only if limited */
     struct drc_region *pool;
     struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
     struct chunk *chunks;
@@ -325,7 +325,8 @@ static size_t region_len(const struct drc_region *r)
 static void unlink_live(drc_cache_t *c, struct drc_region *r)
 {
     drc__itree_remove(&c->tree, &r->node);
-    lru_unlink(c, r);
+    if (c->limited)
+        lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
     c->regions--;
     c->bytes -= region_len(r);
 }
@@ -452,7 +453,7 @@ static int became_idle(drc_cache_t *c, struct drc_region *r)
     if (LD(r->detached)) {
         if (try_release(r, &dead))
             drc__itree_remove(&c->detached, &r->node);
-    } else if (LD(r->word) & HELD) {
+    } else if (c->limited && (LD(r->word) & HELD)) {
         /* live: it is now the most recently idle */
         lru_unlink(c, r);
         lru_append(c, r);
@@ -670,7 +671,8 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
     drc__itree_insert(&c->tree, &r->node);
-    lru_append(c, r);
+    if (c->limited)
+        lru_append(c, r);
     c->regions++;
     c->bytes += region_len(r);
     hint_grow(c);
@@ -917,23 +919,29 @@ int drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg,
     return drc__cache_create(be, cfg, NULL, out);
 }
 
+/* Regions of @t that a user holds (c->lock). */
+static uint64_t held_in(const struct drc__itree *t)
+{
+    struct drc__itree_node *n;
+    int budget = DRC__ITREE_UNBOUNDED;
+    uint64_t held = 0;
+
+    for (n = drc__itree_first(t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+        held += USERS(LD(region_of(n)->word)) != 0;
+    return held;
+}
+
 static int busy(const drc_cache_t *c)
 {
-    const struct drc_region *r;
-
-    if (c->pending || c->detached.root)
-        return 1;
-    for (r = c->lru_head; r; r = r->lru_next)
-        if (USERS(LD(r->word)))
-            return 1;
-    return 0;
+    return c->pending || c->detached.root || held_in(&c->tree);
 }
 
 int drc_cache_destroy(drc_cache_t *c)
 {
-    struct drc_region *r, *next;
+    struct drc__itree_node *n;
     struct hint_tab *t;
     struct chunk *ch;
+    int budget;
 
     if (!c)
         return -EINVAL;
@@ -944,10 +952,10 @@ int drc_cache_destroy(drc_cache_t *c)
     }
     pthread_mutex_unlock(&c->lock);
     drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
-    for (r = c->lru_head; r; r = next) {
-        next = r->lru_next;
-        c->be.dereg(c->be.ctx, r->handle);
-    }
+    budget = DRC__ITREE_UNBOUNDED;
+    for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
+         n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+        c->be.dereg(c->be.ctx, region_of(n)->handle);
     if (c->release)
         c->release(c->be.ctx);
     while ((ch = c->chunks)) {
@@ -966,9 +974,7 @@ int drc_cache_destroy(drc_cache_t *c)
 
 void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
 {
-    const struct drc_region *r;
-    struct drc__itree_node *n;
-    int i, budget = DRC__ITREE_UNBOUNDED;
+    int i;
 
     if (!s)
         return;
@@ -986,11 +992,7 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     s->regs = c->regs;
     s->regions = c->regions;
     s->bytes = c->bytes;
-    for (r = c->lru_head; r; r = r->lru_next)
-        s->in_use += USERS(LD(r->word)) != 0;
-    for (n = drc__itree_first(&c->detached, 0, UINTPTR_MAX, &budget); n;
-         n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
-        s->in_use += USERS(LD(region_of(n)->word)) != 0;
+    s->in_use = held_in(&c->tree) + held_in(&c->detached);
     pthread_mutex_unlock(&c->lock);
 }
 

@@ -220,7 +220,8 @@ static void remove_fixup(struct drc__itree *t, node_t *x, node_t *xp)
 
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
 {
-    node_t *x, *xp, *y, *n;
+    node_t *x, *xp, *y, *n, *moved = NULL;
+    uintptr_t old;
     int removed_red;
 
     if (!z->left || !z->right) {
@@ -246,10 +247,28 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
         ST(y->left, z->left);
         ST(y->left->parent, y);
         y->red = z->red;
+        moved = y;
     }
-    /* z's interval left every subtree on this path; y (if it moved) is on it too */
-    for (n = xp; n; n = n->parent)
+    /*
+     * z's interval left every subtree from xp to the root, and a moved y left
+     * those below its new place. Only the path child of each of these nodes
+     * changed, so once one keeps its value every node above it does too —
+     * except the moved y, whose stored value is that of its old place: it is
+     * always recomputed, and the stop applies above it.
+     */
+    for (n = xp; n;) {
+        old = n->subtree_last;
         recompute(n);
+        if (n == moved)
+            moved = NULL;
+        else if (n->subtree_last == old) {
+            if (!moved)
+                break;
+            n = moved;  /* unchanged up to y: recompute y, then go on above it */
+            continue;
+        }
+        n = n->parent;
+    }
     if (!removed_red)
         remove_fixup(t, x, xp);
 }
