@@ -2,7 +2,7 @@
  * The registration cache.
  *
  * A region is one backend registration, in one of three places:
- *   live      in c->tree and on c->lru: lookups find it;
+ *   live      in c->tree (and on the LRU list of a cache with limits): lookups find it;
  *   detached  in c->detached: superseded by a merge, or invalidated, while a
  *             user still held it; no lookup finds it, its last put releases it;
  *   free      on c->pool, deregistered, waiting to be reused.
