@@ -621,9 +621,11 @@ struct reenter {
     struct drc_stats seen;
     int inner_get, inner_put, inval;
     unsigned long inner_id;
+    size_t get_page, inval_page;
 };
 
-static int reenter_in_reg(struct tb *b, unsigned long id, void *arg)
+/* Run inside the backend's reg or dereg (once): stats, a get+put of page get_page, an invalidate of page inval_page. */
+static int reenter(struct tb *b, unsigned long id, void *arg)
 {
     struct reenter *x = arg;
     drc_region_t *r = NULL;
@@ -633,10 +635,10 @@ static int reenter_in_reg(struct tb *b, unsigned long id, void *arg)
     if (x->fired++)
         return 0;
     drc_cache_stats(x->c, &x->seen);
-    x->inner_get = drc_get(x->c, at(5, 0), pg(), LW, &r);
+    x->inner_get = drc_get(x->c, at(x->get_page, 0), pg(), LW, &r);
     x->inner_id = r ? rid(r) : 0;
     x->inner_put = r ? drc_put(x->c, r) : -1;
-    x->inval = drc_invalidate(x->c, at(10, 0), pg());
+    x->inval = drc_invalidate(x->c, at(x->inval_page, 0), pg());
     return 0;
 }
 
@@ -644,11 +646,11 @@ static void backend_reg_may_call_into_cache(void **state)
 {
     struct tb *b = tb_new();
     drc_cache_t *c = mk(b, NULL);
-    struct reenter x = { .c = c, .fired = 1 };
+    struct reenter x = { .c = c, .fired = 1, .get_page = 5, .inval_page = 10 };
     drc_region_t *r;
 
     (void)state;
-    b->reg_hook = reenter_in_reg;
+    b->reg_hook = reenter;
     b->reg_arg = &x;
     getput(c, 10, 1);   /* id 1, idle */
     x.fired = 0;
@@ -667,34 +669,17 @@ static void backend_reg_may_call_into_cache(void **state)
     done(b, c);
 }
 
-static int reenter_in_dereg(struct tb *b, unsigned long id, void *arg)
-{
-    struct reenter *x = arg;
-    drc_region_t *r = NULL;
-
-    (void)b;
-    (void)id;
-    if (x->fired++)
-        return 0;
-    drc_cache_stats(x->c, &x->seen);
-    x->inner_get = drc_get(x->c, at(8, 0), pg(), LW, &r);
-    x->inner_id = r ? rid(r) : 0;
-    x->inner_put = r ? drc_put(x->c, r) : -1;
-    x->inval = drc_invalidate(x->c, at(4, 0), pg());
-    return 0;
-}
-
 static void backend_dereg_may_call_into_cache(void **state)
 {
     struct tb *b = tb_new();
     drc_cache_t *c = mk(b, NULL);
-    struct reenter x = { .c = c };
+    struct reenter x = { .c = c, .get_page = 8, .inval_page = 4 };
     drc_region_t *h;
 
     (void)state;
     getput(c, 0, 1);    /* id 1 */
     getput(c, 4, 1);    /* id 2 */
-    b->dereg_hook = reenter_in_dereg;
+    b->dereg_hook = reenter;
     b->dereg_arg = &x;
     /* dereg of id 1 registers [8, 9) (id 3) and invalidates id 2 */
     assert_int_equal(drc_invalidate(c, at(0, 0), pg()), 1);
