@@ -49,11 +49,19 @@ enum {
     DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE = 1,
 };
 
-/* CUmemAllocationProp (v1), the fields drc compares across VMM chunks. */
+/* CUmemLocation: id is the device ordinal for type CU_MEM_LOCATION_TYPE_DEVICE (1). */
+struct drc__cuda_location {
+    int type, id;
+};
+
+/*
+ * CUmemAllocationProp (v1), laid out as in cuda.h (CUDA 10.2 to 13): the fields
+ * drc compares across VMM chunks, and what torch.c creates segments with.
+ */
 struct drc__cuda_alloc_prop {
-    int type;                       /* CUmemAllocationType */
+    int type;                       /* CUmemAllocationType: CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
     int requested_handle_types;
-    struct { int type, id; } location;   /* CUmemLocation: id is the device ordinal */
+    struct drc__cuda_location location;
     void *win32_metadata;
     unsigned char compression_type;
     unsigned char gpu_direct_rdma_capable;

@@ -24,33 +24,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cuda.h"
+
 typedef unsigned long long drc__cuptr;     /* CUdeviceptr */
 
-/* CUmemAllocationProp and CUmemAccessDesc, laid out as in cuda.h (CUDA 10.2 to 13). */
-struct drc__cu_location {
-    int type;                               /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
-    int id;
-};
-struct drc__cu_alloc_prop {
-    int type;                               /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
-    int requested_handle_types;
-    struct drc__cu_location location;
-    void *win32_metadata;
-    struct {
-        unsigned char compression_type;
-        unsigned char gpu_direct_rdma_capable;
-        unsigned short usage;
-        unsigned char reserved[4];
-    } flags;
-};
+/* CUmemAccessDesc, laid out as in cuda.h (CUmemAllocationProp is struct drc__cuda_alloc_prop). */
 struct drc__cu_access_desc {
-    struct drc__cu_location location;
+    struct drc__cuda_location location;
     int flags;                              /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
 };
 
 enum {
     DRC__CU_ATTR_VMM_SUPPORTED = 102,       /* CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
-    DRC__CU_ATTR_VMM_RDMA = 110,            /* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
     DRC__CU_GRANULARITY_RECOMMENDED = 1,
 };
 
@@ -72,8 +57,8 @@ struct drc__hook_driver {
     int (*device_get_attribute)(int *value, int attr, int dev);                     /* cuDeviceGetAttribute */
     int (*primary_ctx_retain)(void **ctx, int dev);                                 /* cuDevicePrimaryCtxRetain */
     int (*mem_alloc)(drc__cuptr *dptr, size_t size);                                /* cuMemAlloc_v2 */
-    int (*mem_get_granularity)(size_t *g, const struct drc__cu_alloc_prop *p, int option);
-    int (*mem_create)(unsigned long long *handle, size_t size, const struct drc__cu_alloc_prop *p,
+    int (*mem_get_granularity)(size_t *g, const struct drc__cuda_alloc_prop *p, int option);
+    int (*mem_create)(unsigned long long *handle, size_t size, const struct drc__cuda_alloc_prop *p,
                       unsigned long long flags);                                    /* cuMemCreate */
     int (*mem_address_reserve)(drc__cuptr *ptr, size_t size, size_t align, drc__cuptr addr,
                                unsigned long long flags);                           /* cuMemAddressReserve */

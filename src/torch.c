@@ -33,15 +33,15 @@ struct dev_info {
 
 static struct dev_info devs[MAX_DEVICES];
 
-static struct drc__cu_alloc_prop vmm_prop(int device)
+static struct drc__cuda_alloc_prop vmm_prop(int device)
 {
-    struct drc__cu_alloc_prop p;
+    struct drc__cuda_alloc_prop p;
 
     memset(&p, 0, sizeof(p));
     p.type = 1;                                 /* CU_MEM_ALLOCATION_TYPE_PINNED */
     p.location.type = 1;                        /* CU_MEM_LOCATION_TYPE_DEVICE */
     p.location.id = device;
-    p.flags.gpu_direct_rdma_capable = 1;        /* without it the segment cannot be registered */
+    p.gpu_direct_rdma_capable = 1;        /* without it the segment cannot be registered */
     return p;
 }
 
@@ -62,7 +62,7 @@ static int ensure_context(const struct drc__hook_driver *d, int device)
 
 static int decide_kind(const struct drc__hook_driver *d, int device, struct dev_info *di)
 {
-    struct drc__cu_alloc_prop p = vmm_prop(device);
+    struct drc__cuda_alloc_prop p = vmm_prop(device);
     const char *env = getenv("DRC_TORCH_VMM");
     int dev, vmm = 0, rdma = 0;
     size_t g = 0;
@@ -71,7 +71,7 @@ static int decide_kind(const struct drc__hook_driver *d, int device, struct dev_
         !d->mem_set_access || !d->mem_unmap || !d->mem_address_free || !d->mem_release ||
         !d->mem_get_granularity || !d->device_get_attribute || d->device_get(&dev, device) ||
         d->device_get_attribute(&vmm, DRC__CU_ATTR_VMM_SUPPORTED, dev) ||
-        d->device_get_attribute(&rdma, DRC__CU_ATTR_VMM_RDMA, dev) || !vmm || !rdma ||
+        d->device_get_attribute(&rdma, DRC__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) || !vmm || !rdma ||
         d->mem_get_granularity(&g, &p, DRC__CU_GRANULARITY_RECOMMENDED) || !g)
         return PLAIN;
     di->granularity = g;
@@ -80,7 +80,7 @@ static int decide_kind(const struct drc__hook_driver *d, int device, struct dev_
 
 static void *vmm_alloc(const struct drc__hook_driver *d, int device, size_t size, size_t g)
 {
-    struct drc__cu_alloc_prop p = vmm_prop(device);
+    struct drc__cuda_alloc_prop p = vmm_prop(device);
     struct drc__cu_access_desc acc = { .location = { .type = 1, .id = device }, .flags = 3 };
     unsigned long long h;
     drc__cuptr ptr = 0;

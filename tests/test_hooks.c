@@ -333,18 +333,18 @@ static int t_attr(int *v, int attr, int dev)
     *v = dev == 0 ? tk.vmm_attr : 0;    /* device 0 has VMM with RDMA, device 1 has not */
     return 0;
 }
-static int t_gran(size_t *g, const struct drc__cu_alloc_prop *p, int opt)
+static int t_gran(size_t *g, const struct drc__cuda_alloc_prop *p, int opt)
 {
     (void)p;
     (void)opt;
     *g = 2 * pg();
     return 0;
 }
-static int t_create(unsigned long long *h, size_t size, const struct drc__cu_alloc_prop *p, unsigned long long f)
+static int t_create(unsigned long long *h, size_t size, const struct drc__cuda_alloc_prop *p, unsigned long long f)
 {
     (void)f;
     tk.created++;
-    tk.rdma_flag = p->flags.gpu_direct_rdma_capable && p->location.type == 1 && p->type == 1;
+    tk.rdma_flag = p->gpu_direct_rdma_capable && p->location.type == 1 && p->type == 1;
     tk.len = size;
     *h = 7;
     return 0;
