@@ -11,19 +11,28 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wpointer-arith -
 CFLAGS   ?= -O2 -g
 CPPFLAGS += -Iinclude -Isrc -D_GNU_SOURCE
 PICFLAGS := -fPIC -fvisibility=hidden
-LDLIBS   := -libverbs -ljemalloc -ldl -lpthread
+LDLIBS   := -libverbs -ldl -lpthread
 
-# Sources of libdrc: every src/*.c except the programs and preload libraries listed here.
-NOT_LIB  := src/drc.c src/doctor.c src/hook_preload.c src/hook_cupti.c src/verbs_preload.c src/hook_host.c
-LIB_SRCS := $(filter-out $(NOT_LIB),$(wildcard src/*.c))
-HDRS     := include/drc.h $(wildcard src/*.h)
+# One folder per dependency (README.md, "Layout"):
+#   src/core     the cache, the tree, notify, errors: libc only
+#   src/cuda     the CUDA driver (dlopen'ed), memory, frees, wrappers, PyTorch entry points
+#   src/verbs    libibverbs: the verbs backend and drc_reg_mr
+#   src/host     the jemalloc arena: its own library, libdrc_host
+#   src/preload  the interposers and the CUPTI monitor (LD_PRELOAD libraries)
+#   src/tools    the drc program (demo, doctor)
+# libdrc = core + cuda + verbs.
+CORE_SRCS  := $(wildcard src/core/*.c)
+LIB_SRCS   := $(CORE_SRCS) $(wildcard src/cuda/*.c) $(wildcard src/verbs/*.c)
+HOST_SRCS  := $(wildcard src/host/*.c)
+HDRS       := $(wildcard include/*.h) $(wildcard src/*/*.h)
 
-# Unit tests: tests/test_*.c, one binary each, linked with the library objects.
-# A test's extra link flags (e.g. -Wl,--wrap=...) go in <name>_LDFLAGS.
-# Thread tests are named tests/test_*_mt.c and also run under TSan.
-TESTS    := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+# Unit tests: tests/<layer>/test_*.c, one binary each. Core tests link the core alone (no
+# libibverbs, CUDA or jemalloc); host tests add libdrc_host; the others link libdrc.
+# A test's extra link flags (e.g. -Wl,--wrap=...) go in <layer>/<name>_LDFLAGS.
+# Thread tests are named test_*_mt.c and also run under TSan.
+TESTS    := $(patsubst tests/%.c,%,$(filter-out tests/gpu/%,$(wildcard tests/*/test_*.c)))
 MT_TESTS := $(filter %_mt,$(TESTS))
-TEST_LIBS := -lcmocka $(LDLIBS)
+TEST_HDRS := $(wildcard tests/*.h)
 
 ASAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN := -fsanitize=thread
@@ -36,7 +45,7 @@ ifneq ($(filter test test-unit test-asan test-tsan demo fuzz bench,$(MAKECMDGOAL
 endif
 
 .PHONY: $B/drc.pc all test test-unit test-asan test-tsan test-gpu fuzz bench demo install clean
-all: $B/libdrc.a $B/libdrc.so $B/drc $B/drc.pc
+all: $B/libdrc.a $B/libdrc.so $B/libdrc_host.so $B/drc $B/drc.pc
 
 # ---- objects, one tree per flavour ----------------------------------------
 $B/obj/%.o: src/%.c $(HDRS)
@@ -49,15 +58,21 @@ $B/tsan/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) $(TSAN) -DDRC_DEBUG -c $< -o $@
 
-LIB_OBJS      := $(patsubst src/%.c,$B/obj/%.o,$(LIB_SRCS))
-ASAN_LIB_OBJS := $(patsubst src/%.c,$B/asan/obj/%.o,$(LIB_SRCS))
-TSAN_LIB_OBJS := $(patsubst src/%.c,$B/tsan/obj/%.o,$(LIB_SRCS))
+objs = $(patsubst src/%.c,$1/obj/%.o,$2)
+LIB_OBJS  := $(call objs,$B,$(LIB_SRCS))
+HOST_OBJS := $(call objs,$B,$(HOST_SRCS))
 
+# libdrc.a holds one relocatable object, so that linking it takes every layer (the CUDA layer
+# installs itself into the core from a constructor, which nothing references by name).
 $B/libdrc.a: $(LIB_OBJS)
-	rm -f $@ && ar rcs $@ $^
+	$(LD) -r -o $B/libdrc-all.o $^
+	rm -f $@ && ar rcs $@ $B/libdrc-all.o
 $B/libdrc.so: $(LIB_OBJS) src/drc.map
 	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -Wl,-z,nodelete -o $@ $(LIB_OBJS) $(LDLIBS)
-$B/drc: $B/obj/drc.o $B/obj/doctor.o $B/libdrc.a
+$B/libdrc_host.so: $(HOST_OBJS) $B/libdrc.so src/drc.map
+	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc_host.so.0 -o $@ $(HOST_OBJS) \
+	  -L$B -l:libdrc.so -ljemalloc -lpthread
+$B/drc: $B/obj/tools/drc.o $B/obj/tools/doctor.o $B/libdrc.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
 $B/drc.pc: Makefile
 	@mkdir -p $(@D)
@@ -65,15 +80,23 @@ $B/drc.pc: Makefile
 	  '$(PREFIX)' '$(LIBDIR)' '$(LDLIBS)' > $@
 
 # ---- tests -----------------------------------------------------------------
-$B/tests/%: tests/%.c $(LIB_OBJS) $(wildcard tests/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests -O1 -g $(WARN) -o $@ $< $(LIB_OBJS) $($*_LDFLAGS) $(TEST_LIBS)
-$B/asan/tests/%: tests/%.c $(ASAN_LIB_OBJS) $(wildcard tests/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests -O1 -g $(WARN) $(ASAN) -DDRC_DEBUG -o $@ $< $(ASAN_LIB_OBJS) $($*_LDFLAGS) $(TEST_LIBS)
-$B/tsan/tests/%: tests/%.c $(TSAN_LIB_OBJS) $(wildcard tests/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests -O1 -g $(WARN) $(TSAN) -DDRC_DEBUG -o $@ $< $(TSAN_LIB_OBJS) $($*_LDFLAGS) $(TEST_LIBS)
+# $(call test_rules,FLAVOUR_DIR,FLAGS): link rules for one flavour (plain, asan, tsan).
+define test_rules
+$1/tests/core/%: tests/core/%.c $(call objs,$1,$(CORE_SRCS)) $(TEST_HDRS)
+	@mkdir -p $$(@D)
+	$$(CC) $$(CPPFLAGS) -Itests -O1 -g $$(WARN) $2 -o $$@ $$< $(call objs,$1,$(CORE_SRCS)) $$(core/$$*_LDFLAGS) -lcmocka -ldl -lpthread
+$1/tests/host/%: tests/host/%.c $(call objs,$1,$(LIB_SRCS) $(HOST_SRCS)) $(TEST_HDRS)
+	@mkdir -p $$(@D)
+	$$(CC) $$(CPPFLAGS) -Itests -O1 -g $$(WARN) $2 -o $$@ $$< $(call objs,$1,$(LIB_SRCS) $(HOST_SRCS)) $$(host/$$*_LDFLAGS) -lcmocka -ljemalloc $$(LDLIBS)
+$1/tests/%: tests/%.c $(call objs,$1,$(LIB_SRCS)) $(TEST_HDRS)
+	@mkdir -p $$(@D)
+	$$(CC) $$(CPPFLAGS) -Itests -O1 -g $$(WARN) $2 -o $$@ $$< $(call objs,$1,$(LIB_SRCS)) $$($$*_LDFLAGS) -lcmocka $$(LDLIBS)
+endef
+$(eval $(call test_rules,$B,))
+$(eval $(call test_rules,$B/asan,$(ASAN) -DDRC_DEBUG))
+$(eval $(call test_rules,$B/tsan,$(TSAN) -DDRC_DEBUG))
+# Named as targets, so that the pattern rules above may chain to them in every flavour.
+$(foreach f,$B $B/asan $B/tsan,$(call objs,$f,$(LIB_SRCS) $(HOST_SRCS))):
 
 # Each runner prints cmocka's summary per test; the script prints the closing count.
 test: test-unit test-asan test-tsan
@@ -90,9 +113,9 @@ test-tsan: $(addprefix $B/tsan/tests/,$(MT_TESTS))
 # ---- fuzzing (clang + libFuzzer) -------------------------------------------
 FUZZERS := $(patsubst fuzz/%.c,%,$(filter-out fuzz/standalone.c,$(wildcard fuzz/fuzz_*.c)))
 FUZZ_FLAGS := -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DDRC_DEBUG
-$B/fuzz/%: fuzz/%.c $(LIB_SRCS) $(HDRS) $(wildcard fuzz/*.h)
+$B/fuzz/%: fuzz/%.c $(CORE_SRCS) $(HDRS) $(wildcard fuzz/*.h)
 	@mkdir -p $(@D)
-	$(CLANG) $(CPPFLAGS) -Ifuzz $(FUZZ_FLAGS) $(WARN) -Wno-unused-command-line-argument -o $@ $< $(LIB_SRCS) $(LDLIBS)
+	$(CLANG) $(CPPFLAGS) -Ifuzz $(FUZZ_FLAGS) $(WARN) -Wno-unused-command-line-argument -o $@ $< $(CORE_SRCS) -ldl -lpthread
 fuzz: $(addprefix $B/fuzz/,$(FUZZERS))
 	@set -e; for f in $(FUZZERS); do \
 	  mkdir -p $B/fuzz/corpus/$$f; \
@@ -104,9 +127,9 @@ fuzz: $(addprefix $B/fuzz/,$(FUZZERS))
 # Each fuzz target is also built with $(CC) and fuzz/standalone.c (no libFuzzer), under
 # ASan+UBSan, and replays its committed seed corpus fuzz/corpus/<target>/, so the fuzz code
 # compiles and runs wherever make test does. Its result joins tests/summary.sh's count.
-$B/fuzz-replay/%: fuzz/%.c fuzz/standalone.c $(ASAN_LIB_OBJS) $(wildcard fuzz/*.h)
+$B/fuzz-replay/%: fuzz/%.c fuzz/standalone.c $(call objs,$B/asan,$(CORE_SRCS)) $(wildcard fuzz/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Ifuzz -O1 -g $(WARN) $(ASAN) -DDRC_DEBUG -o $@ $< fuzz/standalone.c $(ASAN_LIB_OBJS) $(LDLIBS)
+	$(CC) $(CPPFLAGS) -Ifuzz -O1 -g $(WARN) $(ASAN) -DDRC_DEBUG -o $@ $< fuzz/standalone.c $(call objs,$B/asan,$(CORE_SRCS)) -ldl -lpthread
 .PHONY: test-fuzz-replay
 test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
 	@mkdir -p $B/test-results && : > $B/test-results/fuzz-replay && for f in $(FUZZERS); do \
@@ -129,7 +152,7 @@ bench: $(addprefix $B/bench/,$(BENCHES))
 # ---- invalidation hooks (issue 4): libdrc_hook.so and the doubles its test runs against ----
 # The hook library is built at -O2 with sibling calls whatever CFLAGS say: its dlsym must
 # tail-call libc's, which resolves RTLD_NEXT from the caller's return address.
-HOOK_OBJS := $B/hook/hook_preload.o $B/hook/hook_cupti.o
+HOOK_OBJS := $B/hook/preload/hook_preload.o $B/hook/preload/hook_cupti.o
 $B/hook/%.o: src/%.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -O2 -g -foptimize-sibling-calls $(WARN) $(PICFLAGS) -c $< -o $@
@@ -145,14 +168,14 @@ $B/hooktest/hook_child: tests/hooks/hook_child.c tests/hooks/fake_cuda.h $B/libd
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/hooks -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/fakecuda -l:libcuda.so.1 \
 	  -Wl,-rpath,'$$ORIGIN/../fakecuda' $(LDLIBS)
-$B/tests/test_hook_preload $B/asan/tests/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child
+$B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child
 
 # ---- transfer-engine interposer (issue 5): libdrc_verbs.so, its doubles and test programs ----
 # libdrc_verbs.so is the whole library plus the ibv_reg_mr interposer, the host-memory hooks
 # (hook_host.c) and the CUDA free hooks of libdrc_hook.so: one LD_PRELOAD does everything.
-VERBS_PRELOAD_OBJS := $B/obj/verbs_preload.o $B/obj/hook_host.o
-$B/libdrc_verbs.so: $(VERBS_PRELOAD_OBJS) $(HOOK_OBJS) $(LIB_OBJS)
-	$(CC) -shared $(LDFLAGS) -Wl,-soname,libdrc_verbs.so -o $@ $^ $(LDLIBS)
+VERBS_PRELOAD_OBJS := $B/obj/preload/verbs_preload.o $B/obj/preload/hook_host.o
+$B/libdrc_verbs.so: $(VERBS_PRELOAD_OBJS) $(HOOK_OBJS) $(LIB_OBJS) $(HOST_OBJS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libdrc_verbs.so -o $@ $^ -ljemalloc $(LDLIBS)
 all: $B/libdrc_verbs.so
 # DOUBLES (no NIC, no GPU in CI): a recording libibverbs.so.1 and a libcuda.so.1 that exports
 # dmabufs, both found by the test through LD_LIBRARY_PATH; and the program run under the preload.
@@ -167,9 +190,9 @@ $B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.
                         $B/engine/libibverbs.so.1
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
-$B/tests/test_verbs_preload $B/asan/tests/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
+$B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
   $B/engine/fakecuda/libcuda.so.1
-test_regmr_LDFLAGS := -Wl,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device
+verbs/test_regmr_LDFLAGS := -Wl,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device
 bench_engine_LDFLAGS :=
 $B/bench/bench_engine: $B/engine/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
 
@@ -184,19 +207,21 @@ test-gpu:
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/bin
-	install -m 644 include/drc.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 include/drc.h include/drc_verbs.h include/drc_cuda.h include/drc_host.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $B/libdrc.a $(DESTDIR)$(LIBDIR)/
 	install -m 755 $B/libdrc.so $(DESTDIR)$(LIBDIR)/libdrc.so.0
 	ln -sf libdrc.so.0 $(DESTDIR)$(LIBDIR)/libdrc.so
 	install -m 644 $B/drc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
 	install -m 755 $B/drc $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $B/libdrc_host.so $(DESTDIR)$(LIBDIR)/libdrc_host.so.0
+	ln -sf libdrc_host.so.0 $(DESTDIR)$(LIBDIR)/libdrc_host.so
 	install -m 755 $B/libdrc_hook.so $B/libdrc_verbs.so $(DESTDIR)$(LIBDIR)/
 	install -d $(DESTDIR)$(PREFIX)/share/drc/python
 	install -m 644 src/python/drc_torch.py $(DESTDIR)$(PREFIX)/share/drc/python/
 
 # ---- CUDA layer and verbs backend (issue 3) ----
 # test_verbs replaces libibverbs with doubles and counts close() of the dmabuf fds.
-test_verbs_LDFLAGS := -Wl,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device,--wrap=close
+verbs/test_verbs_LDFLAGS := -Wl,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device,--wrap=close
 
 clean:
 	rm -rf $B

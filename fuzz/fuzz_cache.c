@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache.h"
+#include "core/cache.h"
 #include "fuzz.h"
 
 enum { PAGES = 16, MAX_HANDLES = 1 << 14, MAX_HOLDS = 32 };

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "itree.h"
+#include "core/itree.h"
 
 enum { NODES = 48, KEYS = 64 };
 

@@ -1,7 +1,14 @@
 /*
  * drc — a registration cache for RDMA that registers GPU memory through DMA-BUF.
  *
- * One header is the whole API. Every call that returns int returns 0 (or a
+ * This header is the core: caches in front of any registration backend,
+ * lookups, invalidation, statistics and errors. The other products have a
+ * header each, which includes this one:
+ *   <drc_verbs.h>  caches whose backend is libibverbs, and drc_reg_mr()
+ *   <drc_cuda.h>   the CUDA free wrappers and the PyTorch allocator entry points
+ *   <drc_host.h>   host buffers from drc's own jemalloc arena (libdrc_host)
+ *
+ * Every call that returns int returns 0 (or a
  * count, where documented) on success and a negative errno on failure;
  * drc_strerror() turns such a value into a sentence with advice.
  *
@@ -27,9 +34,6 @@ extern "C" {
 #endif
 
 #define DRC_API __attribute__((visibility("default")))
-
-struct ibv_pd;
-struct ibv_mr;
 
 typedef struct drc_cache  drc_cache_t;   /* opaque */
 typedef struct drc_region drc_region_t;  /* opaque: one registered range */
@@ -163,53 +167,7 @@ DRC_API void drc_cache_stats(drc_cache_t *c, struct drc_stats *s);
 /* A sentence for a negative errno returned by drc (static storage, never NULL). */
 DRC_API const char *drc_strerror(int err);
 
-/* ---- Verbs ------------------------------------------------------------- */
-
-/*
- * A cache whose backend registers with libibverbs on @pd: GPU memory through
- * ibv_reg_dmabuf_mr (or, per cfg->policy, ibv_reg_mr with nvidia-peermem),
- * host memory through ibv_reg_mr_iova2. The method is decided once per GPU
- * and reported by drc_cache_verbs_method(). Regions never exceed the device's
- * max_mr_size. Returns 0, -EINVAL, -ENOMEM or the error of ibv_query_device.
- */
-DRC_API int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_cache_t **out);
-
-/* The ibv_mr of a region of a verbs cache (NULL for other caches). Thread-safe. */
-DRC_API struct ibv_mr *drc_region_mr(const drc_region_t *r);
-
-enum drc_reg_method { DRC_METHOD_NONE = 0, DRC_METHOD_DMABUF = 1, DRC_METHOD_PEERMEM = 2, DRC_METHOD_HOST = 3 };
-
-/*
- * How the verbs cache @c registers memory of CUDA device @device (-1: host
- * memory), deciding it now if no registration has yet. Returns a
- * drc_reg_method value, or a negative errno saying what is missing
- * (-EOPNOTSUPP: the NIC or kernel has no dmabuf and peermem is not allowed or
- * not loaded). Thread-safe.
- */
-DRC_API int drc_cache_verbs_method(drc_cache_t *c, int device);
-
-/*
- * The two-line patch for a transfer engine: a drop-in ibv_reg_mr that goes
- * through a per-PD drc cache. The returned ibv_mr is the caller's own (addr
- * and length as asked, keys of the cached MR); release it with drc_dereg_mr().
- * drc_reg_mr returns NULL with errno set on failure. Thread-safe.
- */
-DRC_API struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access);
-DRC_API int drc_dereg_mr(struct ibv_mr *mr);
-/*
- * drc_dereg_mr returns 0 or a negative errno; an MR that drc_reg_mr did not
- * hand out (including ones it passed straight to ibv_reg_mr because of access
- * bits outside DRC_ACCESS_MASK) is passed to ibv_dereg_mr.
- *
- * drc_pd_release: deregister the cached MRs of @pd and drop its cache; call it
- * before ibv_dealloc_pd (which fails with EBUSY while cached MRs exist).
- * Returns 0 (also when @pd has no cache), -EINVAL for NULL, or -EBUSY while an
- * MR from drc_reg_mr on @pd is not yet deregistered. Must not race
- * drc_reg_mr on the same @pd.
- */
-DRC_API int drc_pd_release(struct ibv_pd *pd);
-
-/* ---- Invalidation from the allocator ----------------------------------- */
+/* ---- Invalidation from the allocator ------------------------------------ */
 
 /*
  * Invalidate [addr, addr+len) in every live cache of the process. Call it
@@ -219,29 +177,6 @@ DRC_API int drc_pd_release(struct ibv_pd *pd);
  * invalidated, or -EINVAL for overflow.
  */
 DRC_API int drc_notify_free(const void *addr, size_t len);
-
-/*
- * Wrappers for the CUDA frees: each looks up the whole allocation, calls
- * drc_notify_free() on it, then calls the real function and returns its
- * result (a CUresult, or a cudaError_t for the runtime ones).
- */
-DRC_API int drc_cuMemFree(unsigned long long dptr);
-DRC_API int drc_cuMemFreeAsync(unsigned long long dptr, void *stream);
-DRC_API int drc_cuMemUnmap(unsigned long long ptr, size_t size);
-DRC_API int drc_cuMemRelease(unsigned long long handle);
-DRC_API int drc_cudaFree(void *ptr);
-DRC_API int drc_cudaFreeAsync(void *ptr, void *stream);
-
-/* PyTorch CUDAPluggableAllocator entry points (stream is a cudaStream_t). */
-DRC_API void *drc_torch_malloc(ssize_t size, int device, void *stream);
-DRC_API void  drc_torch_free(void *ptr, ssize_t size, int device, void *stream);
-
-/*
- * Host buffers meant for registration, from a jemalloc arena of drc's own:
- * memory this arena gives back to the OS is invalidated first.
- */
-DRC_API void *drc_host_alloc(size_t size);
-DRC_API void  drc_host_free(void *ptr);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cuda.h"
+#include "cuda/cuda.h"
 
 enum { FC_MAX_ALLOCS = 16, FC_MAX_CALLS = 64 };
 

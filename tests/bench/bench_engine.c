@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "drc.h"
+#include "drc_verbs.h"
 
 #define GiB (1ull << 30)
 #define NSUB 10000

@@ -11,8 +11,9 @@
 #include <unistd.h>
 
 #include "drc.h"
-#include "hooks.h"
-#include "notify.h"
+#include "drc_cuda.h"
+#include "cuda/hooks.h"
+#include "core/notify.h"
 
 enum { REGIONS = 10000, ITERS = 2000000 };
 

@@ -2,15 +2,15 @@
 # test_hooks_gpu twice (nvcc's default static cudart, and -cudart shared), and libdrc_torch.so:
 # libdrc without jemalloc, position-independent, for PyTorch's CUDAPluggableAllocator.
 NVCC ?= $(CUDA)/bin/nvcc
-HOOK_DRC_SRCS := $(DRC_SRCS) hooks.c torch.c
+HOOK_DRC_SRCS := $(DRC_SRCS) cuda/hooks.c cuda/torch.c
 HOOK_DRC_OBJS := $(addprefix $(O)/obj/,$(HOOK_DRC_SRCS:.c=.o))
 HOOK_PIC_OBJS := $(addprefix $(O)/pic/,$(HOOK_DRC_SRCS:.c=.o))
 
 $(O)/test_hooks_gpu_static: test_hooks_gpu.c gpu.h $(HOOK_DRC_OBJS)
-	$(NVCC) -I$(CUDA)/include -I$(TOP)/include -I. -Xcompiler -Wall -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
+	$(NVCC) -I$(CUDA)/include -I$(TOP)/include -I$(TOP)/src -I. -Xcompiler -Wall -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
 $(O)/test_hooks_gpu_shared: test_hooks_gpu.c gpu.h $(HOOK_DRC_OBJS)
-	$(NVCC) -cudart shared -I$(CUDA)/include -I$(TOP)/include -I. -Xcompiler -Wall -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
-$(O)/pic/%.o: $(TOP)/src/%.c $(wildcard $(TOP)/src/*.h) $(TOP)/include/drc.h
+	$(NVCC) -cudart shared -I$(CUDA)/include -I$(TOP)/include -I$(TOP)/src -I. -Xcompiler -Wall -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
+$(O)/pic/%.o: $(TOP)/src/%.c $(wildcard $(TOP)/src/*/*.h) $(wildcard $(TOP)/include/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
 $(O)/libdrc_torch.so: $(HOOK_PIC_OBJS) $(TOP)/src/drc.map

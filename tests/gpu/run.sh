@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | s
 # A newer compiler may warn where this one did not: then build without -Werror, and say so.
 make -s B="$B" all || { echo "== build with -Werror FAILED: building with warnings off"; make -s B="$B" WARN=-w all; } ||
     { echo "== build FAILED"; exit 1; }
-progs=$(make -s B="$B" print-progs)   # (not `make -p`: that also runs the default goal, this script)
+progs=$(make -s --no-print-directory B="$B" print-progs)   # (not `make -p`: that also runs the default goal, this script)
 fail=0
 for p in $progs; do
     echo "== $p"

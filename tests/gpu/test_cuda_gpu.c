@@ -15,10 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../src/cuda.h"
+#include "cuda/cuda.h"
 #include "drc.h"
 #include "gpu.h"
-#include "mem.h"
+#include "core/mem.h"
 
 enum { MiB = 1 << 20, MAXREC = 256 };
 

@@ -27,6 +27,8 @@
 #include <unistd.h>
 
 #include "drc.h"
+#include "drc_cuda.h"
+#include "drc_cuda.h"
 #include "gpu.h"
 
 enum { MAX_H = 4096 };

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "drc.h"
+#include "drc_cuda.h"
 #include "fake_cuda.h"
 
 typedef int free_fn(unsigned long long);

@@ -1,0 +1,1045 @@
+/*
+ * The registration cache.
+ *
+ * A region is one backend registration, in one of three places:
+ *   live      in c->tree (and on the LRU list of a cache with limits): lookups find it;
+ *   detached  in c->detached: superseded by a merge, or invalidated, while a
+ *             user still held it; no lookup finds it, its last put releases it;
+ *   free      on c->pool, deregistered, waiting to be reused.
+ * Region memory is never returned while the cache lives (it is type-stable,
+ * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it.
+ *
+ * The reference word, r->word = HELD | users:
+ *   HELD is set while the region is live or detached. It is cleared only
+ *   under c->lock, only by CAS(HELD -> 0), so only when no user holds the
+ *   region; the thread whose CAS succeeds deregisters it. Users are added and
+ *   dropped without the lock. A put that leaves exactly HELD on a detached
+ *   region takes the lock to release it; `detached` is set before the CAS
+ *   that would release it, so either that CAS sees the user gone, or the
+ *   user's put sees `detached` and releases it itself.
+ *
+ * Lookups take no lock: they walk c->tree under a sequence count.
+ *   writer (c->lock held)             lockless lookup
+ *                                     s = seq (even, else give up)
+ *   seq++  (odd)                      walk the tree, find r
+ *   remove r, CAS(r->word HELD->0)    CAS(r->word w -> w+1) if HELD set
+ *   seq++  (even)                     seq == s ?  keep r : drop r, retry
+ * If the lookup's increment lands before the writer's CAS, the writer sees a
+ * user and detaches r instead of releasing it, and the lookup either returns
+ * r (it was live when taken: the lookup is ordered before the writer) or
+ * sees the changed count and drops it. If the writer's CAS lands first, the
+ * increment fails. A walk that raced a rotation may miss r or wander; the
+ * count catches both, and `budget` bounds the wandering. Before walking, a
+ * lookup tries the hint table (see struct hint_tab): a guess, taken under the
+ * same count and refused if the region was detached. Invariant for every
+ * path that takes a region out of the tree: it sets `detached` inside the
+ * writer's window (retire), or releases the region (HELD cleared) first
+ * (evict), so that a stale hint can never be taken for a live region.
+ *
+ * Registrations run without the lock (the backend may be slow, or free
+ * memory and so call back into drc_invalidate), as in mmu_interval_notifier:
+ *   getter                               invalidator
+ *   lock; add pending [start, end]; unlock
+ *   export, backend reg                  lock; remove overlapping regions;
+ *                                        mark overlapping pending stale; unlock
+ *   lock; drop pending; stale ? dereg, retry : insert; unlock
+ * so a registration that raced an invalidation of its range is never
+ * inserted. A getter that misses on a range overlapping another's pending
+ * registration waits for it, so two threads missing together leave one
+ * region.
+ *
+ * Lock order: a notify slot (notify.c), then c->lock. No backend or CUDA call
+ * is made with c->lock held.
+ */
+#include "core/cache.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/itree.h"
+#include "core/mem.h"
+#include "core/notify.h"
+
+/*
+ * gcc refuses atomic_thread_fence under -fsanitize=thread (-Wtsan: TSan does
+ * not model fences). Keep the TSan build the same code: the fences only order
+ * the sequence count against the tree's atomic stores and loads, and every
+ * non-atomic field a lookup reads is published by the release store of r->word
+ * that tryget()'s CAS reads, which TSan does model.
+ */
+#if defined(__SANITIZE_THREAD__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wtsan"
+#endif
+
+#define HELD     (1ull << 63)
+#define USERS(w) ((w) & ~HELD)
+
+#define LD(x)       __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define ST(x, v)    __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+#define LD_SC(x)    __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
+#define ST_SC(x, v) __atomic_store_n(&(x), (v), __ATOMIC_SEQ_CST)
+
+enum {
+    HINT_MIN_BITS = 8,     /* the first table: 256 slots */
+    HINT_MAX_BITS = 20,    /* the largest: 1 Mi slots (8 MiB) */
+    LOOKUP_BUDGET = 256,   /* nodes a lockless walk may visit (depth of 2^64 nodes is < 128) */
+    REG_RETRIES   = 8,     /* registrations raced by an invalidation before -EAGAIN */
+    RACED         = 2,     /* get_slow: an invalidation raced the registration; not an errno, so
+                            * that a backend's own -EAGAIN is returned, not retried */
+    HIT_SLOTS     = 64,    /* threads that count hits in a slot of their own; the rest share one */
+    CHUNK_REGIONS = 63,
+};
+
+#define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE)
+
+struct drc_region {
+    /* first cache line: all a lookup reads */
+    struct drc__itree_node node;    /* atomic fields, see itree.h */
+    unsigned access;                /* atomic: a stale lookup may read it during reuse */
+    uint64_t word;                  /* HELD | users, atomic */
+    /* set before publication (release store of word) and constant while referenced */
+    drc_cache_t *cache;             /* set once, when the pool chunk is made */
+    struct drc__mem mem;
+    void *handle;
+    uint32_t lkey, rkey;
+    int valid;                      /* atomic */
+    int detached;                   /* atomic, written under c->lock */
+    struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
+    struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
+} __attribute__((aligned(64)));
+
+/*
+ * The hint table: a lossy, direct-mapped map from a page of address space to
+ * the region a lookup last found there, so that a hit is one slot load and
+ * one region line instead of a tree descent (about 2 log2 n dependent loads,
+ * each a coin-toss branch on random addresses). Lookups fill it with plain
+ * atomic stores, without the lock; nothing else writes it, and nothing
+ * clears it: a slot may point to a region that has since been detached,
+ * released or reused, so a lookup checks what it finds exactly as it checks
+ * a tree walk (bounds, then tryget, then the sequence count), plus
+ * !detached, the one state a tree walk cannot reach. Tables are replaced by
+ * larger ones under c->lock as the cache grows; a replaced table stays
+ * allocated (a lockless lookup may still read it) until drc_cache_destroy.
+ */
+struct hint_tab {
+    struct hint_tab *older;         /* the table this one replaced */
+    unsigned shift;                 /* 64 - log2(slots) */
+    struct drc_region *slot[];      /* atomic */
+};
+
+struct chunk {
+    struct chunk *next;
+    struct drc_region r[CHUNK_REGIONS];
+};
+
+struct pending {
+    uintptr_t start, last;
+    int stale;                      /* set by an invalidation of an overlapping range */
+    struct pending *next;
+};
+
+struct stat_slot {
+    uint64_t hits;                  /* atomic; written only by the slot's owner thread (see hit_slot) */
+} __attribute__((aligned(64)));
+
+struct drc_cache {
+    /* read by every lookup, written only under lock */
+    struct drc__itree tree;
+    unsigned seq;                   /* odd while c->tree is being changed */
+    unsigned flags;
+    int limited;                    /* max_regions or max_bytes set: keep the LRU exact */
+    size_t page;
+    struct drc_backend be;
+    uintptr_t lo, hi;               /* atomic: hull of every range registered or being registered */
+    struct hint_tab *hint;          /* atomic: replaced under c->lock (release store) */
+    unsigned page_shift;
+
+    pthread_mutex_t lock __attribute__((aligned(64)));
+    pthread_cond_t pending_done;
+    struct drc__itree detached;
+    struct pending *pending;
+    struct drc_region *lru_head, *lru_tail;     /* least recently idle first; kept only if limited */
+    struct drc_region *pool;
+    struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
+    struct chunk *chunks;
+    size_t max_regions, max_bytes, max_len;
+    void (*release)(void *ctx);
+    uint64_t misses, merges, invalidated, evicted, regs, regions, bytes;  /* c->lock */
+    uint64_t deregs;                /* atomic: counted after the backend returns */
+
+    struct stat_slot hits[HIT_SLOTS + 1];      /* [HIT_SLOTS] is shared, counted with atomic adds */
+};
+
+static struct drc_region *region_of(struct drc__itree_node *n)
+{
+    /* through void *: n is inside a 64-byte-aligned region, which clang's -Wcast-align cannot know */
+    return (struct drc_region *)(void *)((char *)n - offsetof(struct drc_region, node));
+}
+
+/*
+ * Hit counting without a shared atomic on the hit path: a thread claims one of
+ * HIT_SLOTS slot numbers for its lifetime and is the only writer of that slot
+ * in every cache, so a plain load and store (atomic, relaxed) counts exactly.
+ * The claim is released at thread exit; the next owner's claim (an acquire
+ * CAS on the same mask) sees the last count. Threads beyond HIT_SLOTS share
+ * the last slot with atomic adds.
+ */
+static uint64_t slots_taken;        /* atomic bit mask */
+static pthread_key_t slot_key;
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+static __thread int my_slot __attribute__((tls_model("initial-exec"))) = -1;
+
+static void slot_release(void *v)
+{
+    __atomic_fetch_and(&slots_taken, ~(1ull << ((uintptr_t)v - 1)), __ATOMIC_SEQ_CST);
+}
+
+static void slot_key_create(void)
+{
+    pthread_key_create(&slot_key, slot_release);
+}
+
+static int slot_claim(void)
+{
+    uint64_t m;
+    int i;
+
+    pthread_once(&slot_once, slot_key_create);
+    m = __atomic_load_n(&slots_taken, __ATOMIC_RELAXED);
+    while (~m) {
+        i = __builtin_ctzll(~m);
+        if (__atomic_compare_exchange_n(&slots_taken, &m, m | (1ull << i), 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_RELAXED)) {
+            pthread_setspecific(slot_key, (void *)(uintptr_t)(i + 1));
+            return i;
+        }
+    }
+    return HIT_SLOTS;
+}
+
+static void count_hit(drc_cache_t *c)
+{
+    int i = my_slot;
+
+    if (i < 0)
+        i = my_slot = slot_claim();
+    if (i == HIT_SLOTS)
+        __atomic_fetch_add(&c->hits[i].hits, 1, __ATOMIC_RELAXED);
+    else
+        ST(c->hits[i].hits, LD(c->hits[i].hits) + 1);
+}
+
+/* [addr, addr+len) as a closed range; -EINVAL for len 0 or overflow. */
+static int closed_range(const void *addr, size_t len, uintptr_t *start, uintptr_t *last)
+{
+    uintptr_t s = (uintptr_t)addr;
+
+    if (len == 0 || len - 1 > UINTPTR_MAX - s)
+        return -EINVAL;
+    *start = s;
+    *last = s + (len - 1);
+    return 0;
+}
+
+static void seq_begin(drc_cache_t *c)
+{
+    ST(c->seq, c->seq + 1);
+    __atomic_thread_fence(__ATOMIC_RELEASE);   /* odd count before any tree store */
+}
+
+static void seq_end(drc_cache_t *c)
+{
+    __atomic_store_n(&c->seq, c->seq + 1, __ATOMIC_RELEASE);
+}
+
+/* A region containing [s, last] with every bit of @access, or NULL. */
+static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t s, uintptr_t last,
+                                          unsigned access, int *budget)
+{
+    struct drc__itree_node *n;
+    struct drc_region *r;
+
+    /*
+     * Coalesced regions do not overlap, so the region starting last at or
+     * before s is the only candidate: one cache line per level. Overlapping
+     * regions (DRC_F_NO_MERGE, or merges refused by a size limit) fall
+     * through to the full overlap walk.
+     */
+    n = drc__itree_floor(t, s, budget);
+    if (n && LD(n->last) >= last && (LD(region_of(n)->access) & access) == access)
+        return region_of(n);
+    for (n = drc__itree_first(t, s, last, budget); n; n = drc__itree_next(n, s, last, budget)) {
+        if (LD(n->start) > s)
+            break;      /* in start order: no later node starts early enough */
+        r = region_of(n);
+        if (LD(n->last) >= last && (LD(r->access) & access) == access)
+            return r;
+    }
+    return NULL;
+}
+
+/* Add a user to a region that is live or detached; 0 if it is neither. */
+static int tryget(struct drc_region *r)
+{
+    uint64_t w = LD(r->word);
+
+    do {
+        if (!(w & HELD))
+            return 0;
+    } while (!__atomic_compare_exchange_n(&r->word, &w, w + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+    return 1;
+}
+
+static void lru_unlink(drc_cache_t *c, struct drc_region *r)
+{
+    if (r->lru_prev)
+        r->lru_prev->lru_next = r->lru_next;
+    else
+        c->lru_head = r->lru_next;
+    if (r->lru_next)
+        r->lru_next->lru_prev = r->lru_prev;
+    else
+        c->lru_tail = r->lru_prev;
+}
+
+static void lru_append(drc_cache_t *c, struct drc_region *r)
+{
+    r->lru_next = NULL;
+    r->lru_prev = c->lru_tail;
+    if (c->lru_tail)
+        c->lru_tail->lru_next = r;
+    else
+        c->lru_head = r;
+    c->lru_tail = r;
+}
+
+static size_t region_len(const struct drc_region *r)
+{
+    return LD(r->node.last) - LD(r->node.start) + 1;
+}
+
+/* Take a live region out of the tree and the LRU (c->lock, seq odd). */
+static void unlink_live(drc_cache_t *c, struct drc_region *r)
+{
+    drc__itree_remove(&c->tree, &r->node);
+    if (c->limited)
+        lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
+    c->regions--;
+    c->bytes -= region_len(r);
+}
+
+/* Release r if no user holds it: the caller deregisters everything on *dead. */
+static int try_release(struct drc_region *r, struct drc_region **dead)
+{
+    uint64_t w = HELD;
+
+    if (!__atomic_compare_exchange_n(&r->word, &w, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+        return 0;
+    r->next = *dead;
+    *dead = r;
+    return 1;
+}
+
+/* A live region leaves the tree: released if idle, else detached until its last put. */
+static void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
+{
+    unlink_live(c, r);
+    ST_SC(r->detached, 1);
+    if (!try_release(r, dead))
+        drc__itree_insert(&c->detached, &r->node);
+}
+
+static int over_limits(const drc_cache_t *c)
+{
+    return (c->max_regions && c->regions > c->max_regions) || (c->max_bytes && c->bytes > c->max_bytes);
+}
+
+/* Evict idle live regions, least recently idle first, until within limits (c->lock, seq odd). */
+static void evict(drc_cache_t *c, struct drc_region **dead)
+{
+    struct drc_region *r = c->lru_head, *next;
+
+    for (; r && over_limits(c); r = next) {
+        next = r->lru_next;
+        if (try_release(r, dead)) {
+            unlink_live(c, r);
+            c->evicted++;
+        }
+    }
+}
+
+static void pool_put(drc_cache_t *c, struct drc_region *r)
+{
+    r->next = c->pool;
+    c->pool = r;
+}
+
+static struct drc_region *pool_get(drc_cache_t *c)
+{
+    struct drc_region *r;
+    struct chunk *ch;
+    int i;
+
+    if (!c->pool)
+        c->pool = __atomic_exchange_n(&c->freed, NULL, __ATOMIC_ACQUIRE);
+    if (!c->pool) {
+        ch = aligned_alloc(64, sizeof(*ch));
+        if (!ch)
+            return NULL;
+        memset(ch, 0, sizeof(*ch));
+        ch->next = c->chunks;
+        c->chunks = ch;
+        for (i = 0; i < CHUNK_REGIONS; i++) {
+            ch->r[i].cache = c;
+            pool_put(c, &ch->r[i]);
+        }
+    }
+    r = c->pool;
+    c->pool = r->next;
+    return r;
+}
+
+/* Deregister every region on @dead (no lock held) and return them to the pool. */
+static int release_list(drc_cache_t *c, struct drc_region *dead)
+{
+    struct drc_region *r, *tail = NULL, *head;
+    int err = 0, e;
+
+    if (!dead)
+        return 0;
+    for (r = dead; r; r = r->next) {
+        e = c->be.dereg(c->be.ctx, r->handle);
+        if (e && !err)
+            err = e;
+        __atomic_fetch_add(&c->deregs, 1, __ATOMIC_RELAXED);
+        tail = r;
+    }
+    /*
+     * Back to the pool without taking the lock a second time: push the whole
+     * list on c->freed. Only pool_get (under c->lock) takes from it, and it
+     * takes everything at once, so a push can never meet a half-taken list.
+     */
+    head = __atomic_load_n(&c->freed, __ATOMIC_RELAXED);
+    do {
+        tail->next = head;
+    } while (!__atomic_compare_exchange_n(&c->freed, &head, dead, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+    return err;
+}
+
+static int nothing_registered(const drc_cache_t *c)
+{
+    return !c->tree.root && !c->detached.root && !c->pending;
+}
+
+static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
+{
+    if (start < c->lo)
+        __atomic_store_n(&c->lo, start, __ATOMIC_RELEASE);
+    if (last > c->hi)
+        __atomic_store_n(&c->hi, last, __ATOMIC_RELEASE);
+}
+
+/* The last user of r is gone (r->word == HELD): release a detached region, refresh the LRU. */
+static int became_idle(drc_cache_t *c, struct drc_region *r)
+{
+    struct drc_region *dead = NULL;
+
+    if (!LD_SC(r->detached) && !c->limited)
+        return 0;
+    pthread_mutex_lock(&c->lock);
+    if (LD(r->detached)) {
+        if (try_release(r, &dead))
+            drc__itree_remove(&c->detached, &r->node);
+    } else if (c->limited && (LD(r->word) & HELD)) {
+        /* live: it is now the most recently idle */
+        lru_unlink(c, r);
+        lru_append(c, r);
+        if (over_limits(c)) {
+            seq_begin(c);
+            evict(c, &dead);
+            seq_end(c);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return release_list(c, dead);
+}
+
+static int unref(drc_cache_t *c, struct drc_region *r)
+{
+    uint64_t w = __atomic_sub_fetch(&r->word, 1, __ATOMIC_SEQ_CST);
+
+    return w == HELD ? became_idle(c, r) : 0;
+}
+
+static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
+{
+    struct hint_tab *t = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
+
+    return &t->slot[((uint64_t)(s >> c->page_shift) * 0x9e3779b97f4a7c15ull) >> t->shift];
+}
+
+static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
+{
+    return LD(r->node.start) <= s && LD(r->node.last) >= last && (LD(r->access) & access) == access;
+}
+
+static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access)
+{
+    struct drc_region *r, **hs;
+    unsigned seq;
+    int budget, tries, hinted;
+
+    for (tries = 0; tries < 2; tries++) {
+        seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
+        if (seq & 1)
+            return NULL;        /* a writer is at work: wait for it on the lock */
+        hs = hint_slot(c, s);
+        r = LD(*hs);
+        hinted = r && covers(r, s, last, access) && tryget(r);
+        if (hinted && LD(r->detached)) {
+            unref(c, r);        /* left the tree: walk it, and the walk replaces the hint */
+            hinted = 0;
+        }
+        if (!hinted) {
+            budget = LOOKUP_BUDGET;
+            r = find_containing(&c->tree, s, last, access, &budget);
+            if (!r || !tryget(r))
+                return NULL;
+        }
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
+        /*
+         * seq unchanged: no writer ran since the first load, so r is what
+         * the load saw. A region found in the tree was live then; one found
+         * through a hint may have left the tree earlier, and then it was
+         * detached (retire sets that inside the writer's window) or released
+         * (and tryget failed).
+         */
+        if (LD(c->seq) == seq && !LD(r->detached)) {
+            if (!hinted)
+                ST(*hs, r);
+            return r;
+        }
+        unref(c, r);
+    }
+    return NULL;
+}
+
+static int pending_overlaps(const drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    const struct pending *p;
+
+    for (p = c->pending; p; p = p->next)
+        if (p->start <= last && s <= p->last)
+            return 1;
+    return 0;
+}
+
+static void pending_unlink(drc_cache_t *c, struct pending *p)
+{
+    struct pending **pp;
+
+    for (pp = &c->pending; *pp != p; pp = &(*pp)->next)
+        ;
+    *pp = p->next;
+    pthread_cond_broadcast(&c->pending_done);
+}
+
+/* A miss: what to register, given the overlapping live regions (c->lock). */
+struct plan {
+    uintptr_t start, last;
+    unsigned access;
+    int merging;
+};
+
+static int same_memory(const struct drc_region *r, const struct drc__mem *m)
+{
+    return r->mem.type == m->type && r->mem.device == m->device && LD(r->node.start) >= m->lo &&
+           LD(r->node.last) < m->hi;  /* hi is exclusive (mem.h) */
+}
+
+static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, const struct drc__mem *m,
+                       struct plan *p)
+{
+    struct drc__itree_node *n;
+    uintptr_t start = s & ~(uintptr_t)(c->page - 1), end = last | (c->page - 1);
+    int budget = DRC__ITREE_UNBOUNDED;
+
+    if (c->max_len && end - start >= c->max_len)
+        return -E2BIG;
+    p->start = start;
+    p->last = end;
+    p->access = access;
+    p->merging = 0;
+    if (c->flags & DRC_F_NO_MERGE)
+        return 0;
+    for (n = drc__itree_first(&c->tree, start, end, &budget); n; n = drc__itree_next(n, start, end, &budget)) {
+        struct drc_region *r = region_of(n);
+
+        if (!same_memory(r, m))
+            continue;
+        if (n->start < p->start)
+            p->start = n->start;
+        if (n->last > p->last)
+            p->last = n->last;
+        p->access |= r->access;
+        p->merging = 1;
+    }
+    if (p->merging && c->max_len && p->last - p->start >= c->max_len) {
+        p->start = start;       /* the union would be too large for the device: register alone */
+        p->last = end;
+        p->access = access;
+        p->merging = 0;
+    }
+    return 0;
+}
+
+/* Move every live region the new one covers, of the same memory, out of the tree (c->lock, seq odd). */
+static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__mem *m, struct drc_region **dead)
+{
+    struct drc__itree_node *n, *next;
+    int budget = DRC__ITREE_UNBOUNDED;
+
+    for (n = drc__itree_first(&c->tree, p->start, p->last, &budget); n; n = next) {
+        struct drc_region *r = region_of(n);
+
+        next = drc__itree_next(n, p->start, p->last, &budget);
+        if (same_memory(r, m) && n->start >= p->start && n->last <= p->last)
+            retire(c, r, dead);
+    }
+    c->merges++;
+}
+
+static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc__mem *m, void **handle,
+                         uint32_t *lkey, uint32_t *rkey)
+{
+    struct drc_reg_args a = {
+        .start = p->start, .len = p->last - p->start + 1, .type = m->type, .device = m->device,
+        .dmabuf_fd = -1, .dmabuf_offset = 0, .access = p->access,
+    };
+    int err = 0;
+
+    if (m->type == DRC_MEM_CUDA)
+        err = drc__mem_export(m, a.start, a.len, c->flags, &a.dmabuf_fd, &a.dmabuf_offset);
+    if (err == -EOPNOTSUPP)
+        err = 0;    /* no dmabuf here (proprietary GPU module): the backend gets fd -1 and may use peermem */
+    if (!err)
+        err = c->be.reg(c->be.ctx, &a, handle, lkey, rkey);
+    if (a.dmabuf_fd >= 0)
+        close(a.dmabuf_fd);     /* the MR holds the buffer now */
+    return err;
+}
+
+static struct hint_tab *hint_new(unsigned bits, struct hint_tab *older)
+{
+    struct hint_tab *t = calloc(1, sizeof(*t) + (sizeof(t->slot[0]) << bits));
+
+    if (t) {
+        t->shift = 64 - bits;
+        t->older = older;
+    }
+    return t;
+}
+
+/* Keep at least two slots per live region (c->lock); without memory, hits only get slower. */
+static void hint_grow(drc_cache_t *c)
+{
+    unsigned bits = 64 - c->hint->shift;
+    struct hint_tab *t;
+
+    if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 1)))
+        return;
+    t = hint_new(bits + 2 < HINT_MAX_BITS ? bits + 2 : HINT_MAX_BITS, c->hint);
+    if (t)
+        __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
+}
+
+/* Fill a pooled region and put it in the tree (c->lock, seq odd). */
+static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
+                    void *handle, uint32_t lkey, uint32_t rkey)
+{
+    ST(r->node.start, p->start);
+    ST(r->node.last, p->last);
+    ST(r->access, p->access);
+    ST(r->valid, 1);
+    ST(r->detached, 0);
+    r->mem = *m;
+    r->handle = handle;
+    r->lkey = lkey;
+    r->rkey = rkey;
+    __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
+    drc__itree_insert(&c->tree, &r->node);
+    if (c->limited)
+        lru_append(c, r);
+    c->regions++;
+    c->bytes += region_len(r);
+    hint_grow(c);
+}
+
+/*
+ * The locked path: a hit the lockless walk could not take, or a miss.
+ * Returns 0 with a cached *out, 1 with a region registered just now, RACED
+ * if an invalidation raced the registration, or an error.
+ */
+static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struct drc_region **out)
+{
+    struct drc_region *r, *dead = NULL;
+    struct drc__mem m;
+    struct pending pend;
+    struct plan p;
+    void *handle = NULL;
+    uint32_t lkey = 0, rkey = 0;
+    int err, budget, registered;
+
+    err = drc__mem_classify(s, last - s + 1, &m);   /* a driver call: before the lock */
+    if (err)
+        return err;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        budget = DRC__ITREE_UNBOUNDED;
+        r = find_containing(&c->tree, s, last, access, &budget);
+        if (r) {
+            __atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST);
+            ST(*hint_slot(c, s), r);
+            pthread_mutex_unlock(&c->lock);
+            count_hit(c);
+            *out = r;
+            return 0;
+        }
+        if (!pending_overlaps(c, s, last))
+            break;
+        pthread_cond_wait(&c->pending_done, &c->lock);
+    }
+    c->misses++;
+    err = plan_region(c, s, last, access, &m, &p);
+    if (err) {
+        pthread_mutex_unlock(&c->lock);
+        return err;
+    }
+    pend = (struct pending){ .start = p.start, .last = p.last, .stale = 0, .next = c->pending };
+    c->pending = &pend;
+    widen_hull(c, p.start, p.last);
+    pthread_mutex_unlock(&c->lock);
+
+    drc__notify_wait_frees(p.start, p.last);    /* never export memory a hook is freeing (notify.c) */
+    err = register_plan(c, &p, &m, &handle, &lkey, &rkey);
+    registered = !err;
+
+    pthread_mutex_lock(&c->lock);
+    pending_unlink(c, &pend);
+    c->regs += registered;
+    r = NULL;
+    if (!err && pend.stale)
+        err = RACED;        /* it may map memory that is being freed: never insert it */
+    if (!err && !(r = pool_get(c)))
+        err = -ENOMEM;
+    if (err) {
+        pthread_mutex_unlock(&c->lock);
+        if (registered) {
+            c->be.dereg(c->be.ctx, handle);
+            __atomic_fetch_add(&c->deregs, 1, __ATOMIC_RELAXED);
+        }
+        return err;
+    }
+    seq_begin(c);
+    if (p.merging)
+        supersede(c, &p, &m, &dead);
+    publish(c, r, &p, &m, handle, lkey, rkey);
+    ST(*hint_slot(c, s), r);
+    if (c->limited)
+        evict(c, &dead);
+    seq_end(c);
+    pthread_mutex_unlock(&c->lock);
+    release_list(c, dead);
+    *out = r;
+    return 1;
+}
+
+/* DRC_F_VALIDATE: is a CUDA hit still the buffer it was registered on? */
+static int stale_hit(drc_cache_t *c, const struct drc_region *r, uintptr_t s, uintptr_t last)
+{
+    return (c->flags & DRC_F_VALIDATE) && r->mem.type == DRC_MEM_CUDA &&
+           !drc__mem_unchanged(&r->mem, s, last - s + 1);
+}
+
+int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
+{
+    struct drc_region *r;
+    uintptr_t s, last, rs;
+    size_t rlen;
+    int err, tries;
+
+    if (!c || !out || (access & ~DRC_ACCESS_MASK))
+        return -EINVAL;
+    err = closed_range(addr, len, &s, &last);
+    if (err)
+        return err;
+    for (tries = 0; tries < REG_RETRIES; tries++) {
+        r = lookup_lockless(c, s, last, access);
+        if (r) {
+            count_hit(c);
+            err = 0;
+        } else if ((err = get_slow(c, s, last, access, &r)) == RACED) {
+            continue;
+        } else if (err < 0) {
+            return err;
+        }
+        if (err == 0 && stale_hit(c, r, s, last)) {
+            /* freed and reallocated behind every hook: treat it as the invalidation it was */
+            drc_region_bounds(r, &rs, &rlen);
+            unref(c, r);
+            drc_invalidate(c, (const void *)rs, rlen);
+            continue;
+        }
+        *out = r;
+        return 0;
+    }
+    return -EAGAIN;
+}
+
+int drc_put(drc_cache_t *c, drc_region_t *r)
+{
+    uint64_t w;
+
+    if (!c || !r || r->cache != c)
+        return -EINVAL;
+    w = LD(r->word);
+    do {
+        if (!USERS(w))
+            return -EINVAL;
+    } while (!__atomic_compare_exchange_n(&r->word, &w, w - 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+    return w - 1 == HELD ? became_idle(c, r) : 0;
+}
+
+int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
+{
+    struct drc_region *r, *dead = NULL;
+    struct drc__itree_node *n;
+    struct pending *p;
+    uintptr_t s, last;
+    struct drc__itree_node *next;
+    int count = 0, budget;
+
+    if (!c)
+        return -EINVAL;
+    if (len == 0)
+        return 0;
+    if (closed_range(addr, len, &s, &last))
+        return -EINVAL;
+    /* The hull covers every pending registration too, so skipping here misses none. */
+    if (last < __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE) || s > __atomic_load_n(&c->hi, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&c->lock);
+    budget = DRC__ITREE_UNBOUNDED;
+    n = drc__itree_first(&c->tree, s, last, &budget);
+    if (n) {
+        /* one descent: the successor is found before n leaves (next stays in the tree) */
+        seq_begin(c);
+        for (; n; n = next) {
+            next = drc__itree_next(n, s, last, &budget);
+            r = region_of(n);
+            ST_SC(r->valid, 0);
+            retire(c, r, &dead);
+            count++;
+        }
+        seq_end(c);
+    }
+    for (n = drc__itree_first(&c->detached, s, last, &budget); n; n = drc__itree_next(n, s, last, &budget)) {
+        r = region_of(n);
+        if (LD(r->valid)) {
+            ST_SC(r->valid, 0);
+            count++;
+        }
+    }
+    for (p = c->pending; p; p = p->next)
+        if (p->start <= last && s <= p->last)
+            p->stale = 1;
+    c->invalidated += count;
+    if (nothing_registered(c)) {
+        __atomic_store_n(&c->lo, UINTPTR_MAX, __ATOMIC_RELEASE);
+        __atomic_store_n(&c->hi, 0, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&c->lock);
+    release_list(c, dead);
+    return count;
+}
+
+int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg,
+                      const struct drc__cache_opts *o, drc_cache_t **out)
+{
+    drc_cache_t *c;
+    int err;
+
+    if (!be || !out || !be->reg || !be->dereg || (cfg && (cfg->flags & ~KNOWN_FLAGS)))
+        return -EINVAL;
+    c = aligned_alloc(64, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    memset(c, 0, sizeof(*c));
+    c->be = *be;
+    c->page = (size_t)sysconf(_SC_PAGESIZE);
+    c->page_shift = (unsigned)__builtin_ctzll(c->page);
+    c->lo = UINTPTR_MAX;
+    c->hint = hint_new(HINT_MIN_BITS, NULL);
+    if (!c->hint) {
+        err = -ENOMEM;
+        goto err_hint;
+    }
+    if (cfg) {
+        c->flags = cfg->flags;
+        c->max_regions = cfg->max_regions;
+        c->max_bytes = cfg->max_bytes;
+    }
+    c->limited = c->max_regions || c->max_bytes;
+    if (o) {
+        c->max_len = o->max_len;
+        c->release = o->release;
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->pending_done, NULL);
+    err = drc__notify_subscribe(c);
+    if (err)
+        goto err_subscribe;
+    *out = c;
+    return 0;
+
+err_subscribe:
+    pthread_cond_destroy(&c->pending_done);
+    pthread_mutex_destroy(&c->lock);
+    free(c->hint);
+err_hint:
+    free(c);
+    return err;
+}
+
+int drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg, drc_cache_t **out)
+{
+    return drc__cache_create(be, cfg, NULL, out);
+}
+
+/* Regions of @t that a user holds (c->lock). */
+static uint64_t held_in(const struct drc__itree *t)
+{
+    struct drc__itree_node *n;
+    int budget = DRC__ITREE_UNBOUNDED;
+    uint64_t held = 0;
+
+    for (n = drc__itree_first(t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+        held += USERS(LD(region_of(n)->word)) != 0;
+    return held;
+}
+
+static int busy(const drc_cache_t *c)
+{
+    return c->pending || c->detached.root || held_in(&c->tree);
+}
+
+int drc_cache_destroy(drc_cache_t *c)
+{
+    struct drc__itree_node *n;
+    struct hint_tab *t;
+    struct chunk *ch;
+    int budget;
+
+    if (!c)
+        return -EINVAL;
+    pthread_mutex_lock(&c->lock);
+    if (busy(c)) {
+        pthread_mutex_unlock(&c->lock);
+        return -EBUSY;
+    }
+    pthread_mutex_unlock(&c->lock);
+    drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
+    budget = DRC__ITREE_UNBOUNDED;
+    for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
+         n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+        c->be.dereg(c->be.ctx, region_of(n)->handle);
+    if (c->release)
+        c->release(c->be.ctx);
+    while ((ch = c->chunks)) {
+        c->chunks = ch->next;
+        free(ch);
+    }
+    while ((t = c->hint)) {
+        c->hint = t->older;
+        free(t);
+    }
+    pthread_cond_destroy(&c->pending_done);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    return 0;
+}
+
+void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
+{
+    int i;
+
+    if (!s)
+        return;
+    memset(s, 0, sizeof(*s));
+    if (!c)
+        return;
+    for (i = 0; i <= HIT_SLOTS; i++)
+        s->hits += __atomic_load_n(&c->hits[i].hits, __ATOMIC_RELAXED);
+    s->deregs = __atomic_load_n(&c->deregs, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&c->lock);
+    s->misses = c->misses;
+    s->merges = c->merges;
+    s->invalidated = c->invalidated;
+    s->evicted = c->evicted;
+    s->regs = c->regs;
+    s->regions = c->regions;
+    s->bytes = c->bytes;
+    s->in_use = held_in(&c->tree) + held_in(&c->detached);
+    pthread_mutex_unlock(&c->lock);
+}
+
+int drc_region_valid(const drc_region_t *r)
+{
+    return r && LD_SC(r->valid);
+}
+
+void drc_region_bounds(const drc_region_t *r, uintptr_t *start, size_t *len)
+{
+    if (start)
+        *start = r ? LD(r->node.start) : 0;
+    if (len)
+        *len = r ? region_len(r) : 0;
+}
+
+uint32_t drc_region_lkey(const drc_region_t *r)
+{
+    return r ? r->lkey : 0;
+}
+
+uint32_t drc_region_rkey(const drc_region_t *r)
+{
+    return r ? r->rkey : 0;
+}
+
+void *drc_region_handle(const drc_region_t *r)
+{
+    return r ? r->handle : NULL;
+}
+
+enum drc_mem_type drc_region_type(const drc_region_t *r)
+{
+    return r ? r->mem.type : DRC_MEM_HOST;
+}
+
+unsigned drc_region_access(const drc_region_t *r)
+{
+    return r ? LD(r->access) : 0;
+}
+
+const struct drc_backend *drc__cache_backend(const drc_cache_t *c)
+{
+    return &c->be;
+}
+
+drc_cache_t *drc__region_cache(const drc_region_t *r)
+{
+    return r->cache;
+}

@@ -1,0 +1,405 @@
+/*
+ * Augmented red-black interval tree; see itree.h for the contract.
+ *
+ * The red-black rules are the textbook ones (root black, no red node with a
+ * red child, the same number of black nodes on every root-to-NULL path).
+ * The augmentation is kept exact by three rules:
+ *   - insert raises subtree_last on its way down, before the new leaf links;
+ *   - remove recomputes every node from the lowest changed one to the root,
+ *     before rebalancing;
+ *   - a rotation keeps the set of intervals under the rotated pair, so the
+ *     node that moves up inherits the old top's value and only the node that
+ *     moves down is recomputed.
+ *
+ * Pointers and subtree_last/start/last are written with ST() because a
+ * lockless lookup may read them at any moment; `red` is read only by writers.
+ */
+#include "core/itree.h"
+
+#include <stddef.h>
+
+#define LD(x)    __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+
+typedef struct drc__itree_node node_t;
+
+static void recompute(node_t *n)
+{
+    uintptr_t m = n->last;
+
+    if (n->left && n->left->subtree_last > m)
+        m = n->left->subtree_last;
+    if (n->right && n->right->subtree_last > m)
+        m = n->right->subtree_last;
+    ST(n->subtree_last, m);
+}
+
+static void replace_child(struct drc__itree *t, node_t *parent, node_t *old, node_t *new)
+{
+    if (!parent)
+        ST(t->root, new);
+    else if (parent->left == old)
+        ST(parent->left, new);
+    else
+        ST(parent->right, new);
+}
+
+/* x's right child y takes x's place; x becomes y's left child. */
+static void rotate_left(struct drc__itree *t, node_t *x)
+{
+    node_t *y = x->right, *p = x->parent;
+
+    ST(x->right, y->left);
+    if (y->left)
+        ST(y->left->parent, x);
+    ST(y->left, x);
+    ST(x->parent, y);
+    ST(y->parent, p);
+    replace_child(t, p, x, y);
+    ST(y->subtree_last, x->subtree_last);
+    recompute(x);
+}
+
+/* Mirror of rotate_left. */
+static void rotate_right(struct drc__itree *t, node_t *x)
+{
+    node_t *y = x->left, *p = x->parent;
+
+    ST(x->left, y->right);
+    if (y->right)
+        ST(y->right->parent, x);
+    ST(y->right, x);
+    ST(x->parent, y);
+    ST(y->parent, p);
+    replace_child(t, p, x, y);
+    ST(y->subtree_last, x->subtree_last);
+    recompute(x);
+}
+
+static int is_red(const node_t *n)
+{
+    return n && n->red;
+}
+
+static void insert_fixup(struct drc__itree *t, node_t *n)
+{
+    node_t *p, *g, *u;
+
+    while ((p = n->parent) && p->red) {
+        g = p->parent;          /* exists: a red node is never the root */
+        if (p == g->left) {
+            u = g->right;
+            if (is_red(u)) {
+                p->red = u->red = 0;
+                g->red = 1;
+                n = g;
+                continue;
+            }
+            if (n == p->right) {
+                rotate_left(t, p);
+                n = p;
+                p = n->parent;
+            }
+            p->red = 0;
+            g->red = 1;
+            rotate_right(t, g);
+        } else {
+            u = g->left;
+            if (is_red(u)) {
+                p->red = u->red = 0;
+                g->red = 1;
+                n = g;
+                continue;
+            }
+            if (n == p->left) {
+                rotate_right(t, p);
+                n = p;
+                p = n->parent;
+            }
+            p->red = 0;
+            g->red = 1;
+            rotate_left(t, g);
+        }
+    }
+    t->root->red = 0;
+}
+
+void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n)
+{
+    node_t *p = NULL, *cur = t->root;
+
+    while (cur) {
+        p = cur;
+        if (cur->subtree_last < n->last)
+            ST(cur->subtree_last, n->last);
+        cur = n->start < cur->start ? cur->left : cur->right;
+    }
+    /* n may be recycled memory that a lockless reader still walks: atomic stores */
+    ST(n->left, (node_t *)NULL);
+    ST(n->right, (node_t *)NULL);
+    ST(n->parent, p);
+    ST(n->subtree_last, n->last);
+    n->red = 1;
+    if (!p)
+        ST(t->root, n);
+    else if (n->start < p->start)
+        ST(p->left, n);
+    else
+        ST(p->right, n);
+    insert_fixup(t, n);
+}
+
+/* Put v where u is, as far as u's parent is concerned. */
+static void transplant(struct drc__itree *t, node_t *u, node_t *v)
+{
+    replace_child(t, u->parent, u, v);
+    if (v)
+        ST(v->parent, u->parent);
+}
+
+/* x (possibly NULL) under parent xp carries an extra black. */
+static void remove_fixup(struct drc__itree *t, node_t *x, node_t *xp)
+{
+    node_t *w;
+
+    while (x != t->root && !is_red(x)) {
+        if (x == xp->left) {
+            w = xp->right;  /* non-NULL: xp's right side has black height >= 1 */
+            if (w->red) {
+                w->red = 0;
+                xp->red = 1;
+                rotate_left(t, xp);
+                w = xp->right;
+            }
+            if (!is_red(w->left) && !is_red(w->right)) {
+                w->red = 1;
+                x = xp;
+                xp = x->parent;
+                continue;
+            }
+            if (!is_red(w->right)) {
+                w->left->red = 0;
+                w->red = 1;
+                rotate_right(t, w);
+                w = xp->right;
+            }
+            w->red = xp->red;
+            xp->red = 0;
+            w->right->red = 0;
+            rotate_left(t, xp);
+        } else {
+            w = xp->left;
+            if (w->red) {
+                w->red = 0;
+                xp->red = 1;
+                rotate_right(t, xp);
+                w = xp->left;
+            }
+            if (!is_red(w->left) && !is_red(w->right)) {
+                w->red = 1;
+                x = xp;
+                xp = x->parent;
+                continue;
+            }
+            if (!is_red(w->left)) {
+                w->right->red = 0;
+                w->red = 1;
+                rotate_left(t, w);
+                w = xp->left;
+            }
+            w->red = xp->red;
+            xp->red = 0;
+            w->left->red = 0;
+            rotate_right(t, xp);
+        }
+        x = t->root;
+    }
+    if (x)
+        x->red = 0;
+}
+
+void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
+{
+    node_t *x, *xp, *y, *n, *moved = NULL;
+    uintptr_t old;
+    int removed_red;
+
+    if (!z->left || !z->right) {
+        x = z->left ? z->left : z->right;
+        xp = z->parent;
+        removed_red = z->red;
+        transplant(t, z, x);
+    } else {
+        /* z's successor y takes z's place and colour; y's old slot loses a node */
+        for (y = z->right; y->left; y = y->left)
+            ;
+        removed_red = y->red;
+        x = y->right;
+        if (y->parent == z) {
+            xp = y;
+        } else {
+            xp = y->parent;
+            transplant(t, y, x);
+            ST(y->right, z->right);
+            ST(y->right->parent, y);
+        }
+        transplant(t, z, y);
+        ST(y->left, z->left);
+        ST(y->left->parent, y);
+        y->red = z->red;
+        moved = y;
+    }
+    /*
+     * z's interval left every subtree from xp to the root, and a moved y left
+     * those below its new place. Only the path child of each of these nodes
+     * changed, so once one keeps its value every node above it does too —
+     * except the moved y, whose stored value is that of its old place: it is
+     * always recomputed, and the stop applies above it.
+     */
+    for (n = xp; n;) {
+        old = n->subtree_last;
+        recompute(n);
+        if (n == moved)
+            moved = NULL;
+        else if (n->subtree_last == old) {
+            if (!moved)
+                break;
+            n = moved;  /* unchanged up to y: recompute y, then go on above it */
+            continue;
+        }
+        n = n->parent;
+    }
+    if (!removed_red)
+        remove_fixup(t, x, xp);
+}
+
+/* Leftmost node under n that overlaps [start, last]. */
+static node_t *subtree_search(const node_t *n, uintptr_t start, uintptr_t last, int *budget)
+{
+    const node_t *left, *right;
+
+    for (;;) {
+        if (--*budget < 0)
+            return NULL;
+        left = LD(n->left);
+        if (left && start <= LD(left->subtree_last)) {
+            n = left;   /* something in the left subtree ends late enough: the answer, if any, is there */
+            continue;
+        }
+        if (LD(n->start) > last)
+            return NULL;    /* n and everything right of it start too late */
+        if (start <= LD(n->last))
+            return (node_t *)n;
+        right = LD(n->right);
+        if (!right || start > LD(right->subtree_last))
+            return NULL;
+        n = right;
+    }
+}
+
+struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t start, uintptr_t last,
+                                         int *budget)
+{
+    const node_t *root = LD(t->root);
+
+    if (!root || LD(root->subtree_last) < start)
+        return NULL;
+    return subtree_search(root, start, last, budget);
+}
+
+struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr_t start, uintptr_t last,
+                                        int *budget)
+{
+    const node_t *right = LD(n->right), *from;
+
+    for (;;) {
+        /* Invariant: every overlapping node before n in start order was returned already. */
+        if (right && start <= LD(right->subtree_last))
+            return subtree_search(right, start, last, budget);
+        do {    /* climb until we arrive from a left child: that parent is next in order */
+            if (--*budget < 0)
+                return NULL;
+            from = n;
+            n = LD(n->parent);
+            if (!n)
+                return NULL;
+            right = LD(n->right);
+        } while (right == from);
+        if (LD(n->start) > last)
+            return NULL;
+        if (start <= LD(n->last))
+            return (node_t *)n;
+    }
+}
+
+struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
+{
+    const node_t *n = LD(t->root);
+    uintptr_t best = 0, right;
+    int b = *budget;
+
+    /*
+     * Select with a mask instead of branching: on random keys the direction
+     * is a coin toss at every level, and a mispredicted branch costs more
+     * than loading both children (they share the node's cache line).
+     */
+    while (n) {
+        if (--b < 0) {
+            *budget = 0;
+            return NULL;
+        }
+        right = -(uintptr_t)(LD(n->start) <= key);
+        best = ((uintptr_t)n & right) | (best & ~right);
+        n = (const node_t *)(((uintptr_t)LD(n->right) & right) | ((uintptr_t)LD(n->left) & ~right));
+    }
+    *budget = b;
+    return (node_t *)best;
+}
+
+struct check {
+    const node_t *prev;     /* in-order predecessor */
+    long count;
+};
+
+/* Returns the black height of n's subtree, or -1. */
+static int check_node(const node_t *n, const node_t *parent, struct check *ck)
+{
+    int lh, rh;
+    uintptr_t m;
+
+    if (!n)
+        return 1;
+    if (n->parent != parent || n->start > n->last)
+        return -1;
+    if (n->red && parent && parent->red)
+        return -1;
+    lh = check_node(n->left, n, ck);
+    if (lh < 0)
+        return -1;
+    if (ck->prev && ck->prev->start > n->start)
+        return -1;
+    ck->prev = n;
+    ck->count++;
+    rh = check_node(n->right, n, ck);
+    if (rh < 0 || lh != rh)
+        return -1;
+    m = n->last;
+    if (n->left && n->left->subtree_last > m)
+        m = n->left->subtree_last;
+    if (n->right && n->right->subtree_last > m)
+        m = n->right->subtree_last;
+    if (n->subtree_last != m)
+        return -1;
+    return lh + !n->red;
+}
+
+long drc__itree_check(const struct drc__itree *t)
+{
+    struct check ck = { NULL, 0 };
+
+    if (t->root && t->root->red)
+        return -1;
+    if (check_node(t->root, NULL, &ck) < 0)
+        return -1;
+    return ck.count;
+}

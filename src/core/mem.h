@@ -1,0 +1,69 @@
+/*
+ * What memory a range is: the core's only view of device memory.
+ *
+ * The core knows no device library. A layer that does (src/cuda/) installs
+ * its answers with drc__mem_set_ops() when the library is loaded; until then,
+ * and in a program built from the core alone, every pointer is host memory
+ * and drc__mem_export() fails with -EOPNOTSUPP.
+ *
+ * Contract: drc__mem_classify() is called on every miss, before the cache
+ * takes its lock, and must be safe from any thread. With no CUDA driver every
+ * pointer is host memory and none of these calls touches CUDA. The cache
+ * exports CUDA memory itself with drc__mem_export() and hands the fd to the
+ * backend in drc_reg_args, closing it after reg() returns.
+ */
+#ifndef DRC_MEM_H
+#define DRC_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "drc.h"
+
+struct drc__mem {
+    enum drc_mem_type type;
+    int device;             /* CUDA ordinal, -1 for host memory */
+    uintptr_t lo, hi;       /* a region of this memory stays inside [lo, hi): the allocation, or
+                             * the run of contiguous compatible VMM chunks; [0, UINTPTR_MAX] for host */
+    uint64_t buffer_id;     /* CUDA: CU_POINTER_ATTRIBUTE_BUFFER_ID at the first byte asked for */
+    uint64_t buffer_id_end; /* and at the last byte asked for (differs across VMM chunks) */
+    void *ctx;              /* CUDA: the allocation's context, made current for the export */
+};
+
+/*
+ * Classify [addr, addr+len). Returns 0, or a negative errno when the range is
+ * memory drc must refuse (e.g. VMM memory without gpuDirectRDMACapable, a range
+ * crossing out of its allocation).
+ */
+int drc__mem_classify(uintptr_t addr, size_t len, struct drc__mem *m);
+
+/*
+ * Export [start, start+len) of the CUDA memory @m (start and len page-aligned,
+ * inside [m->lo, m->hi)) as a dmabuf: *fd to close by the caller, *offset =
+ * start - export base. @flags: DRC_F_DMABUF_PCIE to try the PCIe mapping type.
+ * Returns 0 or a negative errno.
+ */
+int drc__mem_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
+                    uint64_t *offset);
+
+/*
+ * 1 if [addr, addr+len) is still the CUDA buffer that @m was classified from
+ * (buffer ids at both ends unchanged), 0 if it was freed or replaced.
+ */
+int drc__mem_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len);
+
+/*
+ * The three calls above, as a device layer implements them. Each entry has the
+ * contract of the call of the same name. @ops must stay valid for the life of
+ * the process; installing is one atomic store, so it may happen at any time
+ * (a constructor, in practice).
+ */
+struct drc__mem_ops {
+    int (*classify)(uintptr_t addr, size_t len, struct drc__mem *m);
+    int (*export_range)(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
+                        uint64_t *offset);
+    int (*unchanged)(const struct drc__mem *m, uintptr_t addr, size_t len);
+};
+void drc__mem_set_ops(const struct drc__mem_ops *ops);
+
+#endif

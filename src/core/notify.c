@@ -1,0 +1,242 @@
+/*
+ * drc_notify_free(): invalidate a range in every live cache of the process.
+ *
+ * It may run inside an allocator's free path (a CUDA free hook, a jemalloc
+ * extent hook, a CUPTI callback), so it allocates nothing and takes no lock
+ * but the caches' own, which no allocator holds: drc never calls an
+ * allocator with c->lock held (cache.c's lock order). Caches sit in a fixed
+ * table of slots that never moves, so a notifier walks it without a lock.
+ *
+ * Cost when nothing is registered: with no cache at all, one load of
+ * `subscribed`; with caches, per cache one atomic increment and decrement of
+ * the slot's user count plus the cache's own lockless hull check (cache.c),
+ * which returns without the lock when the range is outside everything the
+ * cache registered. tests/bench/bench_notify.c measures both.
+ *
+ * Use after free of a cache. A notifier announces itself on a slot (users++)
+ * before it reads the slot's cache, and unsubscribe clears the slot before it
+ * waits for the slot's users to drain:
+ *
+ *   notifier                         drc_cache_destroy -> unsubscribe
+ *   users++            (seq_cst)     slot.cache = NULL   (seq_cst)
+ *   c = slot.cache     (seq_cst)     while (users) yield (seq_cst)
+ *   c ? drc_invalidate(c) : skip     free the cache
+ *   users--            (release)
+ *
+ * With both sides sequentially consistent, either the notifier reads NULL or
+ * unsubscribe reads its increment and waits, so no notifier uses a cache that
+ * drc_cache_destroy frees.
+ *
+ * Re-entry. drc_invalidate() calls the backend's dereg() without a cache
+ * lock, and a dereg() may free memory and so call drc_notify_free() again on
+ * this thread (through a hook or directly). The nested call only adds to the
+ * users counts and takes the caches' locks afresh, none of which is held, so
+ * it cannot deadlock. The one thing a caller must not do is destroy a cache
+ * from inside that cache's own dereg(): unsubscribe would wait for itself.
+ *
+ * Frees in flight. drc_notify_free() alone leaves a window: a registration
+ * that begins after the invalidation but before the real free exports the
+ * memory that is about to go, is inserted, and is then found by lookups
+ * made after the free (on the new memory at the same address). The wrappers
+ * and hooks therefore bracket the real free with drc__notify_begin/end, as
+ * mmu_interval_notifier brackets with invalidate_range_start/end:
+ *
+ *   freer                                 getter (cache.c get_slow)
+ *   publish [s, last] in `freeing` (SC)   lock; add pending; unlock
+ *   invalidate every cache                drc__notify_wait_frees(range):
+ *     (marks overlapping pending stale)     wait while an overlapping free
+ *   real free                               is published (SC loads)
+ *   clear the entry                       export + reg; stale ? retry : insert
+ *
+ * Either the getter sees the entry and waits until the memory is gone (its
+ * export then sees the new memory, or fails), or the freer's invalidation
+ * sees the pending registration and marks it stale. SC fences on both sides
+ * close the store-buffering case where the cache's hull check lets the
+ * invalidation skip the lock.
+ *
+ * The hook library (hook_preload.c, LD_PRELOADed) is told where drc lives on
+ * the first subscribe: it calls drc_notify_free through the pointer it is
+ * given, so a program that preloads the hook but never creates a cache never
+ * enters drc at all.
+ */
+#include "core/notify.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+
+/* TSan does not model fences and gcc warns about them (-Wtsan); they are needed all the same. */
+#if defined(__SANITIZE_THREAD__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wtsan"
+#endif
+
+enum { SLOTS = 64 };
+
+struct slot {
+    drc_cache_t *cache;     /* atomic: CAS NULL -> c on subscribe, store NULL on unsubscribe */
+    unsigned users;         /* atomic: notifiers inside this slot */
+} __attribute__((aligned(64)));
+
+static struct slot slots[SLOTS];
+
+enum { FREEING = 64, F_EMPTY = 0, F_CLAIMED = 1, F_PUBLISHED = 2 };
+
+/* A free in flight: notified, not yet done. */
+struct freeing {
+    unsigned state;         /* atomic: F_*; start and last are written between CLAIMED and PUBLISHED */
+    uintptr_t start, last;  /* atomic */
+};
+
+static struct freeing freeing[FREEING];
+static unsigned freeing_used;   /* atomic: 1 + the highest entry ever claimed; only grows */
+static unsigned freeing_wide;   /* atomic: frees in flight that found no entry: they overlap everything */
+static unsigned subscribed; /* atomic: caches in the table, for the early out */
+static unsigned used;       /* atomic: 1 + the highest slot ever filled; only grows */
+
+/* The hook library's entry point, if it is loaded: see hook_preload.c. */
+static void attach_hooks(void)
+{
+    static const struct drc__hook_ops ops = {
+        .version = 1, .begin = drc__notify_begin, .end = drc__notify_end, .caches = &subscribed,
+    };
+    void (*attach)(const struct drc__hook_ops *);
+
+    *(void **)&attach = dlsym(RTLD_DEFAULT, "drc_hook_attach");
+    if (attach)
+        attach(&ops);
+}
+
+int drc__notify_subscribe(drc_cache_t *c)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    unsigned i, u;
+
+    /* Before the cache can register anything, so the hooks miss no free of what it registers. */
+    pthread_once(&once, attach_hooks);
+    for (i = 0; i < SLOTS; i++) {
+        drc_cache_t *empty = NULL;
+
+        if (!__atomic_compare_exchange_n(&slots[i].cache, &empty, c, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+            continue;
+        u = __atomic_load_n(&used, __ATOMIC_RELAXED);
+        while (u < i + 1 && !__atomic_compare_exchange_n(&used, &u, i + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+            ;
+        __atomic_fetch_add(&subscribed, 1, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    return -ENOSPC;
+}
+
+void drc__notify_unsubscribe(drc_cache_t *c)
+{
+    unsigned i, n = __atomic_load_n(&used, __ATOMIC_SEQ_CST);
+
+    for (i = 0; i < n; i++) {
+        if (__atomic_load_n(&slots[i].cache, __ATOMIC_SEQ_CST) != c)
+            continue;
+        __atomic_store_n(&slots[i].cache, NULL, __ATOMIC_SEQ_CST);
+        __atomic_fetch_sub(&subscribed, 1, __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(&slots[i].users, __ATOMIC_SEQ_CST))
+            sched_yield();
+        return;
+    }
+}
+
+int drc__notify_active(void)
+{
+    return __atomic_load_n(&subscribed, __ATOMIC_ACQUIRE) != 0;
+}
+
+int drc_notify_free(const void *addr, size_t len)
+{
+    unsigned i, n;
+    int k, total = 0;
+    drc_cache_t *c;
+
+    if (len && len - 1 > UINTPTR_MAX - (uintptr_t)addr)
+        return -EINVAL;
+    /*
+     * The early out. A cache subscribes before it registers anything, and a
+     * free that races the creation of a cache cannot free what that cache
+     * has not registered yet, so reading 0 here misses nothing.
+     */
+    if (!len || !__atomic_load_n(&subscribed, __ATOMIC_ACQUIRE))
+        return 0;
+    n = __atomic_load_n(&used, __ATOMIC_ACQUIRE);
+    for (i = 0; i < n; i++) {
+        if (!__atomic_load_n(&slots[i].cache, __ATOMIC_ACQUIRE))
+            continue;
+        __atomic_fetch_add(&slots[i].users, 1, __ATOMIC_SEQ_CST);
+        c = __atomic_load_n(&slots[i].cache, __ATOMIC_SEQ_CST);
+        k = c ? drc_invalidate(c, addr, len) : 0;
+        __atomic_fetch_sub(&slots[i].users, 1, __ATOMIC_RELEASE);
+        if (k > 0)
+            total += k;
+    }
+    return total;
+}
+
+int drc__notify_begin(const void *addr, size_t len)
+{
+    uintptr_t s = (uintptr_t)addr;
+    unsigned i, u, st;
+
+    if (!len || len - 1 > UINTPTR_MAX - s || !__atomic_load_n(&subscribed, __ATOMIC_ACQUIRE))
+        return -1;      /* nothing to bracket: no cache (one that appears now has not registered this) */
+    for (i = 0; i < FREEING; i++) {
+        st = F_EMPTY;
+        if (__atomic_load_n(&freeing[i].state, __ATOMIC_RELAXED) != F_EMPTY ||
+            !__atomic_compare_exchange_n(&freeing[i].state, &st, F_CLAIMED, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            continue;
+        __atomic_store_n(&freeing[i].start, s, __ATOMIC_RELAXED);
+        __atomic_store_n(&freeing[i].last, s + (len - 1), __ATOMIC_RELAXED);
+        __atomic_store_n(&freeing[i].state, F_PUBLISHED, __ATOMIC_SEQ_CST);
+        u = __atomic_load_n(&freeing_used, __ATOMIC_RELAXED);
+        while (u < i + 1 &&
+               !__atomic_compare_exchange_n(&freeing_used, &u, i + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+            ;
+        break;
+    }
+    if (i == FREEING)
+        __atomic_fetch_add(&freeing_wide, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* published before any cache's hull is read */
+    drc_notify_free(addr, len);
+    return (int)i;
+}
+
+void drc__notify_end(int ticket)
+{
+    if (ticket < 0)
+        return;
+    if (ticket == FREEING)
+        __atomic_fetch_sub(&freeing_wide, 1, __ATOMIC_SEQ_CST);
+    else
+        __atomic_store_n(&freeing[ticket].state, F_EMPTY, __ATOMIC_RELEASE);
+}
+
+/* 1 if a free overlapping [s, last] is in flight. */
+static int freeing_overlaps(uintptr_t s, uintptr_t last)
+{
+    unsigned i, n = __atomic_load_n(&freeing_used, __ATOMIC_SEQ_CST), st;
+
+    if (__atomic_load_n(&freeing_wide, __ATOMIC_SEQ_CST))
+        return 1;
+    for (i = 0; i < n; i++) {
+        st = __atomic_load_n(&freeing[i].state, __ATOMIC_SEQ_CST);
+        if (st == F_CLAIMED)
+            return 1;   /* being filled in: a moment */
+        if (st == F_PUBLISHED && __atomic_load_n(&freeing[i].start, __ATOMIC_RELAXED) <= last &&
+            s <= __atomic_load_n(&freeing[i].last, __ATOMIC_RELAXED))
+            return 1;
+    }
+    return 0;
+}
+
+void drc__notify_wait_frees(uintptr_t s, uintptr_t last)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* the pending registration before the entries are read */
+    while (freeing_overlaps(s, last))
+        sched_yield();
+}

@@ -1,0 +1,164 @@
+/*
+ * PyTorch's caching allocator, fed by drc: the two entry points of a
+ * torch.cuda.memory.CUDAPluggableAllocator.
+ *
+ * Used with torch.cuda.MemPool and torch.cuda.use_mem_pool, PyTorch keeps
+ * caching blocks and calls drc only per segment, so these calls are rare and
+ * may be slow. Segments are made so that they export as a dmabuf: on a device
+ * that supports GPUDirect RDMA with VMM, a cuMemCreate allocation with
+ * gpuDirectRDMACapable mapped into a reserved range of its own; elsewhere a
+ * plain cuMemAlloc. The physical handle is released as soon as it is mapped,
+ * so the mapping alone keeps the memory and the unmap frees it.
+ *
+ * drc_torch_free invalidates the segment in every cache and marks it as being
+ * freed (drc__notify_begin/end) around the unmap or free, so no registration outlives a segment.
+ * Set DRC_TORCH_VMM=0 to force cuMemAlloc.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "drc.h"
+#include "drc_cuda.h"
+#include "cuda/hooks.h"
+#include "core/notify.h"
+
+enum { MAX_DEVICES = 64 };
+
+enum seg_kind { UNKNOWN = 0, VMM = 1, PLAIN = 2 };
+
+struct dev_info {
+    int kind;                   /* atomic: enum seg_kind, decided on the first malloc */
+    size_t granularity;         /* VMM: the recommended granularity, set before kind */
+};
+
+static struct dev_info devs[MAX_DEVICES];
+
+static struct drc__cuda_alloc_prop vmm_prop(int device)
+{
+    struct drc__cuda_alloc_prop p;
+
+    memset(&p, 0, sizeof(p));
+    p.type = 1;                                 /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    p.location.type = 1;                        /* CU_MEM_LOCATION_TYPE_DEVICE */
+    p.location.id = device;
+    p.gpu_direct_rdma_capable = 1;        /* without it the segment cannot be registered */
+    return p;
+}
+
+/* Make sure a context is current: PyTorch has one, a bare caller may not. */
+static int ensure_context(const struct drc__hook_driver *d, int device)
+{
+    void *ctx = NULL;
+    int dev;
+
+    if (!d->ctx_get_current)
+        return -1;
+    if (d->ctx_get_current(&ctx) == 0 && ctx)
+        return 0;
+    if (!d->ctx_set_current || !d->device_get || !d->primary_ctx_retain || d->device_get(&dev, device) || d->primary_ctx_retain(&ctx, dev) || d->ctx_set_current(ctx))
+        return -1;
+    return 0;       /* the primary context is retained for the life of the process */
+}
+
+static int decide_kind(const struct drc__hook_driver *d, int device, struct dev_info *di)
+{
+    struct drc__cuda_alloc_prop p = vmm_prop(device);
+    const char *env = getenv("DRC_TORCH_VMM");
+    int dev, vmm = 0, rdma = 0;
+    size_t g = 0;
+
+    if ((env && env[0] == '0') || !d->mem_create || !d->mem_address_reserve || !d->mem_map ||
+        !d->mem_set_access || !d->mem_unmap || !d->mem_address_free || !d->mem_release ||
+        !d->mem_get_granularity || !d->device_get_attribute || d->device_get(&dev, device) ||
+        d->device_get_attribute(&vmm, DRC__CU_ATTR_VMM_SUPPORTED, dev) ||
+        d->device_get_attribute(&rdma, DRC__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) || !vmm || !rdma ||
+        d->mem_get_granularity(&g, &p, DRC__CU_GRANULARITY_RECOMMENDED) || !g)
+        return PLAIN;
+    di->granularity = g;
+    return VMM;
+}
+
+static void *vmm_alloc(const struct drc__hook_driver *d, int device, size_t size, size_t g)
+{
+    struct drc__cuda_alloc_prop p = vmm_prop(device);
+    struct drc__cu_access_desc acc = { .location = { .type = 1, .id = device }, .flags = 3 };
+    unsigned long long h;
+    drc__cuptr ptr = 0;
+    size_t len = (size + g - 1) / g * g;
+
+    if (d->mem_create(&h, len, &p, 0))
+        return NULL;
+    if (d->mem_address_reserve(&ptr, len, g, 0, 0))
+        goto err_release;
+    if (d->mem_map(ptr, len, 0, h, 0))
+        goto err_reserve;
+    if (d->mem_set_access(ptr, len, &acc, 1))
+        goto err_map;
+    d->mem_release(h);          /* the mapping keeps the memory; the unmap frees it */
+    return (void *)(uintptr_t)ptr;
+
+err_map:
+    d->mem_unmap(ptr, len);
+err_reserve:
+    d->mem_address_free(ptr, len);
+err_release:
+    d->mem_release(h);
+    return NULL;
+}
+
+void *drc_torch_malloc(ssize_t size, int device, void *stream)
+{
+    const struct drc__hook_driver *d = drc__hooks_driver();
+    struct dev_info *di;
+    drc__cuptr ptr = 0;
+    int kind;
+    void *p;
+
+    (void)stream;       /* segments belong to no stream: PyTorch tracks stream use itself */
+    if (size <= 0 || device < 0 || device >= MAX_DEVICES || ensure_context(d, device))
+        return NULL;
+    di = &devs[device];
+    kind = __atomic_load_n(&di->kind, __ATOMIC_ACQUIRE);
+    if (kind == UNKNOWN) {
+        kind = decide_kind(d, device, di);
+        __atomic_store_n(&di->kind, kind, __ATOMIC_RELEASE);
+    }
+    if (kind == VMM && (p = vmm_alloc(d, device, (size_t)size, di->granularity)))
+        return p;
+    /* no VMM, or the VMM path failed (e.g. out of memory at this granularity): plain memory exports too */
+    if (!d->mem_alloc || d->mem_alloc(&ptr, (size_t)size))
+        return NULL;
+    return (void *)(uintptr_t)ptr;
+}
+
+void drc_torch_free(void *ptr, ssize_t size, int device, void *stream)
+{
+    const struct drc__hook_driver *d = drc__hooks_driver();
+    unsigned long long h;
+    drc__cuptr p = (drc__cuptr)(uintptr_t)ptr;
+    size_t len, g;
+    int t;
+
+    (void)stream;
+    if (!ptr || size <= 0 || device < 0 || device >= MAX_DEVICES)
+        return;
+    g = devs[device].granularity;
+    /* A VMM segment has an allocation handle behind its address; cuMemAlloc memory has none. */
+    if (g && d->mem_retain_allocation_handle && d->mem_retain_allocation_handle(&h, ptr) == 0) {
+        d->mem_release(h);      /* drop the reference the lookup took */
+        len = ((size_t)size + g - 1) / g * g;
+        t = drc__notify_begin(ptr, len);
+        /* the segment's last kernels must be done before its pages go */
+        if (d->ctx_synchronize)
+            d->ctx_synchronize();
+        d->mem_unmap(p, len);
+        drc__notify_end(t);
+        d->mem_address_free(p, len);
+        return;
+    }
+    t = drc__hooks_begin_free(d, p);
+    if (d->mem_free)
+        d->mem_free(p);     /* cuMemFree waits for the device itself */
+    drc__notify_end(t);
+}

@@ -1,0 +1,331 @@
+/*
+ * drc_reg_mr / drc_dereg_mr: ibv_reg_mr and ibv_dereg_mr through a per-PD cache.
+ *
+ * A transfer engine registers each buffer it will post from, often many
+ * overlapping sub-buffers of one big allocation, and deregisters each when
+ * done. Here every registration becomes a drc_get() on the cache of its PD
+ * (created on the PD's first registration) and every deregistration the
+ * matching drc_put(): overlapping registrations share one coalesced MR, a
+ * repeated one costs a lockless hit, and GPU memory is registered through
+ * dmabuf by the verbs backend.
+ *
+ * The caller gets an ibv_mr of its own, so that its fields read as if
+ * ibv_reg_mr had made it: addr and length as asked (the cached MR covers a
+ * page-aligned superset, and for dmabuf its addr is an offset into the
+ * dmabuf), context, pd, handle, lkey and rkey of the cached MR. The keys are
+ * what the caller posts with; any range inside [addr, addr+length) is
+ * covered by them.
+ *
+ * GPU registrations are widened to their whole allocation (the range
+ * cuMemGetAddressRange gives: for VMM memory, one mapped chunk) before they
+ * reach the cache. An engine registers a KV cache as thousands of tensors
+ * packed back to back in one allocation; registered as asked, neighbours
+ * that share a page coalesce one by one, and each merge registers the union
+ * again — thousands of ever larger registrations. Widened, the first
+ * registration covers the allocation and every later one is a hit. Should
+ * the whole allocation be larger than the device's max_mr_size (-E2BIG),
+ * the range as asked is registered instead.
+ *
+ * Two tables, each under its own lock:
+ *   pds  (pds_lock, a rwlock: read on every registration)  PD -> cache
+ *   mrs  (mrs_lock)  caller ibv_mr -> the region it holds
+ * The MR table is how drc_dereg_mr tells its own MRs from any other: nothing
+ * is ever read from an ibv_mr that is not in it (a provider's MR has no room
+ * for a mark in front of it). Neither lock is held while calling into the
+ * cache or libibverbs, except pds_lock around drc_cache_destroy in
+ * drc_pd_release, and no memory is freed under them but uthash's own bucket
+ * arrays, so a free hook (munmap, madvise) that runs inside such a call may
+ * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock (the
+ * destroy's ibv_dereg_mr may reach the interposer, which takes mrs_lock).
+ */
+#include "verbs/regmr.h"
+
+#include "cuda/cuda.h"
+
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* uthash calls exit() on allocation failure unless told otherwise: a library must not. */
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj) (oom_hit = 1)
+static __thread int oom_hit __attribute__((tls_model("initial-exec")));
+#include <uthash.h>
+
+struct pd_entry {
+    struct ibv_pd *pd;          /* key */
+    drc_cache_t *cache;
+    int gpu_seen;               /* atomic: a GPU MR was registered on this PD */
+    UT_hash_handle hh;
+};
+
+struct caller_mr {
+    struct ibv_mr mr;           /* what the caller holds; its address is the key */
+    struct ibv_mr *key;
+    drc_cache_t *cache;
+    drc_region_t *region;
+    UT_hash_handle hh;
+};
+
+static pthread_rwlock_t pds_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct pd_entry *pds;            /* pds_lock */
+static pthread_mutex_t mrs_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct caller_mr *mrs;           /* mrs_lock */
+
+static struct drc_config config;        /* set before the first registration */
+static int configured;
+
+static uint64_t n_gpu, n_host, n_direct;    /* atomic */
+
+void drc__regmr_configure(const struct drc_config *cfg)
+{
+    if (cfg) {
+        config = *cfg;
+        configured = 1;
+    } else {
+        memset(&config, 0, sizeof(config));
+        configured = 0;
+    }
+}
+
+static struct pd_entry *pd_find(struct ibv_pd *pd)
+{
+    struct pd_entry *e;
+
+    pthread_rwlock_rdlock(&pds_lock);
+    HASH_FIND_PTR(pds, &pd, e);
+    pthread_rwlock_unlock(&pds_lock);
+    return e;
+}
+
+/*
+ * The PD's cache, made on first use. The cache is created outside the lock
+ * (it queries the device); if another thread won the race, ours is dropped.
+ */
+static int pd_get(struct ibv_pd *pd, struct pd_entry **out)
+{
+    struct pd_entry *e, *other;
+    drc_cache_t *c;
+    int err;
+
+    if ((*out = pd_find(pd)))
+        return 0;
+    e = calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    err = drc_cache_create_verbs(pd, configured ? &config : NULL, &c);
+    if (err)
+        goto err_free;
+    e->pd = pd;
+    e->cache = c;
+    pthread_rwlock_wrlock(&pds_lock);
+    HASH_FIND_PTR(pds, &pd, other);
+    if (!other) {
+        oom_hit = 0;
+        HASH_ADD_PTR(pds, pd, e);
+        if (oom_hit) {
+            pthread_rwlock_unlock(&pds_lock);
+            err = -ENOMEM;
+            goto err_destroy;
+        }
+    }
+    pthread_rwlock_unlock(&pds_lock);
+    if (other) {
+        drc_cache_destroy(c);   /* never used: nothing to deregister */
+        free(e);
+        e = other;
+    }
+    *out = e;
+    return 0;
+
+err_destroy:
+    drc_cache_destroy(c);
+err_free:
+    free(e);
+    return err;
+}
+
+/* Access bits that change what a registration means cannot share a cached MR. */
+static int cacheable(int access)
+{
+    return access >= 0 && !((unsigned)access & ~DRC_ACCESS_MASK);
+}
+
+/* drc_get on the GPU allocation around [addr, addr+len) if there is one, else on the range itself. */
+static int get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **r)
+{
+    uintptr_t base, a = (uintptr_t)addr;
+    size_t alen;
+    int err;
+
+    if (drc__cuda_alloc_range(a, &base, &alen) == 0 && a - base <= alen && len <= alen - (a - base)) {
+        err = drc_get(c, (const void *)base, alen, access, r);
+        if (err != -E2BIG)
+            return err;     /* only the device's size limit is worth a second, smaller try */
+    }
+    return drc_get(c, addr, len, access, r);
+}
+
+struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+    struct caller_mr *m;
+    struct pd_entry *e;
+    drc_region_t *r;
+    struct ibv_mr *cached;
+    int err;
+
+    if (!pd || !len) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (!cacheable(access)) {
+        /* ON_DEMAND, ZERO_BASED, HUGETLB...: register as asked; drc_dereg_mr passes it through */
+        __atomic_fetch_add(&n_direct, 1, __ATOMIC_RELAXED);
+        return ibv_reg_mr_iova2(pd, addr, len, (uintptr_t)addr, (unsigned)access);
+    }
+    m = calloc(1, sizeof(*m));
+    if (!m) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    err = pd_get(pd, &e);
+    if (err)
+        goto err_free;
+    err = get_widened(e->cache, addr, len, (unsigned)access, &r);
+    if (err)
+        goto err_free;
+    cached = drc_region_mr(r);
+    m->mr = (struct ibv_mr){
+        .context = cached ? cached->context : pd->context,
+        .pd = pd,
+        .addr = addr,
+        .length = len,
+        .handle = cached ? cached->handle : 0,
+        .lkey = drc_region_lkey(r),
+        .rkey = drc_region_rkey(r),
+    };
+    m->key = &m->mr;
+    m->cache = e->cache;
+    m->region = r;
+    pthread_mutex_lock(&mrs_lock);
+    oom_hit = 0;
+    HASH_ADD_PTR(mrs, key, m);
+    pthread_mutex_unlock(&mrs_lock);
+    if (oom_hit) {
+        err = -ENOMEM;
+        goto err_put;
+    }
+    if (drc_region_type(r) == DRC_MEM_CUDA) {
+        __atomic_fetch_add(&n_gpu, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->gpu_seen, 1, __ATOMIC_RELAXED);
+    } else {
+        __atomic_fetch_add(&n_host, 1, __ATOMIC_RELAXED);
+    }
+    return &m->mr;
+
+err_put:
+    drc_put(e->cache, r);
+err_free:
+    free(m);
+    errno = -err;
+    return NULL;
+}
+
+int drc__regmr_owns(const struct ibv_mr *mr)
+{
+    struct caller_mr *m;
+
+    pthread_mutex_lock(&mrs_lock);
+    HASH_FIND_PTR(mrs, &mr, m);
+    pthread_mutex_unlock(&mrs_lock);
+    return m != NULL;
+}
+
+int drc__regmr_dereg(struct ibv_mr *mr)
+{
+    struct caller_mr *m;
+    int err;
+
+    if (!mr)
+        return -EINVAL;
+    pthread_mutex_lock(&mrs_lock);
+    HASH_FIND_PTR(mrs, &mr, m);
+    if (m)
+        HASH_DEL(mrs, m);
+    pthread_mutex_unlock(&mrs_lock);
+    if (!m)
+        return -ENOENT;
+    err = drc_put(m->cache, m->region);
+    free(m);
+    return err;
+}
+
+int drc_dereg_mr(struct ibv_mr *mr)
+{
+    int err = drc__regmr_dereg(mr);
+
+    if (err != -ENOENT)
+        return err;
+    err = ibv_dereg_mr(mr);     /* not ours: an MR drc_reg_mr passed through, or any other */
+    return err > 0 ? -err : err;
+}
+
+int drc_pd_release(struct ibv_pd *pd)
+{
+    struct pd_entry *e;
+    int err;
+
+    if (!pd)
+        return -EINVAL;
+    pthread_rwlock_wrlock(&pds_lock);
+    HASH_FIND_PTR(pds, &pd, e);
+    if (!e) {
+        pthread_rwlock_unlock(&pds_lock);
+        return 0;
+    }
+    err = drc_cache_destroy(e->cache);
+    if (!err)
+        HASH_DEL(pds, e);
+    pthread_rwlock_unlock(&pds_lock);
+    if (!err)
+        free(e);
+    return err;
+}
+
+void drc__regmr_totals(struct drc__regmr_totals *t)
+{
+    struct pd_entry *e, *tmp;
+    struct drc_stats s;
+
+    memset(t, 0, sizeof(*t));
+    t->mrs_gpu = __atomic_load_n(&n_gpu, __ATOMIC_RELAXED);
+    t->mrs_host = __atomic_load_n(&n_host, __ATOMIC_RELAXED);
+    t->mrs_direct = __atomic_load_n(&n_direct, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&mrs_lock);
+    t->live = HASH_COUNT(mrs);
+    pthread_mutex_unlock(&mrs_lock);
+    pthread_rwlock_rdlock(&pds_lock);
+    HASH_ITER(hh, pds, e, tmp) {
+        t->pds++;
+        drc_cache_stats(e->cache, &s);
+        t->cache.hits += s.hits;
+        t->cache.misses += s.misses;
+        t->cache.merges += s.merges;
+        t->cache.invalidated += s.invalidated;
+        t->cache.evicted += s.evicted;
+        t->cache.regs += s.regs;
+        t->cache.deregs += s.deregs;
+        t->cache.regions += s.regions;
+        t->cache.bytes += s.bytes;
+        t->cache.in_use += s.in_use;
+        if (__atomic_load_n(&e->gpu_seen, __ATOMIC_RELAXED)) {
+            int method = drc_cache_verbs_method(e->cache, 0);
+
+            t->dmabuf += method == DRC_METHOD_DMABUF;
+            t->peermem += method == DRC_METHOD_PEERMEM;
+        }
+    }
+    pthread_rwlock_unlock(&pds_lock);
+}

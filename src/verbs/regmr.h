@@ -1,0 +1,41 @@
+/*
+ * What the ibv_reg_mr interposer (verbs_preload.c) asks of regmr.c beyond the
+ * public drc_reg_mr / drc_dereg_mr / drc_pd_release.
+ */
+#ifndef DRC_REGMR_H
+#define DRC_REGMR_H
+
+#include <stdint.h>
+
+#include "drc_verbs.h"
+#include "drc_verbs.h"
+
+/*
+ * The configuration of every per-PD cache created after this call (the
+ * interposer sets it from the environment before any registration). NULL
+ * restores the defaults. Not thread-safe against drc_reg_mr: call it first.
+ */
+void drc__regmr_configure(const struct drc_config *cfg);
+
+/*
+ * drc_dereg_mr without the fallback: -ENOENT, touching nothing, when @mr
+ * did not come from drc_reg_mr (the interposer then hands it to the next
+ * ibv_dereg_mr); otherwise what drc_dereg_mr returns.
+ */
+int drc__regmr_dereg(struct ibv_mr *mr);
+
+/* 1 if @mr is a caller MR handed out by drc_reg_mr and not yet deregistered. */
+int drc__regmr_owns(const struct ibv_mr *mr);
+
+/* Totals over every per-PD cache, for the interposer's exit summary. */
+struct drc__regmr_totals {
+    uint64_t pds;            /* per-PD caches */
+    uint64_t mrs_gpu, mrs_host;   /* caller MRs handed out through a cache, ever */
+    uint64_t mrs_direct;     /* drc_reg_mr calls passed straight to ibv_reg_mr (access bits drc cannot cache) */
+    uint64_t live;           /* caller MRs not yet deregistered */
+    struct drc_stats cache;  /* summed drc_cache_stats */
+    uint64_t dmabuf, peermem;/* per-PD caches whose GPU 0 registers through dmabuf / peermem (only if GPU MRs were seen) */
+};
+void drc__regmr_totals(struct drc__regmr_totals *t);
+
+#endif

@@ -1,0 +1,982 @@
+/*
+ * Tests of src/cache.c through the public API, one thread.
+ *
+ * The backend is the recording double of backend.h (no RDMA device here): it
+ * records every reg and dereg, fails on request, and runs callbacks inside
+ * reg/dereg. Addresses are fake (cachetest.h): the cache never touches the
+ * memory it registers. Every test ends by destroying its cache and checking
+ * that each handle the backend gave out was deregistered exactly once.
+ */
+#include <infiniband/verbs.h>
+#include <signal.h>
+
+#include "core/cache.h"
+#include "cachetest.h"
+
+#define LW IBV_ACCESS_LOCAL_WRITE
+#define RW IBV_ACCESS_REMOTE_WRITE
+#define RR IBV_ACCESS_REMOTE_READ
+
+
+
+static void assert_bounds(const drc_region_t *r, const void *start, size_t len)
+{
+    uintptr_t s;
+    size_t l;
+
+    drc_region_bounds(r, &s, &l);
+    assert_int_equal(s, (uintptr_t)start);
+    assert_int_equal(l, len);
+}
+
+/* Deadlocks turn into a failing test instead of a hang. */
+
+/* ---- 1. hits ------------------------------------------------------------ */
+
+static void hit_returns_containing_region_and_counts_references(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *r1, *r2, *r3;
+    unsigned long id;
+
+    (void)state;
+    r1 = get_ok(c, at(0, 100), 200, LW | RR);
+    id = rid(r1);
+    assert_int_equal(id, 1);
+    assert_int_equal(drc_region_valid(r1), 1);
+    assert_bounds(r1, at(0, 0), pg());
+    assert_int_equal(drc_region_access(r1), LW | RR);
+    assert_int_equal(drc_region_lkey(r1), tb_lkey(id));
+    assert_int_equal(drc_region_rkey(r1), tb_rkey(id));
+    assert_int_equal(drc_region_type(r1), DRC_MEM_HOST);
+    EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+
+    /* a sub-range with a subset of the access bits: the same region, one more reference */
+    r2 = get_ok(c, at(0, 300), 10, LW);
+    assert_ptr_equal(r2, r1);
+    assert_int_equal(tb_nreg(b), 1);
+    EXPECT_STATS(c, .hits = 1, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+
+    /* two references, two puts; a third finds the count at 0 */
+    assert_int_equal(drc_put(c, r2), 0);
+    EXPECT_STATS(c, .hits = 1, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_put(c, r1), 0);
+    EXPECT_STATS(c, .hits = 1, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 0);
+    assert_int_equal(drc_put(c, r1), -EINVAL);
+
+    /* idle regions stay cached and registered */
+    assert_int_equal(tb_dereg_calls(b), 0);
+    assert_int_equal(tb_is_live(b, id), 1);
+    r3 = get_ok(c, at(0, 0), pg(), 0);
+    assert_ptr_equal(r3, r1);
+    assert_int_equal(rid(r3), id);
+    EXPECT_STATS(c, .hits = 2, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_put(c, r3), 0);
+    done(b, c);
+}
+
+static void many_references_balance(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *r[5];
+    int i;
+
+    (void)state;
+    for (i = 0; i < 5; i++)
+        r[i] = get_ok(c, at(2, (size_t)i), 1, LW);
+    for (i = 1; i < 5; i++)
+        assert_ptr_equal(r[i], r[0]);
+    EXPECT_STATS(c, .hits = 4, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_cache_destroy(c), -EBUSY);
+    for (i = 0; i < 5; i++)
+        assert_int_equal(drc_put(c, r[i]), 0);
+    assert_int_equal(drc_put(c, r[0]), -EINVAL);
+    EXPECT_STATS(c, .hits = 4, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 0);
+    done(b, c);
+}
+
+/* ---- 2. page alignment -------------------------------------------------- */
+
+static void check_args(struct tb *b, const drc_region_t *r, const void *start, size_t len, unsigned access)
+{
+    struct tb_rec rec = tb_get(b, rid(r));
+
+    assert_int_equal(rec.args.start, (uintptr_t)start);
+    assert_int_equal(rec.args.len, len);
+    assert_int_equal(rec.args.start % pg(), 0);
+    assert_int_equal(rec.args.len % pg(), 0);
+    assert_int_equal(rec.args.type, DRC_MEM_HOST);
+    assert_int_equal(rec.args.device, -1);
+    assert_int_equal(rec.args.dmabuf_fd, -1);
+    assert_int_equal(rec.args.access, access);
+    assert_bounds(r, start, len);
+}
+
+static void registration_is_page_aligned(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *r[4];
+    int i;
+
+    (void)state;
+    r[0] = get_ok(c, at(3, 5), 1, LW);                 /* inside one page */
+    check_args(b, r[0], at(3, 0), pg(), LW);
+    r[1] = get_ok(c, at(5, pg() - 1), 2, RR);          /* two bytes across a page boundary */
+    check_args(b, r[1], at(5, 0), 2 * pg(), RR);
+    r[2] = get_ok(c, at(8, 0), pg(), LW | RW);         /* exactly one page */
+    check_args(b, r[2], at(8, 0), pg(), LW | RW);
+    r[3] = get_ok(c, at(10, 1), 3 * pg(), 0);          /* three pages starting one byte in: four */
+    check_args(b, r[3], at(10, 0), 4 * pg(), 0);
+    EXPECT_STATS(c, .misses = 4, .regs = 4, .regions = 4, .bytes = 8 * pg(), .in_use = 4);
+    for (i = 0; i < 4; i++)
+        assert_int_equal(drc_put(c, r[i]), 0);
+    done(b, c);
+}
+
+/* The last page of the address space: rounding up must not wrap. */
+static void range_ending_at_top_of_address_space(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    uintptr_t top = UINTPTR_MAX & ~(uintptr_t)(pg() - 1);
+    drc_region_t *r;
+
+    (void)state;
+    r = get_ok(c, (const void *)(UINTPTR_MAX - 99), 100, LW);   /* the last byte is UINTPTR_MAX */
+    check_args(b, r, (const void *)top, pg(), LW);
+    assert_int_equal(drc_put(c, r), 0);
+    assert_int_equal(drc_invalidate(c, (const void *)UINTPTR_MAX, 1), 1);
+    assert_int_equal(tb_live(b), 0);
+    EXPECT_STATS(c, .misses = 1, .invalidated = 1, .regs = 1, .deregs = 1);
+    done(b, c);
+}
+
+/* ---- 3. coalescing ------------------------------------------------------ */
+
+static void merge_covers_union_and_deregisters_idle(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *bb, *u, *h;
+    unsigned long ida, idb;
+    int k;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    ida = rid(a);
+    assert_int_equal(drc_put(c, a), 0);
+    bb = get_ok(c, at(2, 0), pg(), RR);
+    idb = rid(bb);
+    assert_int_equal(drc_put(c, bb), 0);
+
+    /* [0.5, 2.5) pages touches pages 0..2: one region over the union, all access bits */
+    u = get_ok(c, at(0, pg() / 2), 2 * pg(), RW);
+    check_args(b, u, at(0, 0), 3 * pg(), LW | RR | RW);
+    assert_int_equal(drc_region_access(u), LW | RR | RW);
+    /* the idle overlapped regions were deregistered before drc_get returned */
+    assert_int_equal(tb_is_live(b, ida), 0);
+    assert_int_equal(tb_is_live(b, idb), 0);
+    EXPECT_STATS(c, .misses = 3, .merges = 1, .regs = 3, .deregs = 2, .regions = 1, .bytes = 3 * pg(),
+                 .in_use = 1);
+    /* and no later get returns them: every page now hits the union */
+    for (k = 0; k < 3; k++) {
+        h = get_ok(c, at((size_t)k, 0), 1, 0);
+        assert_ptr_equal(h, u);
+        assert_int_equal(drc_put(c, h), 0);
+    }
+    h = get_ok(c, at(0, 0), pg(), LW);
+    assert_ptr_equal(h, u);
+    assert_int_equal(drc_put(c, h), 0);
+    EXPECT_STATS(c, .hits = 4, .misses = 3, .merges = 1, .regs = 3, .deregs = 2, .regions = 1, .bytes = 3 * pg(),
+                 .in_use = 1);
+    assert_int_equal(drc_put(c, u), 0);
+    done(b, c);
+}
+
+static void merge_with_busy_region_defers_its_dereg(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *u, *h;
+    unsigned long ida;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    ida = rid(a);
+    u = get_ok(c, at(0, 0), 2 * pg(), LW);     /* overlaps a: the union supersedes it */
+    assert_ptr_not_equal(u, a);
+    check_args(b, u, at(0, 0), 2 * pg(), LW);
+    /* a is still held: still registered, its handle and keys unchanged for its user */
+    assert_int_equal(tb_is_live(b, ida), 1);
+    assert_int_equal(rid(a), ida);
+    assert_int_equal(drc_region_lkey(a), tb_lkey(ida));
+    assert_bounds(a, at(0, 0), pg());
+    EXPECT_STATS(c, .misses = 2, .merges = 1, .regs = 2, .regions = 1, .bytes = 2 * pg(), .in_use = 2);
+    assert_int_equal(drc_put(c, u), 0);
+
+    /* a left the tree at once: its exact range now returns the union */
+    h = get_ok(c, at(0, 0), pg(), LW);
+    assert_ptr_equal(h, u);
+    assert_int_equal(drc_put(c, h), 0);
+
+    /* the last put of a deregisters it */
+    assert_int_equal(drc_put(c, a), 0);
+    assert_int_equal(tb_is_live(b, ida), 0);
+    EXPECT_STATS(c, .hits = 1, .misses = 2, .merges = 1, .regs = 2, .deregs = 1, .regions = 1, .bytes = 2 * pg());
+    done(b, c);
+}
+
+static void access_upgrade_merges(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *u;
+
+    (void)state;
+    a = get_ok(c, at(4, 0), 2 * pg(), LW);
+    assert_int_equal(drc_put(c, a), 0);
+    /* same range, an access bit a lacks: a miss, registered with the union of the bits */
+    u = get_ok(c, at(5, 0), 2 * pg(), RR);
+    check_args(b, u, at(4, 0), 3 * pg(), LW | RR);
+    assert_int_equal(tb_is_live(b, 1), 0);
+    EXPECT_STATS(c, .misses = 2, .merges = 1, .regs = 2, .deregs = 1, .regions = 1, .bytes = 3 * pg(),
+                 .in_use = 1);
+    assert_int_equal(drc_put(c, u), 0);
+    done(b, c);
+}
+
+static void adjacent_pages_do_not_merge(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *n;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    n = get_ok(c, at(1, 0), pg(), LW);
+    assert_ptr_not_equal(a, n);
+    check_args(b, n, at(1, 0), pg(), LW);
+    assert_int_equal(tb_is_live(b, rid(a)), 1);
+    EXPECT_STATS(c, .misses = 2, .regs = 2, .regions = 2, .bytes = 2 * pg(), .in_use = 2);
+    assert_int_equal(drc_put(c, a), 0);
+    assert_int_equal(drc_put(c, n), 0);
+    done(b, c);
+}
+
+static void no_merge_registers_own_range(void **state)
+{
+    struct drc_config cfg = { .flags = DRC_F_NO_MERGE };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, &cfg);
+    drc_region_t *a, *n, *h;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), 2 * pg(), LW);
+    assert_int_equal(drc_put(c, a), 0);
+    n = get_ok(c, at(1, 0), 2 * pg(), RR);
+    check_args(b, n, at(1, 0), 2 * pg(), RR);
+    assert_int_equal(tb_is_live(b, rid(a)), 1);
+    EXPECT_STATS(c, .misses = 2, .regs = 2, .regions = 2, .bytes = 4 * pg(), .in_use = 1);
+    /* both stay findable */
+    h = get_ok(c, at(0, 0), 1, LW);
+    assert_ptr_equal(h, a);
+    assert_int_equal(drc_put(c, h), 0);
+    h = get_ok(c, at(2, 0), pg(), RR);
+    assert_ptr_equal(h, n);
+    assert_int_equal(drc_put(c, h), 0);
+    assert_int_equal(drc_put(c, n), 0);
+    EXPECT_STATS(c, .hits = 2, .misses = 2, .regs = 2, .regions = 2, .bytes = 4 * pg());
+    done(b, c);
+}
+
+/* ---- 4. invalidation ---------------------------------------------------- */
+
+static void invalidate_idle_deregisters_before_return(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *o, *h;
+    unsigned long ida, ido;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), 2 * pg(), LW);
+    ida = rid(a);
+    assert_int_equal(drc_put(c, a), 0);
+    o = get_ok(c, at(4, 0), pg(), LW);
+    ido = rid(o);
+    assert_int_equal(drc_put(c, o), 0);
+
+    assert_int_equal(drc_invalidate(c, at(1, 10), 1), 1);   /* one byte inside a */
+    assert_int_equal(tb_is_live(b, ida), 0);
+    assert_int_equal(tb_is_live(b, ido), 1);
+    EXPECT_STATS(c, .misses = 2, .invalidated = 1, .regs = 2, .deregs = 1, .regions = 1, .bytes = pg());
+
+    /* a's range misses now; the other region is untouched */
+    h = get_ok(c, at(0, 0), 1, LW);
+    assert_int_not_equal(rid(h), ida);
+    assert_int_equal(rid(h), 3);
+    assert_int_equal(drc_put(c, h), 0);
+    h = get_ok(c, at(4, 0), 1, LW);
+    assert_int_equal(rid(h), ido);
+    assert_int_equal(drc_put(c, h), 0);
+    EXPECT_STATS(c, .hits = 1, .misses = 3, .invalidated = 1, .regs = 3, .deregs = 1, .regions = 2,
+                 .bytes = 2 * pg());
+
+    /* nothing there, or nothing asked: nothing invalidated */
+    assert_int_equal(drc_invalidate(c, at(20, 0), 100 * pg()), 0);
+    assert_int_equal(drc_invalidate(c, at(0, 0), 0), 0);
+    EXPECT_STATS(c, .hits = 1, .misses = 3, .invalidated = 1, .regs = 3, .deregs = 1, .regions = 2,
+                 .bytes = 2 * pg());
+    done(b, c);
+}
+
+static void invalidate_busy_defers_dereg_to_last_put(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *a2, *n;
+    unsigned long ida;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    a2 = get_ok(c, at(0, 0), pg(), LW);
+    ida = rid(a);
+    assert_int_equal(drc_invalidate(c, at(0, 0), pg()), 1);
+    assert_int_equal(drc_region_valid(a), 0);
+    assert_int_equal(tb_is_live(b, ida), 1);     /* its user may still be doing RDMA with it */
+    EXPECT_STATS(c, .hits = 1, .misses = 1, .invalidated = 1, .regs = 1, .in_use = 1);
+
+    n = get_ok(c, at(0, 0), pg(), LW);
+    assert_ptr_not_equal(n, a);
+    assert_int_not_equal(rid(n), ida);
+    assert_int_equal(drc_region_valid(n), 1);
+
+    assert_int_equal(drc_put(c, a), 0);
+    assert_int_equal(tb_is_live(b, ida), 1);     /* one reference left */
+    assert_int_equal(drc_put(c, a2), 0);
+    assert_int_equal(tb_is_live(b, ida), 0);
+    assert_int_equal(drc_put(c, a2), -EINVAL);
+    EXPECT_STATS(c, .hits = 1, .misses = 2, .invalidated = 1, .regs = 2, .deregs = 1, .regions = 1,
+                 .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_put(c, n), 0);
+    done(b, c);
+}
+
+static void invalidate_marks_superseded_held_region(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *u;
+    unsigned long ida, idu;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    ida = rid(a);
+    u = get_ok(c, at(0, 0), 2 * pg(), LW);
+    idu = rid(u);
+    assert_int_equal(drc_put(c, u), 0);
+    assert_int_equal(drc_region_valid(a), 1);   /* superseded, not invalidated */
+
+    /* both the union and the superseded region it replaced were valid */
+    assert_int_equal(drc_invalidate(c, at(0, 0), 1), 2);
+    assert_int_equal(drc_region_valid(a), 0);
+    assert_int_equal(drc_region_valid(u), 0);
+    assert_int_equal(tb_is_live(b, idu), 0);
+    assert_int_equal(tb_is_live(b, ida), 1);
+    EXPECT_STATS(c, .misses = 2, .merges = 1, .invalidated = 2, .regs = 2, .deregs = 1, .in_use = 1);
+    /* invalidating it again counts nothing */
+    assert_int_equal(drc_invalidate(c, at(0, 0), pg()), 0);
+    assert_int_equal(drc_put(c, a), 0);
+    assert_int_equal(tb_is_live(b, ida), 0);
+    EXPECT_STATS(c, .misses = 2, .merges = 1, .invalidated = 2, .regs = 2, .deregs = 2);
+    done(b, c);
+}
+
+struct in_reg {
+    drc_cache_t *c;
+    int times;                  /* hook runs left; -1 for always */
+    const void *addr;           /* range to invalidate; NULL: the range being registered */
+    size_t len;
+    int result;                 /* last drc_invalidate result */
+    unsigned long stale_id;     /* the first registration it invalidated */
+};
+
+static int invalidate_in_reg(struct tb *b, unsigned long id, void *arg)
+{
+    struct in_reg *x = arg;
+    struct tb_rec rec = tb_get(b, id);
+
+    if (x->times == 0)
+        return 0;
+    if (x->times > 0)
+        x->times--;
+    if (!x->stale_id)
+        x->stale_id = id;
+    if (x->addr)
+        x->result = drc_invalidate(x->c, x->addr, x->len);
+    else
+        x->result = drc_invalidate(x->c, (const void *)rec.args.start, rec.args.len);
+    return 0;
+}
+
+static void registration_raced_by_invalidation_is_dropped(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct in_reg x = { .c = c, .times = 1 };
+    drc_region_t *r;
+
+    (void)state;
+    b->reg_hook = invalidate_in_reg;
+    b->reg_arg = &x;
+    /* the memory is freed (and invalidated) while the backend registers it */
+    r = get_ok(c, at(0, 0), pg(), LW);
+    assert_int_equal(x.stale_id, 1);
+    assert_int_equal(x.result, 0);              /* nothing valid was there yet */
+    assert_int_not_equal(rid(r), 1);            /* never the raced registration */
+    assert_int_equal(rid(r), 2);
+    assert_int_equal(tb_is_live(b, 1), 0);      /* which was deregistered */
+    assert_int_equal(drc_region_valid(r), 1);
+    EXPECT_STATS(c, .misses = 2, .regs = 2, .deregs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_put(c, r), 0);
+    done(b, c);
+}
+
+static void registration_always_raced_fails_with_nothing_cached(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct in_reg x = { .c = c, .times = -1 };
+    drc_region_t *r = NULL;
+    struct drc_stats s;
+
+    (void)state;
+    b->reg_hook = invalidate_in_reg;
+    b->reg_arg = &x;
+    assert_int_equal(drc_get(c, at(0, 0), pg(), LW, &r), -EAGAIN);
+    assert_int_equal(tb_live(b), 0);
+    assert_true(tb_nreg(b) >= 2);
+    drc_cache_stats(c, &s);
+    assert_int_equal(s.regs, tb_nreg(b));
+    assert_int_equal(s.deregs, tb_nreg(b));
+    assert_int_equal(s.misses, tb_nreg(b));
+    assert_int_equal(s.regions, 0);
+    assert_int_equal(s.in_use, 0);
+    assert_int_equal(s.hits, 0);
+    /* once the memory stops being freed, the range registers normally */
+    x.times = 0;
+    r = get_ok(c, at(0, 0), pg(), LW);
+    assert_int_equal(tb_live(b), 1);
+    assert_int_equal(drc_put(c, r), 0);
+    done(b, c);
+}
+
+static void invalidation_of_other_range_in_reg_keeps_registration(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct in_reg x = { .c = c, .times = 1, .addr = at(1, 0), .len = pg() };
+    drc_region_t *r;
+
+    (void)state;
+    b->reg_hook = invalidate_in_reg;
+    b->reg_arg = &x;
+    r = get_ok(c, at(0, 0), pg(), LW);          /* [0, 1) pages; [1, 2) is disjoint */
+    assert_int_equal(rid(r), 1);
+    EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_put(c, r), 0);
+    done(b, c);
+}
+
+static void invalidation_racing_a_merge(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct in_reg x = { .c = c, .times = 0, .addr = at(0, 0), .len = pg() };
+    drc_region_t *a, *r;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);          /* id 1, held */
+    b->reg_hook = invalidate_in_reg;
+    b->reg_arg = &x;
+    x.times = 1;
+    /* the merged registration [0, 2) is raced by an invalidation of [0, 1): dropped */
+    r = get_ok(c, at(0, pg() / 2), pg(), RR);
+    assert_int_equal(x.stale_id, 2);
+    assert_int_equal(x.result, 1);              /* a */
+    assert_int_equal(tb_is_live(b, 2), 0);
+    assert_int_equal(drc_region_valid(a), 0);
+    /* the retry found nothing valid to merge with: its own pages only, access as asked */
+    assert_int_equal(rid(r), 3);
+    check_args(b, r, at(0, 0), 2 * pg(), RR);
+    EXPECT_STATS(c, .misses = 3, .invalidated = 1, .regs = 3, .deregs = 1, .regions = 1, .bytes = 2 * pg(),
+                 .in_use = 2);
+    assert_int_equal(drc_put(c, a), 0);
+    assert_int_equal(tb_is_live(b, 1), 0);
+    assert_int_equal(drc_put(c, r), 0);
+    done(b, c);
+}
+
+/* ---- 5. limits ---------------------------------------------------------- */
+
+static void getput(drc_cache_t *c, size_t page, size_t pages)
+{
+    drc_region_t *r = get_ok(c, at(page, 0), pages * pg(), LW);
+
+    assert_int_equal(drc_put(c, r), 0);
+}
+
+static void max_regions_evicts_least_recently_idle(void **state)
+{
+    struct drc_config cfg = { .max_regions = 3 };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, &cfg);
+    drc_region_t *d, *e;
+
+    (void)state;
+    getput(c, 0, 1);    /* A id 1 */
+    getput(c, 2, 1);    /* B id 2 */
+    getput(c, 4, 1);    /* C id 3 */
+    getput(c, 0, 1);    /* A again: now the most recently idle; order B C A */
+    EXPECT_STATS(c, .hits = 1, .misses = 3, .regs = 3, .regions = 3, .bytes = 3 * pg());
+    d = get_ok(c, at(6, 0), pg(), LW);          /* D id 4: B goes */
+    assert_int_equal(tb_dereg_calls(b), 1);
+    assert_int_equal(b->order[0], 2);
+    assert_int_equal(drc_put(c, d), 0);
+    e = get_ok(c, at(8, 0), pg(), LW);          /* E id 5: C goes */
+    assert_int_equal(tb_dereg_calls(b), 2);
+    assert_int_equal(b->order[1], 3);
+    assert_int_equal(drc_put(c, e), 0);
+    EXPECT_STATS(c, .hits = 1, .misses = 5, .evicted = 2, .regs = 5, .deregs = 2, .regions = 3,
+                 .bytes = 3 * pg());
+    /* the survivors hit */
+    getput(c, 0, 1);
+    getput(c, 6, 1);
+    getput(c, 8, 1);
+    EXPECT_STATS(c, .hits = 4, .misses = 5, .evicted = 2, .regs = 5, .deregs = 2, .regions = 3,
+                 .bytes = 3 * pg());
+    assert_int_equal(tb_is_live(b, 1), 1);
+    done(b, c);
+}
+
+static void busy_regions_are_never_evicted(void **state)
+{
+    struct drc_config cfg = { .max_regions = 1 };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, &cfg);
+    drc_region_t *r[3];
+    int i;
+
+    (void)state;
+    for (i = 0; i < 3; i++)
+        r[i] = get_ok(c, at(2 * (size_t)i, 0), pg(), LW);
+    /* over the limit, all in use: stats show the excess */
+    EXPECT_STATS(c, .misses = 3, .regs = 3, .regions = 3, .bytes = 3 * pg(), .in_use = 3);
+    assert_int_equal(tb_live(b), 3);
+    /* each region that becomes idle while over the limit is evicted */
+    assert_int_equal(drc_put(c, r[2]), 0);
+    assert_int_equal(tb_is_live(b, 3), 0);
+    EXPECT_STATS(c, .misses = 3, .evicted = 1, .regs = 3, .deregs = 1, .regions = 2, .bytes = 2 * pg(),
+                 .in_use = 2);
+    assert_int_equal(drc_put(c, r[1]), 0);
+    assert_int_equal(tb_is_live(b, 2), 0);
+    /* within the limit again: the last one stays */
+    assert_int_equal(drc_put(c, r[0]), 0);
+    assert_int_equal(tb_is_live(b, 1), 1);
+    EXPECT_STATS(c, .misses = 3, .evicted = 2, .regs = 3, .deregs = 2, .regions = 1, .bytes = pg());
+    done(b, c);
+}
+
+static void max_bytes_evicts_least_recently_idle(void **state)
+{
+    struct drc_config cfg = { .max_bytes = 3 * pg() };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, &cfg);
+
+    (void)state;
+    getput(c, 0, 1);    /* id 1: 1 page */
+    getput(c, 2, 2);    /* id 2: 2 pages, 3 in all */
+    EXPECT_STATS(c, .misses = 2, .regs = 2, .regions = 2, .bytes = 3 * pg());
+    getput(c, 6, 1);    /* id 3: 4 pages: id 1 goes */
+    assert_int_equal(tb_dereg_calls(b), 1);
+    assert_int_equal(b->order[0], 1);
+    EXPECT_STATS(c, .misses = 3, .evicted = 1, .regs = 3, .deregs = 1, .regions = 2, .bytes = 3 * pg());
+    getput(c, 10, 2);   /* id 4: 5 pages: id 2 (2 pages) goes */
+    assert_int_equal(tb_dereg_calls(b), 2);
+    assert_int_equal(b->order[1], 2);
+    EXPECT_STATS(c, .misses = 4, .evicted = 2, .regs = 4, .deregs = 2, .regions = 2, .bytes = 3 * pg());
+    getput(c, 20, 4);   /* id 5 alone exceeds the limit: everything else goes, then itself when idle */
+    EXPECT_STATS(c, .misses = 5, .evicted = 5, .regs = 5, .deregs = 5, .regions = 0, .bytes = 0);
+    done(b, c);
+}
+
+/* ---- 6. backend calls run without the cache's lock ----------------------- */
+
+struct reenter {
+    drc_cache_t *c;
+    int fired;
+    struct drc_stats seen;
+    int inner_get, inner_put, inval;
+    unsigned long inner_id;
+    size_t get_page, inval_page;
+};
+
+/* Run inside the backend's reg or dereg (once): stats, a get+put of page get_page, an invalidate of page inval_page. */
+static int reenter(struct tb *b, unsigned long id, void *arg)
+{
+    struct reenter *x = arg;
+    drc_region_t *r = NULL;
+
+    (void)b;
+    (void)id;
+    if (x->fired++)
+        return 0;
+    drc_cache_stats(x->c, &x->seen);
+    x->inner_get = drc_get(x->c, at(x->get_page, 0), pg(), LW, &r);
+    x->inner_id = r ? rid(r) : 0;
+    x->inner_put = r ? drc_put(x->c, r) : -1;
+    x->inval = drc_invalidate(x->c, at(x->inval_page, 0), pg());
+    return 0;
+}
+
+static void backend_reg_may_call_into_cache(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct reenter x = { .c = c, .fired = 1, .get_page = 5, .inval_page = 10 };
+    drc_region_t *r;
+
+    (void)state;
+    b->reg_hook = reenter;
+    b->reg_arg = &x;
+    getput(c, 10, 1);   /* id 1, idle */
+    x.fired = 0;
+    r = get_ok(c, at(0, 0), pg(), LW);          /* id 2; inside its reg: stats, get (id 3), invalidate id 1 */
+    assert_int_equal(rid(r), 2);
+    assert_int_equal(x.seen.regions, 1);
+    assert_int_equal(x.seen.misses, 2);
+    assert_int_equal(x.inner_get, 0);
+    assert_int_equal(x.inner_id, 3);
+    assert_int_equal(x.inner_put, 0);
+    assert_int_equal(x.inval, 1);
+    assert_int_equal(tb_is_live(b, 1), 0);
+    EXPECT_STATS(c, .misses = 3, .invalidated = 1, .regs = 3, .deregs = 1, .regions = 2, .bytes = 2 * pg(),
+                 .in_use = 1);
+    assert_int_equal(drc_put(c, r), 0);
+    done(b, c);
+}
+
+static void backend_dereg_may_call_into_cache(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct reenter x = { .c = c, .get_page = 8, .inval_page = 4 };
+    drc_region_t *h;
+
+    (void)state;
+    getput(c, 0, 1);    /* id 1 */
+    getput(c, 4, 1);    /* id 2 */
+    b->dereg_hook = reenter;
+    b->dereg_arg = &x;
+    /* dereg of id 1 registers [8, 9) (id 3) and invalidates id 2 */
+    assert_int_equal(drc_invalidate(c, at(0, 0), pg()), 1);
+    assert_int_equal(x.inner_get, 0);
+    assert_int_equal(x.inner_id, 3);
+    assert_int_equal(x.inval, 1);
+    assert_int_equal(tb_is_live(b, 1), 0);
+    assert_int_equal(tb_is_live(b, 2), 0);
+    EXPECT_STATS(c, .misses = 3, .invalidated = 2, .regs = 3, .deregs = 2, .regions = 1, .bytes = pg());
+    h = get_ok(c, at(8, 0), 1, LW);
+    assert_int_equal(rid(h), 3);
+    assert_int_equal(drc_put(c, h), 0);
+    done(b, c);
+}
+
+/* ---- 7. bad input ------------------------------------------------------- */
+
+static void bad_get_arguments_change_nothing(void **state)
+{
+    static const unsigned bad_access[] = { IBV_ACCESS_ZERO_BASED, IBV_ACCESS_ON_DEMAND, IBV_ACCESS_HUGETLB,
+                                           1u << 31, ~0u, LW | (1u << 7) };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *r = NULL, *a;
+    size_t i;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    assert_int_equal(drc_get(NULL, at(0, 0), 1, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, at(0, 0), 1, LW, NULL), -EINVAL);
+    assert_int_equal(drc_get(c, at(0, 0), 0, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, (const void *)(UINTPTR_MAX - 10), 100, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, (const void *)(UINTPTR_MAX - 99), 101, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, (const void *)2, SIZE_MAX, LW, &r), -EINVAL);
+    for (i = 0; i < sizeof(bad_access) / sizeof(bad_access[0]); i++)
+        assert_int_equal(drc_get(c, at(0, 0), 1, bad_access[i], &r), -EINVAL);
+    assert_null(r);
+    assert_int_equal(b->reg_calls, 1);
+    EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    /* every accepted bit is accepted */
+    r = get_ok(c, at(2, 0), 1, DRC_ACCESS_MASK);
+    assert_int_equal(drc_region_access(r), DRC_ACCESS_MASK);
+    assert_int_equal(drc_put(c, r), 0);
+    assert_int_equal(drc_put(c, a), 0);
+    done(b, c);
+}
+
+static void bad_put_changes_nothing(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL), *c2 = mk(b, NULL);
+    drc_region_t *a, *h;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    assert_int_equal(drc_put(NULL, a), -EINVAL);
+    assert_int_equal(drc_put(c, NULL), -EINVAL);
+    assert_int_equal(drc_put(c2, a), -EINVAL);  /* not c2's region */
+    EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_put(c, a), 0);
+    /* a put of an idle region: refused, the region stays cached and registered */
+    assert_int_equal(drc_put(c, a), -EINVAL);
+    assert_int_equal(drc_put(c, a), -EINVAL);
+    EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg());
+    assert_int_equal(tb_is_live(b, 1), 1);
+    h = get_ok(c, at(0, 0), 1, LW);
+    assert_ptr_equal(h, a);
+    assert_int_equal(drc_put(c, h), 0);
+    assert_int_equal(drc_cache_destroy(c2), 0);
+    done(b, c);
+}
+
+static void bad_invalidate_and_create_arguments(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL), *out = NULL;
+    struct drc_backend be = b->be;
+    struct drc_config cfg = { .flags = 1u << 20 };
+
+    (void)state;
+    getput(c, 0, 1);
+    assert_int_equal(drc_invalidate(NULL, at(0, 0), 1), -EINVAL);
+    assert_int_equal(drc_invalidate(c, (const void *)(UINTPTR_MAX - 10), 100), -EINVAL);
+    EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg());
+
+    assert_int_equal(drc_cache_create(NULL, NULL, &out), -EINVAL);
+    assert_int_equal(drc_cache_create(&be, NULL, NULL), -EINVAL);
+    assert_int_equal(drc_cache_create(&be, &cfg, &out), -EINVAL);
+    be.reg = NULL;
+    assert_int_equal(drc_cache_create(&be, NULL, &out), -EINVAL);
+    be = b->be;
+    be.dereg = NULL;
+    assert_int_equal(drc_cache_create(&be, NULL, &out), -EINVAL);
+    assert_null(out);
+    assert_int_equal(drc_cache_destroy(NULL), -EINVAL);
+    done(b, c);
+}
+
+static void null_accessors_are_safe(void **state)
+{
+    struct drc_stats s;
+    uintptr_t st = 1;
+    size_t len = 1;
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+
+    (void)state;
+    assert_int_equal(drc_region_valid(NULL), 0);
+    drc_region_bounds(NULL, &st, &len);
+    assert_int_equal(st, 0);
+    assert_int_equal(len, 0);
+    assert_int_equal(drc_region_lkey(NULL), 0);
+    assert_int_equal(drc_region_rkey(NULL), 0);
+    assert_null(drc_region_handle(NULL));
+    assert_int_equal(drc_region_access(NULL), 0);
+    memset(&s, 0xff, sizeof(s));
+    drc_cache_stats(NULL, &s);
+    assert_int_equal(s.hits + s.misses + s.regions + s.in_use + s.bytes, 0);
+    drc_cache_stats(c, NULL);
+    done(b, c);
+}
+
+static void backend_failure_returns_its_errno_and_caches_nothing(void **state)
+{
+    static const int errs[] = { -EFAULT, -ENOMEM, -EPERM, -EOPNOTSUPP, -EAGAIN };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *r = NULL, *a;
+    size_t i;
+
+    (void)state;
+    for (i = 0; i < sizeof(errs) / sizeof(errs[0]); i++) {
+        b->reg_fail = errs[i];
+        assert_int_equal(drc_get(c, at(0, 0), pg(), LW, &r), errs[i]);
+        assert_null(r);
+        assert_int_equal(b->reg_calls, i + 1);  /* returned as it is, not retried (-EAGAIN too) */
+    }
+    assert_int_equal(tb_live(b), 0);
+    EXPECT_STATS(c, .misses = 5);
+    /* a failure is not cached: the next get asks the backend again */
+    a = get_ok(c, at(0, 0), pg(), LW);
+    assert_int_equal(rid(a), 1);
+    assert_int_equal(drc_put(c, a), 0);
+
+    /* a failed merge leaves the regions it would have replaced as they were */
+    b->reg_fail = -EIO;
+    assert_int_equal(drc_get(c, at(0, 0), 3 * pg(), LW, &r), -EIO);
+    assert_int_equal(tb_is_live(b, 1), 1);
+    EXPECT_STATS(c, .misses = 7, .regs = 1, .regions = 1, .bytes = pg());
+    a = get_ok(c, at(0, 0), 1, LW);
+    assert_int_equal(rid(a), 1);
+    assert_int_equal(drc_put(c, a), 0);
+    EXPECT_STATS(c, .hits = 1, .misses = 7, .regs = 1, .regions = 1, .bytes = pg());
+    done(b, c);
+}
+
+static void dereg_failure_is_returned_and_region_released(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    assert_int_equal(drc_invalidate(c, at(0, 0), 1), 1);
+    b->dereg_fail = -EIO;
+    assert_int_equal(drc_put(c, a), -EIO);
+    assert_int_equal(tb_live(b), 0);
+    EXPECT_STATS(c, .misses = 1, .invalidated = 1, .regs = 1, .deregs = 1);
+    assert_int_equal(drc_put(c, a), -EINVAL);
+    done(b, c);
+}
+
+static int released;
+static void count_release(void *ctx)
+{
+    struct tb *b = ctx;
+
+    assert_int_equal(tb_live(b), 0);    /* after every region is deregistered */
+    released++;
+}
+
+static void backend_size_limit(void **state)
+{
+    struct drc__cache_opts o = { .max_len = 4 * pg(), .release = count_release };
+    struct tb *b = tb_new();
+    drc_cache_t *c = NULL;
+    drc_region_t *r = NULL, *a, *n;
+
+    (void)state;
+    assert_int_equal(drc__cache_create(&b->be, NULL, &o, &c), 0);
+    assert_int_equal(drc_get(c, at(0, 1), 4 * pg(), LW, &r), -E2BIG);     /* 5 pages */
+    assert_int_equal(b->reg_calls, 0);
+    a = get_ok(c, at(0, 0), 3 * pg(), LW);
+    assert_int_equal(drc_put(c, a), 0);
+    /* the union [0, 5) would be too large: [2, 5) is registered alone */
+    n = get_ok(c, at(2, 0), 3 * pg(), LW | RR);
+    check_args(b, n, at(2, 0), 3 * pg(), LW | RR);
+    assert_int_equal(tb_is_live(b, 1), 1);
+    EXPECT_STATS(c, .misses = 3, .regs = 2, .regions = 2, .bytes = 6 * pg(), .in_use = 1);
+    assert_int_equal(drc_put(c, n), 0);
+    released = 0;
+    assert_int_equal(drc_cache_destroy(c), 0);
+    assert_int_equal(released, 1);
+    assert_int_equal(tb_all_released_once(b), 0);
+    tb_free(b);
+}
+
+/* ---- 8. destroy --------------------------------------------------------- */
+
+static void destroy_is_busy_while_referenced(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *h;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    getput(c, 4, 1);
+    assert_int_equal(drc_cache_destroy(c), -EBUSY);
+    assert_int_equal(tb_dereg_calls(b), 0);     /* nothing freed */
+    /* the cache still works */
+    h = get_ok(c, at(0, 0), 1, LW);
+    assert_ptr_equal(h, a);
+    assert_int_equal(drc_put(c, h), 0);
+    assert_int_equal(drc_put(c, a), 0);
+    EXPECT_STATS(c, .hits = 1, .misses = 2, .regs = 2, .regions = 2, .bytes = 2 * pg());
+    done(b, c);
+}
+
+static void destroy_is_busy_while_detached_region_is_held(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *inv;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    getput(c, 0, 2);        /* supersedes a, which is still held */
+    assert_int_equal(drc_cache_destroy(c), -EBUSY);
+    assert_int_equal(drc_put(c, a), 0);
+    inv = get_ok(c, at(8, 0), pg(), LW);
+    assert_int_equal(drc_invalidate(c, at(8, 0), 1), 1);   /* invalid, still held */
+    assert_int_equal(drc_cache_destroy(c), -EBUSY);
+    assert_int_equal(drc_put(c, inv), 0);
+    done(b, c);
+}
+
+static void destroy_deregisters_every_idle_region(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    size_t i;
+
+    (void)state;
+    for (i = 0; i < 100; i++)
+        getput(c, 2 * i, 1);
+    EXPECT_STATS(c, .misses = 100, .regs = 100, .regions = 100, .bytes = 100 * pg());
+    assert_int_equal(tb_live(b), 100);
+    done(b, c);     /* destroy: all 100 deregistered exactly once */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(hit_returns_containing_region_and_counts_references),
+        cmocka_unit_test(many_references_balance),
+        cmocka_unit_test(registration_is_page_aligned),
+        cmocka_unit_test(range_ending_at_top_of_address_space),
+        cmocka_unit_test(merge_covers_union_and_deregisters_idle),
+        cmocka_unit_test(merge_with_busy_region_defers_its_dereg),
+        cmocka_unit_test(access_upgrade_merges),
+        cmocka_unit_test(adjacent_pages_do_not_merge),
+        cmocka_unit_test(no_merge_registers_own_range),
+        cmocka_unit_test(invalidate_idle_deregisters_before_return),
+        cmocka_unit_test(invalidate_busy_defers_dereg_to_last_put),
+        cmocka_unit_test(invalidate_marks_superseded_held_region),
+        cmocka_unit_test(registration_raced_by_invalidation_is_dropped),
+        cmocka_unit_test(registration_always_raced_fails_with_nothing_cached),
+        cmocka_unit_test(invalidation_of_other_range_in_reg_keeps_registration),
+        cmocka_unit_test(invalidation_racing_a_merge),
+        cmocka_unit_test(max_regions_evicts_least_recently_idle),
+        cmocka_unit_test(busy_regions_are_never_evicted),
+        cmocka_unit_test(max_bytes_evicts_least_recently_idle),
+        cmocka_unit_test_setup(backend_reg_may_call_into_cache, setup_alarm),
+        cmocka_unit_test_setup(backend_dereg_may_call_into_cache, setup_alarm),
+        cmocka_unit_test(bad_get_arguments_change_nothing),
+        cmocka_unit_test(bad_put_changes_nothing),
+        cmocka_unit_test(bad_invalidate_and_create_arguments),
+        cmocka_unit_test(null_accessors_are_safe),
+        cmocka_unit_test(backend_failure_returns_its_errno_and_caches_nothing),
+        cmocka_unit_test(dereg_failure_is_returned_and_region_released),
+        cmocka_unit_test(backend_size_limit),
+        cmocka_unit_test(destroy_is_busy_while_referenced),
+        cmocka_unit_test(destroy_is_busy_while_detached_region_is_held),
+        cmocka_unit_test(destroy_deregisters_every_idle_region),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

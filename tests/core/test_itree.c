@@ -1,0 +1,268 @@
+/*
+ * Tests of src/itree.c: the augmented interval tree against a naive list.
+ *
+ * After every insert and remove drc__itree_check() must accept the tree and
+ * count its nodes, and every overlap query (first, then next until NULL) must
+ * return exactly the overlapping intervals of the list, in start order.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/itree.h"
+
+enum { MAXN = 512 };
+
+struct model {
+    struct drc__itree t;
+    struct drc__itree_node n[MAXN];
+    int in[MAXN];
+    long count;
+    uint64_t rng;
+};
+
+static uint64_t rnd(struct model *m)
+{
+    /* xorshift64: reproducible across runs */
+    m->rng ^= m->rng << 13;
+    m->rng ^= m->rng >> 7;
+    m->rng ^= m->rng << 17;
+    return m->rng;
+}
+
+static void ins(struct model *m, int i, uintptr_t start, uintptr_t last)
+{
+    m->n[i].start = start;
+    m->n[i].last = last;
+    drc__itree_insert(&m->t, &m->n[i]);
+    m->in[i] = 1;
+    m->count++;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+}
+
+static void rem(struct model *m, int i)
+{
+    drc__itree_remove(&m->t, &m->n[i]);
+    m->in[i] = 0;
+    m->count--;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+}
+
+/* The tree's answer to [s, l] must be the list's, each node once, starts non-decreasing. */
+static void query(struct model *m, uintptr_t s, uintptr_t l)
+{
+    static int seen[MAXN];
+    struct drc__itree_node *n;
+    int budget = DRC__ITREE_UNBOUNDED, i, want = 0, got = 0;
+    uintptr_t prev = 0;
+
+    memset(seen, 0, sizeof(seen));
+    for (n = drc__itree_first(&m->t, s, l, &budget); n; n = drc__itree_next(n, s, l, &budget)) {
+        i = (int)(n - m->n);
+        assert_true(i >= 0 && i < MAXN);
+        assert_true(m->in[i]);
+        assert_false(seen[i]);
+        assert_true(n->start <= l && s <= n->last);
+        assert_true(n->start >= prev);
+        prev = n->start;
+        seen[i] = 1;
+        got++;
+    }
+    for (i = 0; i < MAXN; i++)
+        if (m->in[i] && m->n[i].start <= l && s <= m->n[i].last) {
+            want++;
+            assert_true(seen[i]);
+        }
+    assert_int_equal(got, want);
+}
+
+static struct model *model_new(uint64_t seed)
+{
+    struct model *m = calloc(1, sizeof(*m));
+
+    assert_non_null(m);
+    m->rng = seed;
+    return m;
+}
+
+static void empty_tree(void **state)
+{
+    struct drc__itree t = { NULL };
+    int budget = DRC__ITREE_UNBOUNDED;
+
+    (void)state;
+    assert_int_equal(drc__itree_check(&t), 0);
+    assert_null(drc__itree_first(&t, 0, UINTPTR_MAX, &budget));
+}
+
+static void overlap_is_closed_at_both_ends(void **state)
+{
+    struct model *m = model_new(1);
+
+    (void)state;
+    ins(m, 0, 10, 20);
+    query(m, 20, 30);   /* touches last */
+    query(m, 0, 10);    /* touches start */
+    query(m, 21, 30);
+    query(m, 0, 9);
+    {
+        int budget = DRC__ITREE_UNBOUNDED;
+        assert_ptr_equal(drc__itree_first(&m->t, 20, 20, &budget), &m->n[0]);
+        assert_ptr_equal(drc__itree_first(&m->t, 10, 10, &budget), &m->n[0]);
+        assert_null(drc__itree_first(&m->t, 21, 21, &budget));
+        assert_null(drc__itree_first(&m->t, 9, 9, &budget));
+    }
+    free(m);
+}
+
+static void extremes_and_equal_starts(void **state)
+{
+    struct model *m = model_new(2);
+    int i;
+
+    (void)state;
+    ins(m, 0, 0, UINTPTR_MAX);
+    ins(m, 1, UINTPTR_MAX, UINTPTR_MAX);
+    ins(m, 2, 0, 0);
+    for (i = 3; i < 40; i++)
+        ins(m, i, 100, 100 + (uintptr_t)i);     /* equal starts */
+    query(m, 0, UINTPTR_MAX);
+    query(m, UINTPTR_MAX, UINTPTR_MAX);
+    query(m, 0, 0);
+    query(m, 120, 125);
+    query(m, 139, 200);
+    for (i = 3; i < 40; i += 2)
+        rem(m, i);
+    query(m, 100, 110);
+    rem(m, 0);
+    query(m, 1, UINTPTR_MAX - 1);
+    free(m);
+}
+
+static void sorted_inserts_and_removes(void **state)
+{
+    struct model *m = model_new(3);
+    int i;
+
+    (void)state;
+    for (i = 0; i < 200; i++)       /* ascending: rotations to the left */
+        ins(m, i, (uintptr_t)i * 10, (uintptr_t)i * 10 + 15);
+    for (i = 0; i < 200; i++)       /* descending: to the right */
+        ins(m, 200 + i, (uintptr_t)(199 - i) * 10 + 3, (uintptr_t)(199 - i) * 10 + 4);
+    query(m, 0, UINTPTR_MAX);
+    query(m, 995, 1005);
+    for (i = 0; i < 400; i += 3)
+        rem(m, i);
+    query(m, 0, UINTPTR_MAX);
+    query(m, 1500, 1500);
+    for (i = 0; i < 400; i++)
+        if (m->in[i])
+            rem(m, i);
+    assert_null(m->t.root);
+    free(m);
+}
+
+static void random_against_naive_list(void **state)
+{
+    uint64_t seed;
+
+    (void)state;
+    for (seed = 1; seed <= 20; seed++) {
+        struct model *m = model_new(seed * 0x9e3779b97f4a7c15ull);
+        uintptr_t space = seed % 2 ? 64 : 100000;   /* small spaces: many overlaps and equal starts */
+        int step;
+
+        for (step = 0; step < 4000; step++) {
+            int i = (int)(rnd(m) % MAXN);
+            uintptr_t s = rnd(m) % space, l = s + rnd(m) % (space / 8 + 1);
+
+            if (m->in[i])
+                rem(m, i);
+            else
+                ins(m, i, s, l);
+            if (step % 4 == 0)
+                query(m, s, s + rnd(m) % (space / 4 + 1));
+        }
+        query(m, 0, UINTPTR_MAX);
+        free(m);
+    }
+}
+
+static void budget_bounds_the_walk(void **state)
+{
+    struct model *m = model_new(4);
+    struct drc__itree_node *n;
+    int i, budget, visited = 0;
+
+    (void)state;
+    for (i = 0; i < 256; i++)
+        ins(m, i, (uintptr_t)i, (uintptr_t)i);
+    budget = 1;
+    assert_null(drc__itree_first(&m->t, 255, 255, &budget));    /* deeper than one step */
+    assert_true(budget <= 0);
+    budget = 20;
+    for (n = drc__itree_first(&m->t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+        visited++;
+    assert_true(visited < 256);                                 /* gave up early */
+    assert_true(budget <= 0);
+    free(m);
+}
+
+/* The checker itself must reject broken trees, or the tests above prove nothing. */
+static void check_rejects_broken_trees(void **state)
+{
+    struct model *m = model_new(5);
+    struct drc__itree_node *r;
+    uintptr_t saved;
+    int i;
+
+    (void)state;
+    for (i = 0; i < 15; i++)
+        ins(m, i, (uintptr_t)i * 4, (uintptr_t)i * 4 + 2);
+    r = m->t.root;
+
+    saved = r->subtree_last;
+    r->subtree_last = saved + 1;        /* wrong augmentation */
+    assert_int_equal(drc__itree_check(&m->t), -1);
+    r->subtree_last = saved;
+
+    r->red = 1;                         /* red root */
+    assert_int_equal(drc__itree_check(&m->t), -1);
+    r->red = 0;
+
+    saved = r->start;
+    r->start = UINTPTR_MAX - 1;         /* out of order (and start > last) */
+    assert_int_equal(drc__itree_check(&m->t), -1);
+    r->start = saved;
+
+    r->left->parent = r->right;         /* bad parent link */
+    assert_int_equal(drc__itree_check(&m->t), -1);
+    r->left->parent = r;
+
+    r->left->red = !r->left->red;       /* black heights differ (or red-red) */
+    assert_int_equal(drc__itree_check(&m->t), -1);
+    r->left->red = !r->left->red;
+
+    assert_int_equal(drc__itree_check(&m->t), 15);
+    free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(empty_tree),
+        cmocka_unit_test(overlap_is_closed_at_both_ends),
+        cmocka_unit_test(extremes_and_equal_starts),
+        cmocka_unit_test(sorted_inserts_and_removes),
+        cmocka_unit_test(random_against_naive_list),
+        cmocka_unit_test(budget_bounds_the_walk),
+        cmocka_unit_test(check_rejects_broken_trees),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,449 @@
+/*
+ * Tests of src/cuda.c against a FAKE CUDA DRIVER TABLE (tests/fake_cuda.h):
+ * there is no GPU in CI. Each test states what a user of drc would check:
+ * that host memory stays host memory, that CUDA memory is bounded by its
+ * allocation (or by its run of VMM chunks), that the export asks the driver
+ * for exactly the page-aligned range and keeps the offset, that the caller's
+ * context is restored, and that DRC_F_VALIDATE catches a reallocation.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "drc.h"
+#include "fake_cuda.h"
+#include "core/mem.h"
+
+#define MiB (1ul << 20)
+#define GPU 0x7f0000000000ul
+
+/* A backend double that records the dmabuf it was handed, while it is open. */
+struct seen {
+    int calls, deregs;
+    struct drc_reg_args a[8];
+    int fd_open[8];
+};
+
+static int seen_reg(void *ctx, const struct drc_reg_args *a, void **h, uint32_t *lkey, uint32_t *rkey)
+{
+    struct seen *s = ctx;
+
+    s->a[s->calls] = *a;
+    s->fd_open[s->calls] = fd_is_open(a->dmabuf_fd);
+    *h = (void *)(uintptr_t)++s->calls;
+    *lkey = *rkey = 1;
+    return 0;
+}
+
+static int seen_dereg(void *ctx, void *h)
+{
+    (void)h;
+    ((struct seen *)ctx)->deregs++;
+    return 0;
+}
+
+static drc_cache_t *seen_cache(struct seen *s, unsigned flags)
+{
+    struct drc_backend be = { seen_reg, seen_dereg, s };
+    struct drc_config cfg = { 0, 0, flags, DRC_DMABUF_THEN_PEERMEM };
+    drc_cache_t *c;
+
+    memset(s, 0, sizeof(*s));
+    assert_int_equal(drc_cache_create(&be, &cfg, &c), 0);
+    return c;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    fc_reset();
+    return 0;
+}
+
+/* With no driver every pointer is host memory, and nothing CUDA is attempted. */
+static void no_driver_is_host(void **state)
+{
+    struct drc__mem m;
+    uintptr_t b;
+    size_t l;
+    uint64_t off;
+    int fd = 7;
+
+    (void)state;
+    drc__cuda_set_driver(NULL);
+    assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
+    assert_int_equal(m.type, DRC_MEM_HOST);
+    assert_int_equal(m.device, -1);
+    assert_true(m.lo == 0 && m.hi == UINTPTR_MAX);
+    assert_int_equal(drc__mem_unchanged(&m, GPU, 4096), 1);
+    assert_int_equal(drc__cuda_alloc_range(GPU, &b, &l), -ENOENT);
+    m.type = DRC_MEM_CUDA;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EOPNOTSUPP);
+    assert_int_equal(fd, -1);
+    assert_null(drc__cuda_driver());
+}
+
+/* A process that never initialised CUDA has no CUDA memory: host, no error. */
+static void uninitialised_driver_is_host(void **state)
+{
+    struct drc__mem m;
+
+    (void)state;
+    fc_add(GPU, 64 * MiB, 0, 5);
+    fc.attr_rc = DRC__CUDA_ERROR_NOT_INITIALIZED;
+    assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
+    assert_int_equal(m.type, DRC_MEM_HOST);
+    fc.attr_rc = 999;   /* any other driver failure is an error, not host memory */
+    assert_int_equal(drc__mem_classify(GPU, 4096, &m), -EIO);
+}
+
+static void device_memory_bounded_by_allocation(void **state)
+{
+    struct drc__mem m;
+
+    (void)state;
+    fc_add(GPU, 64 * MiB, 1, 42);
+    assert_int_equal(drc__mem_classify(GPU + MiB + 3, 100, &m), 0);
+    assert_int_equal(m.type, DRC_MEM_CUDA);
+    assert_int_equal(m.device, 1);
+    assert_true(m.lo == GPU && m.hi == GPU + 64 * MiB);
+    assert_int_equal(m.buffer_id, 42);
+    assert_int_equal(m.buffer_id_end, 42);
+    assert_ptr_equal(m.ctx, FC_CTX0);
+    /* a request running past the allocation is refused, never registered across */
+    assert_int_equal(drc__mem_classify(GPU + 63 * MiB, 2 * MiB, &m), -EFAULT);
+    assert_int_equal(m.type, DRC_MEM_HOST);
+}
+
+static void pinned_host_and_managed_take_host_path(void **state)
+{
+    struct drc__mem m;
+
+    (void)state;
+    fc_add(GPU, MiB, 0, 1)->type = DRC__CU_MEMORYTYPE_HOST;
+    fc_add(GPU + MiB, MiB, 0, 2)->managed = 1;
+    fc.a[1].type = DRC__CU_MEMORYTYPE_UNIFIED;
+    assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
+    assert_int_equal(m.type, DRC_MEM_HOST);
+    assert_int_equal(drc__mem_classify(GPU + MiB, 4096, &m), 0);
+    assert_int_equal(m.type, DRC_MEM_HOST);
+    fc.a[1].type = DRC__CU_MEMORYTYPE_DEVICE;  /* managed even if reported as device */
+    assert_int_equal(drc__mem_classify(GPU + MiB, 4096, &m), 0);
+    assert_int_equal(m.type, DRC_MEM_HOST);
+}
+
+/* A thread with no current context: the allocation's is made current, then none again. */
+static void context_set_and_restored(void **state)
+{
+    struct drc__mem m;
+    uint64_t off;
+    int fd;
+
+    (void)state;
+    fc_add(GPU, 8 * MiB, 0, 9);
+    fc.range_needs_ctx = 1;
+    fc_current = NULL;
+    assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
+    assert_ptr_equal(fc.range_ctx, FC_CTX0);
+    assert_null(fc_current);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_ptr_equal(fc.exports[0].ctx, FC_CTX0);
+    assert_null(fc_current);
+    close(fd);
+    /* a thread in another context gets it back */
+    fc_current = (void *)0xbee;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_ptr_equal(fc.exports[1].ctx, FC_CTX0);
+    assert_ptr_equal(fc_current, (void *)0xbee);
+    close(fd);
+    /* already current: no switch at all */
+    fc_current = FC_CTX0;
+    fc.set_calls = 0;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_int_equal(fc.set_calls, 0);
+    close(fd);
+}
+
+/* The driver is asked for the host-page hull; the offset into it is kept. */
+static void export_page_aligned_with_offset(void **state)
+{
+    struct drc__mem m;
+    uint64_t off;
+    int fd;
+
+    (void)state;
+    fc_add(GPU, 8 * MiB, 0, 9);
+    assert_int_equal(drc__mem_classify(GPU + 4096 + 100, 5000, &m), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 4096 + 100, 5000, 0, &fd, &off), 0);
+    assert_int_equal(fc.nexports, 1);
+    assert_true(fc.exports[0].ptr == GPU + 4096);
+    assert_int_equal(fc.exports[0].size, 8192);
+    assert_int_equal(fc.exports[0].flags, 0);
+    assert_int_equal(off, 100);
+    assert_int_equal(fd, fc.exports[0].fd);
+    assert_true(fd_is_open(fd));
+    close(fd);
+}
+
+static void export_errors_map_and_leave_no_fd(void **state)
+{
+    struct drc__mem m;
+    uint64_t off = 5;
+    int fd = 5;
+
+    (void)state;
+    fc_add(GPU, 8 * MiB, 0, 9);
+    assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
+    fc.export_rc = DRC__CUDA_ERROR_INVALID_VALUE;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EINVAL);
+    assert_int_equal(fd, -1);
+    assert_int_equal(off, 0);
+    assert_null(fc_current);
+    fc.export_rc = DRC__CUDA_ERROR_NOT_SUPPORTED;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EOPNOTSUPP);
+    fc.export_rc = DRC__CUDA_ERROR_OUT_OF_MEMORY;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -ENOMEM);
+    m.type = DRC_MEM_HOST;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EINVAL);
+}
+
+/* DRC_F_DMABUF_PCIE: asked first; on NOT_SUPPORTED the default type, and not asked again. */
+static void pcie_flag_falls_back_once(void **state)
+{
+    struct drc__mem m;
+    uint64_t off;
+    int fd;
+
+    (void)state;
+    fc_add(GPU, 8 * MiB, 0, 9);
+    assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 1);
+    assert_int_equal(fc.exports[0].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
+    fc.pcie_unsupported = 1;
+    fc_reset();     /* forgets what cuda.c learnt */
+    fc_add(GPU, 8 * MiB, 0, 9);
+    fc.pcie_unsupported = 1;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 2);
+    assert_int_equal(fc.exports[0].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
+    assert_int_equal(fc.exports[0].fd, -1);
+    assert_int_equal(fc.exports[1].flags, 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 3);
+    assert_int_equal(fc.exports[2].flags, 0);
+    /* without the flag the PCIe type is never asked for */
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.exports[3].flags, 0);
+}
+
+/* VMM: contiguous compatible chunks form one run; anything else ends it. */
+static void vmm_walk_joins_compatible_chunks(void **state)
+{
+    const size_t g = 2 * MiB;
+    struct drc__mem m;
+    uint64_t off;
+    int fd;
+
+    (void)state;
+    fc_add_vmm(GPU, g, 0, 10, 1);
+    fc_add_vmm(GPU + g, g, 0, 11, 1);
+    fc_add_vmm(GPU + 2 * g, g, 0, 12, 1);
+    fc_add_vmm(GPU + 3 * g, g, 1, 13, 1);              /* another device */
+    fc_add_vmm(GPU + 4 * g, g, 1, 14, 1)->prop_type = 2;   /* other properties */
+    assert_int_equal(drc__mem_classify(GPU + g / 2, g, &m), 0);
+    assert_int_equal(m.type, DRC_MEM_CUDA);
+    assert_true(m.lo == GPU && m.hi == GPU + 3 * g);
+    assert_int_equal(m.buffer_id, 10);
+    assert_int_equal(m.buffer_id_end, 11);
+    assert_ptr_equal(m.ctx, FC_PRIMARY(0));   /* VMM memory has no context: the primary one */
+    assert_int_equal(fc.retains, fc.releases);
+    /* the export spans the chunks, in the primary context */
+    assert_int_equal(drc__mem_export(&m, GPU + g / 2, g, 0, &fd, &off), 0);
+    assert_ptr_equal(fc.exports[0].ctx, FC_PRIMARY(0));
+    assert_true(fc.exports[0].ptr == GPU + g / 2 && fc.exports[0].size == g);
+    close(fd);
+    /* across devices: refused */
+    assert_int_equal(drc__mem_classify(GPU + 2 * g, 2 * g, &m), -EFAULT);
+    assert_int_equal(drc__mem_classify(GPU + 3 * g, 2 * g, &m), -EFAULT);
+    assert_int_equal(drc__mem_classify(GPU + 3 * g, g, &m), 0);
+    assert_true(m.lo == GPU + 3 * g && m.hi == GPU + 4 * g);
+    assert_int_equal(fc.primary_retains, 2);  /* once per device */
+    assert_int_equal(fc.retains, fc.releases);
+}
+
+static void vmm_half_mapped_and_not_gdr_capable_refused(void **state)
+{
+    const size_t g = 2 * MiB;
+    struct drc__mem m;
+
+    (void)state;
+    fc_add_vmm(GPU, g, 0, 10, 1);   /* GPU+g.. reserved but unmapped */
+    assert_int_equal(drc__mem_classify(GPU, 2 * g, &m), -EFAULT);
+    assert_int_equal(drc__mem_classify(GPU, g, &m), 0);
+    fc_add_vmm(GPU + 4 * g, g, 0, 11, 0);
+    assert_int_equal(drc__mem_classify(GPU + 4 * g, 4096, &m), -EACCES);
+    assert_int_equal(m.type, DRC_MEM_HOST);
+    assert_int_equal(fc.retains, fc.releases);
+}
+
+static void unchanged_compares_buffer_ids(void **state)
+{
+    struct drc__mem m;
+
+    (void)state;
+    fc_add(GPU, 8 * MiB, 0, 9);
+    assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
+    assert_int_equal(drc__mem_unchanged(&m, GPU + MiB, 4096), 1);
+    fc.a[0].buffer_id = 10;     /* freed and reallocated at the same VA */
+    assert_int_equal(drc__mem_unchanged(&m, GPU + MiB, 4096), 0);
+    fc.n = 0;                   /* freed */
+    assert_int_equal(drc__mem_unchanged(&m, GPU, 4096), 0);
+}
+
+static void alloc_range_for_the_hooks(void **state)
+{
+    uintptr_t b = 0;
+    size_t l = 0;
+
+    (void)state;
+    fc_add(GPU, 8 * MiB, 0, 9);
+    assert_int_equal(drc__cuda_alloc_range(GPU + 5, &b, &l), 0);
+    assert_true(b == GPU && l == 8 * MiB);
+    assert_int_equal(drc__cuda_alloc_range(0x1000, &b, &l), -ENOENT);
+    fc.range_needs_ctx = 1;     /* a freeing thread with no context */
+    assert_int_equal(drc__cuda_alloc_range(GPU + 5, &b, &l), 0);
+    assert_true(b == GPU && l == 8 * MiB);
+    assert_null(fc_current);
+}
+
+/* Through the cache: the backend sees the fd open, the cache closes it once after. */
+static void cache_hands_fd_and_closes_it(void **state)
+{
+    struct seen s;
+    drc_cache_t *c = seen_cache(&s, 0);
+    drc_region_t *r;
+
+    (void)state;
+    fc_add(GPU, 8 * MiB, 2, 9);
+    assert_int_equal(drc_get(c, (void *)(GPU + 4096 + 1), 100, 1, &r), 0);
+    assert_int_equal(s.calls, 1);
+    assert_int_equal(s.a[0].type, DRC_MEM_CUDA);
+    assert_int_equal(s.a[0].device, 2);
+    assert_true(s.a[0].start == GPU + 4096 && s.a[0].len == 4096 && s.a[0].dmabuf_offset == 0);
+    assert_int_equal(s.a[0].dmabuf_fd, fc.exports[0].fd);
+    assert_true(s.fd_open[0]);
+    assert_false(fd_is_open(fc.exports[0].fd));
+    assert_int_equal(drc_region_type(r), DRC_MEM_CUDA);
+    assert_int_equal(drc_put(c, r), 0);
+    /* no dmabuf for this memory: the backend is still asked, with fd -1 (it may use peermem) */
+    fc.export_rc = DRC__CUDA_ERROR_NOT_SUPPORTED;
+    assert_int_equal(drc_get(c, (void *)(GPU + MiB), 4096, 1, &r), 0);
+    assert_int_equal(s.a[1].dmabuf_fd, -1);
+    assert_int_equal(drc_put(c, r), 0);
+    /* any other export failure fails the get, nothing registered */
+    fc.export_rc = DRC__CUDA_ERROR_INVALID_VALUE;
+    assert_int_equal(drc_get(c, (void *)(GPU + 2 * MiB), 4096, 1, &r), -EINVAL);
+    assert_int_equal(s.calls, 2);
+    drc_invalidate(c, (void *)GPU, 8 * MiB);
+    assert_int_equal(drc_cache_destroy(c), 0);
+    assert_int_equal(s.deregs, 2);
+}
+
+/* DRC_F_VALIDATE: a hit on a reallocated buffer is an invalidation, then a new registration. */
+static void validate_catches_realloc(void **state)
+{
+    struct seen s, s2;
+    drc_cache_t *c = seen_cache(&s, DRC_F_VALIDATE), *plain;
+    struct drc_stats st;
+    drc_region_t *r;
+
+    (void)state;
+    plain = NULL;
+    fc_add(GPU, 8 * MiB, 0, 9);
+    assert_int_equal(drc_get(c, (void *)GPU, 8 * MiB, 1, &r), 0);
+    assert_int_equal(drc_put(c, r), 0);
+    assert_int_equal(drc_get(c, (void *)(GPU + MiB), 4096, 1, &r), 0);   /* same buffer: a hit */
+    assert_int_equal(drc_put(c, r), 0);
+    assert_int_equal(s.calls, 1);
+    fc.a[0].buffer_id = 77;     /* cuMemFree + cuMemAlloc, no hook saw it */
+    assert_int_equal(drc_get(c, (void *)(GPU + MiB), 4096, 1, &r), 0);
+    assert_int_equal(s.calls, 2);
+    assert_int_equal(s.deregs, 1);
+    drc_cache_stats(c, &st);
+    assert_int_equal(st.invalidated, 1);
+    assert_int_equal(drc_put(c, r), 0);
+    /* without the flag the stale region is returned: what the flag is for */
+    {
+        struct drc_backend be = { seen_reg, seen_dereg, &s2 };
+        memset(&s2, 0, sizeof(s2));
+        assert_int_equal(drc_cache_create(&be, NULL, &plain), 0);
+    }
+    assert_int_equal(drc_get(plain, (void *)GPU, 4096, 1, &r), 0);
+    assert_int_equal(drc_put(plain, r), 0);
+    fc.a[0].buffer_id = 78;
+    assert_int_equal(drc_get(plain, (void *)GPU, 4096, 1, &r), 0);
+    assert_int_equal(s2.calls, 1);
+    assert_int_equal(drc_put(plain, r), 0);
+    drc_invalidate(c, (void *)GPU, 8 * MiB);
+    drc_invalidate(plain, (void *)GPU, 8 * MiB);
+    assert_int_equal(drc_cache_destroy(c), 0);
+    assert_int_equal(drc_cache_destroy(plain), 0);
+}
+
+/* A coalesced CUDA region stays inside its allocation: two neighbours never merge. */
+static void no_coalescing_across_allocations(void **state)
+{
+    struct seen s;
+    drc_cache_t *c = seen_cache(&s, 0);
+    struct drc_stats st;
+    drc_region_t *r;
+
+    (void)state;
+    fc_add(GPU, 4 * MiB, 0, 1);
+    fc_add(GPU + 4 * MiB, 4 * MiB, 0, 2);
+    assert_int_equal(drc_get(c, (void *)(GPU + 3 * MiB), MiB, 1, &r), 0);
+    assert_int_equal(drc_put(c, r), 0);
+    assert_int_equal(drc_get(c, (void *)(GPU + 4 * MiB), MiB, 1, &r), 0);
+    assert_int_equal(drc_put(c, r), 0);
+    assert_int_equal(drc_get(c, (void *)(GPU + 2 * MiB), 2 * MiB, 1, &r), 0);   /* overlaps the first */
+    assert_int_equal(drc_put(c, r), 0);
+    assert_true(s.a[1].start == GPU + 4 * MiB && s.a[1].len == MiB);
+    assert_true(s.a[2].start == GPU + 2 * MiB && s.a[2].len == 2 * MiB);
+    drc_cache_stats(c, &st);
+    assert_int_equal(st.merges, 1);
+    assert_int_equal(st.regions, 2);
+    assert_int_equal(drc_get(c, (void *)(GPU + 3 * MiB), 2 * MiB, 1, &r), -EFAULT);
+    drc_invalidate(c, (void *)GPU, 8 * MiB);
+    assert_int_equal(drc_cache_destroy(c), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(no_driver_is_host, setup),
+        cmocka_unit_test_setup(uninitialised_driver_is_host, setup),
+        cmocka_unit_test_setup(device_memory_bounded_by_allocation, setup),
+        cmocka_unit_test_setup(pinned_host_and_managed_take_host_path, setup),
+        cmocka_unit_test_setup(context_set_and_restored, setup),
+        cmocka_unit_test_setup(export_page_aligned_with_offset, setup),
+        cmocka_unit_test_setup(export_errors_map_and_leave_no_fd, setup),
+        cmocka_unit_test_setup(pcie_flag_falls_back_once, setup),
+        cmocka_unit_test_setup(vmm_walk_joins_compatible_chunks, setup),
+        cmocka_unit_test_setup(vmm_half_mapped_and_not_gdr_capable_refused, setup),
+        cmocka_unit_test_setup(unchanged_compares_buffer_ids, setup),
+        cmocka_unit_test_setup(alloc_range_for_the_hooks, setup),
+        cmocka_unit_test_setup(cache_hands_fd_and_closes_it, setup),
+        cmocka_unit_test_setup(validate_catches_realloc, setup),
+        cmocka_unit_test_setup(no_coalescing_across_allocations, setup),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,474 @@
+/*
+ * Tests of src/verbs.c with doubles: libibverbs is replaced at link time
+ * (-Wl,--wrap of ibv_reg_dmabuf_mr, ibv_reg_mr_iova2, ibv_reg_mr,
+ * ibv_dereg_mr, ibv_query_device, and close to count fd closes) and CUDA by
+ * the fake driver table of tests/fake_cuda.h; /sys/module is a temporary
+ * folder. There is no NIC and no GPU in CI. Each test checks what a user
+ * would: the exact arguments of every registration, the method chosen and
+ * why, the dmabuf fd closed exactly once, and nothing left after a failure.
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <cmocka.h>
+
+#include "drc.h"
+#include "drc_verbs.h"
+#include "fake_cuda.h"
+#include "verbs/verbs.h"
+
+#define MiB (1ul << 20)
+#define GPU 0x7f0000000000ul
+#define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+
+/* ---- the libibverbs double ------------------------------------------------ */
+enum { KIND_DMABUF = 1, KIND_VA = 2 };
+
+struct call {
+    int kind;
+    uint64_t offset, iova;
+    uintptr_t addr;
+    size_t len;
+    int fd, access, fd_open;
+};
+
+static struct {
+    struct call calls[32];
+    int ncalls, probes, deregs, live, queries;
+    int probe_errno;            /* errno of the buffer-less probe */
+    int reg_errno;              /* next registration fails with this */
+    int dereg_ret;              /* ibv_dereg_mr returns this */
+    int query_ret;
+    uint64_t max_mr_size;
+    int closes[64];             /* close() calls per fd */
+} v;
+
+static struct ibv_context fake_ctx;
+static struct ibv_pd fake_pd = { .context = &fake_ctx };
+
+static struct ibv_mr *new_mr(void)
+{
+    struct ibv_mr *mr;
+
+    if (v.reg_errno) {
+        errno = v.reg_errno;
+        v.reg_errno = 0;
+        return NULL;
+    }
+    mr = calloc(1, sizeof(*mr));
+    mr->pd = &fake_pd;
+    mr->lkey = 0x100 + (uint32_t)v.ncalls;
+    mr->rkey = 0x200 + (uint32_t)v.ncalls;
+    v.live++;
+    return mr;
+}
+
+struct ibv_mr *__wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                        int access);
+struct ibv_mr *__wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                        int access)
+{
+    assert_ptr_equal(pd, &fake_pd);
+    if (fd == -1 && length == 0 && offset == 0 && iova == 0 && access == 0) {
+        v.probes++;
+        errno = v.probe_errno;
+        return NULL;
+    }
+    v.calls[v.ncalls++] = (struct call){ KIND_DMABUF, offset, iova, 0, length, fd, access, fd_is_open(fd) };
+    return new_mr();
+}
+
+struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                                       unsigned access);
+struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                                       unsigned access)
+{
+    assert_ptr_equal(pd, &fake_pd);
+    v.calls[v.ncalls++] = (struct call){ KIND_VA, 0, iova, (uintptr_t)addr, length, -1, (int)access, 0 };
+    return new_mr();
+}
+
+struct ibv_mr *__wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access);
+struct ibv_mr *__wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    return __wrap_ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned)access);
+}
+
+int __wrap_ibv_dereg_mr(struct ibv_mr *mr);
+int __wrap_ibv_dereg_mr(struct ibv_mr *mr)
+{
+    v.deregs++;
+    v.live--;
+    free(mr);
+    return v.dereg_ret;
+}
+
+int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr);
+int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr)
+{
+    assert_ptr_equal(ctx, &fake_ctx);
+    v.queries++;
+    if (v.query_ret)
+        return v.query_ret;
+    memset(attr, 0, sizeof(*attr));
+    attr->max_mr_size = v.max_mr_size;
+    return 0;
+}
+
+int __real_close(int fd);
+int __wrap_close(int fd);
+int __wrap_close(int fd)
+{
+    if (fd >= 0 && fd < 64)
+        v.closes[fd]++;
+    return __real_close(fd);
+}
+
+/* ---- fixtures ---------------------------------------------------------------- */
+static char sysroot[64];
+
+static void peermem(int loaded)
+{
+    char path[128];
+
+    snprintf(path, sizeof(path), "%s/sys/module/nvidia_peermem", sysroot);
+    if (loaded)
+        assert_int_equal(mkdir(path, 0700), 0);
+    else
+        rmdir(path);
+}
+
+static int setup(void **state)
+{
+    char path[128];
+
+    (void)state;
+    memset(&v, 0, sizeof(v));
+    v.probe_errno = EBADF;
+    v.max_mr_size = 1ull << 40;
+    fc_reset();
+    fc_add(GPU, 64 * MiB, 0, 1);
+    fc_add(GPU + 64 * MiB, 64 * MiB, 1, 2);
+    snprintf(sysroot, sizeof(sysroot), "/tmp/drc-test-verbs-XXXXXX");
+    assert_non_null(mkdtemp(sysroot));
+    snprintf(path, sizeof(path), "%s/sys", sysroot);
+    mkdir(path, 0700);
+    snprintf(path, sizeof(path), "%s/sys/module", sysroot);
+    mkdir(path, 0700);
+    drc__verbs_set_sysfs_root(sysroot);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    char path[128];
+
+    (void)state;
+    peermem(0);
+    snprintf(path, sizeof(path), "%s/sys/module", sysroot);
+    rmdir(path);
+    snprintf(path, sizeof(path), "%s/sys", sysroot);
+    rmdir(path);
+    rmdir(sysroot);
+    drc__verbs_set_sysfs_root(NULL);
+    assert_int_equal(v.live, 0);    /* every MR deregistered */
+    return 0;
+}
+
+static drc_cache_t *cache(enum drc_policy policy, unsigned flags)
+{
+    struct drc_config cfg = { 0, 0, flags, policy };
+    drc_cache_t *c = NULL;
+
+    assert_int_equal(drc_cache_create_verbs(&fake_pd, &cfg, &c), 0);
+    return c;
+}
+
+static void finish(drc_cache_t *c)
+{
+    drc_invalidate(c, (void *)0, SIZE_MAX);
+    assert_int_equal(drc_cache_destroy(c), 0);
+}
+
+/* ---- tests --------------------------------------------------------------------- */
+static void host_memory_via_reg_mr_iova2(void **state)
+{
+    static char buf[3 * 4096] __attribute__((aligned(4096)));
+    drc_cache_t *c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    drc_region_t *r;
+    struct ibv_mr *mr;
+
+    (void)state;
+    assert_int_equal(v.queries, 1);
+    assert_int_equal(drc_get(c, buf + 100, 5000, RW | IBV_ACCESS_MW_BIND, &r), 0);
+    assert_int_equal(v.ncalls, 1);
+    assert_int_equal(v.calls[0].kind, KIND_VA);
+    assert_true(v.calls[0].addr == (uintptr_t)buf && v.calls[0].iova == (uintptr_t)buf);
+    assert_int_equal(v.calls[0].len, 8192);
+    assert_int_equal(v.calls[0].access, RW | IBV_ACCESS_MW_BIND);
+    mr = drc_region_mr(r);
+    assert_non_null(mr);
+    assert_int_equal(drc_region_lkey(r), mr->lkey);
+    assert_int_equal(drc_region_rkey(r), mr->rkey);
+    assert_int_equal(v.probes, 0);      /* host memory never needs the probe */
+    assert_int_equal(drc_cache_verbs_method(c, -1), DRC_METHOD_HOST);
+    assert_int_equal(drc_put(c, r), 0);
+    assert_int_equal(drc_invalidate(c, buf, sizeof(buf)), 1);
+    assert_int_equal(v.deregs, 1);
+    finish(c);
+}
+
+static void gpu_memory_via_dmabuf(void **state)
+{
+    drc_cache_t *c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    drc_region_t *r;
+    int fd;
+
+    (void)state;
+    assert_int_equal(drc_get(c, (void *)(GPU + 8192 + 7), 4100, RW | IBV_ACCESS_MW_BIND | IBV_ACCESS_REMOTE_ATOMIC,
+                             &r), 0);
+    assert_int_equal(v.probes, 1);
+    assert_int_equal(v.ncalls, 1);
+    assert_int_equal(v.calls[0].kind, KIND_DMABUF);
+    assert_int_equal(v.calls[0].offset, 0);
+    assert_int_equal(v.calls[0].len, 8192);     /* [+8192, +16384): 7 + 4100 crosses a page */
+    assert_true(v.calls[0].iova == GPU + 8192);
+    fd = fc.exports[0].fd;
+    assert_int_equal(v.calls[0].fd, fd);
+    assert_true(fc.exports[0].ptr == GPU + 8192 && fc.exports[0].size == 8192);
+    /* MW_BIND is not a bit ibv_reg_dmabuf_mr takes: dropped, the rest passed */
+    assert_int_equal(v.calls[0].access, RW | IBV_ACCESS_REMOTE_ATOMIC);
+    assert_true(v.calls[0].fd_open);
+    assert_int_equal(v.closes[fd], 1);          /* closed once the MR holds it */
+    assert_int_equal(drc_cache_verbs_method(c, 0), DRC_METHOD_DMABUF);
+    assert_int_equal(drc_put(c, r), 0);
+    /* a second GPU: decided anew, the NIC not probed again */
+    memset(v.closes, 0, sizeof(v.closes));  /* the fd number may be reused */
+    assert_int_equal(drc_get(c, (void *)(GPU + 64 * MiB), 4096, RW, &r), 0);
+    assert_int_equal(v.probes, 1);
+    assert_int_equal(v.calls[1].kind, KIND_DMABUF);
+    assert_int_equal(drc_cache_verbs_method(c, 1), DRC_METHOD_DMABUF);
+    assert_int_equal(drc_put(c, r), 0);
+    assert_int_equal(v.closes[fc.exports[1].fd], 1);
+    finish(c);
+    assert_int_equal(v.deregs, 2);
+}
+
+static void nic_without_dmabuf_falls_back_to_peermem(void **state)
+{
+    drc_cache_t *c;
+    drc_region_t *r;
+
+    (void)state;
+    v.probe_errno = EOPNOTSUPP;
+    peermem(1);
+    c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), 0);
+    assert_int_equal(v.ncalls, 1);
+    assert_int_equal(v.calls[0].kind, KIND_VA);
+    assert_true(v.calls[0].addr == GPU && v.calls[0].iova == GPU && v.calls[0].len == 4096);
+    assert_int_equal(v.calls[0].access, RW);
+    assert_int_equal(v.closes[fc.exports[0].fd], 1);  /* exported all the same, closed once */
+    assert_int_equal(drc_cache_verbs_method(c, 0), DRC_METHOD_PEERMEM);
+    assert_non_null(strstr(drc__verbs_reason(c, 0), "peermem"));
+    assert_int_equal(drc_put(c, r), 0);
+    finish(c);
+}
+
+static void no_dmabuf_no_peermem_is_a_clear_error(void **state)
+{
+    drc_cache_t *c;
+    drc_region_t *r;
+
+    (void)state;
+    v.probe_errno = EPROTONOSUPPORT;
+    c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), -EOPNOTSUPP);
+    assert_int_equal(v.ncalls, 0);
+    assert_int_equal(v.closes[fc.exports[0].fd], 1);
+    assert_int_equal(drc_cache_verbs_method(c, 0), -EOPNOTSUPP);
+    assert_non_null(strstr(drc__verbs_reason(c, 0), "5.12"));   /* the kernel is what to upgrade */
+    assert_string_equal(drc__verbs_advice(-EPROTONOSUPPORT), drc__verbs_reason(c, 0));
+    finish(c);
+}
+
+static void gpu_without_dmabuf_export(void **state)
+{
+    drc_cache_t *c;
+    drc_region_t *r;
+
+    (void)state;
+    fc.dmabuf_attr[1] = 0;      /* e.g. the proprietary kernel module */
+    c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    assert_int_equal(drc_cache_verbs_method(c, 0), DRC_METHOD_DMABUF);
+    assert_int_equal(drc_cache_verbs_method(c, 1), -EOPNOTSUPP);
+    assert_non_null(strstr(drc__verbs_reason(c, 1), "open kernel module"));
+    assert_int_equal(drc_get(c, (void *)(GPU + 64 * MiB), 4096, RW, &r), -EOPNOTSUPP);
+    assert_int_equal(v.ncalls, 0);
+    finish(c);
+    /* with peermem loaded, a new cache uses it for that GPU */
+    peermem(1);
+    c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    assert_int_equal(drc_get(c, (void *)(GPU + 64 * MiB), 4096, RW, &r), 0);
+    assert_int_equal(v.calls[0].kind, KIND_VA);
+    assert_int_equal(drc_put(c, r), 0);
+    finish(c);
+}
+
+static void policies(void **state)
+{
+    drc_cache_t *c;
+    drc_region_t *r;
+
+    (void)state;
+    /* DMABUF_ONLY never uses peermem, even where it is loaded */
+    v.probe_errno = EOPNOTSUPP;
+    peermem(1);
+    c = cache(DRC_DMABUF_ONLY, 0);
+    assert_int_equal(drc_cache_verbs_method(c, 0), -EOPNOTSUPP);
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), -EOPNOTSUPP);
+    assert_int_equal(v.ncalls, 0);
+    finish(c);
+    /* PEERMEM_ONLY never probes nor registers a dmabuf */
+    v.probe_errno = EBADF;
+    v.probes = 0;
+    c = cache(DRC_PEERMEM_ONLY, 0);
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), 0);
+    assert_int_equal(v.probes, 0);
+    assert_int_equal(v.calls[0].kind, KIND_VA);
+    assert_int_equal(drc_cache_verbs_method(c, 0), DRC_METHOD_PEERMEM);
+    assert_int_equal(drc_put(c, r), 0);
+    finish(c);
+    peermem(0);
+    c = cache(DRC_PEERMEM_ONLY, 0);
+    assert_int_equal(drc_cache_verbs_method(c, 0), -EOPNOTSUPP);
+    assert_non_null(strstr(drc__verbs_reason(c, 0), "modprobe"));
+    finish(c);
+    /* an unknown policy */
+    {
+        struct drc_config cfg = { 0, 0, 0, (enum drc_policy)7 };
+        drc_cache_t *x = NULL;
+
+        assert_int_equal(drc_cache_create_verbs(&fake_pd, &cfg, &x), -EINVAL);
+        assert_null(x);
+    }
+    assert_int_equal(drc_cache_create_verbs(NULL, NULL, &c), -EINVAL);
+}
+
+static void probe_answers(void **state)
+{
+    (void)state;
+    v.probe_errno = EBADF;
+    assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), 0);
+    v.probe_errno = EOPNOTSUPP;
+    assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), -EOPNOTSUPP);
+    v.probe_errno = EPROTONOSUPPORT;
+    assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), -EPROTONOSUPPORT);
+    v.probe_errno = EINVAL;     /* unexpected: reported, and dmabuf is tried */
+    assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), -EINVAL);
+    assert_int_equal(v.probes, 4);
+    assert_non_null(strstr(drc__verbs_advice(-EOPNOTSUPP), "rdma-core"));
+}
+
+static void max_mr_size_is_never_exceeded(void **state)
+{
+    drc_cache_t *c;
+    drc_region_t *r;
+
+    (void)state;
+    v.max_mr_size = 64 * 1024;
+    c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    assert_int_equal(drc_get(c, (void *)GPU, 64 * 1024 + 1, RW, &r), -E2BIG);
+    assert_int_equal(v.ncalls, 0);
+    assert_int_equal(drc_get(c, (void *)GPU, 32 * 1024, RW, &r), 0);
+    assert_int_equal(drc_put(c, r), 0);
+    /* the union (48 KiB) fits: merged */
+    assert_int_equal(drc_get(c, (void *)(GPU + 16 * 1024), 32 * 1024, RW, &r), 0);
+    assert_int_equal(v.calls[1].len, 48 * 1024);
+    assert_true(v.calls[1].iova == GPU);
+    assert_int_equal(drc_put(c, r), 0);
+    /* the union (80 KiB) would not: registered alone */
+    assert_int_equal(drc_get(c, (void *)(GPU + 40 * 1024), 40 * 1024, RW, &r), 0);
+    assert_int_equal(v.calls[2].len, 40 * 1024);
+    assert_true(v.calls[2].iova == GPU + 40 * 1024);
+    assert_int_equal(drc_put(c, r), 0);
+    assert_string_equal(drc_strerror(-E2BIG),
+                        "the range is larger than the RDMA device's max_mr_size: register it in smaller pieces");
+    finish(c);
+}
+
+static void registration_failure_leaves_nothing(void **state)
+{
+    drc_cache_t *c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    struct drc_stats s;
+    drc_region_t *r;
+
+    (void)state;
+    v.reg_errno = EFAULT;
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), -EFAULT);
+    assert_int_equal(v.closes[fc.exports[0].fd], 1);
+    drc_cache_stats(c, &s);
+    assert_int_equal(s.regions, 0);
+    assert_int_equal(v.live, 0);
+    /* the next try registers */
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), 0);
+    assert_int_equal(drc_put(c, r), 0);
+    /* a dereg error reaches the last put of an invalidated region */
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), 0);
+    assert_int_equal(drc_invalidate(c, (void *)GPU, 4096), 1);
+    v.dereg_ret = EBUSY;
+    assert_int_equal(drc_put(c, r), -EBUSY);
+    v.dereg_ret = 0;
+    finish(c);
+}
+
+static void create_failures(void **state)
+{
+    drc_cache_t *c = NULL;
+
+    (void)state;
+    v.query_ret = ENODEV;
+    assert_int_equal(drc_cache_create_verbs(&fake_pd, NULL, &c), -ENODEV);
+    assert_null(c);
+}
+
+static void not_a_verbs_cache(void **state)
+{
+    struct drc_backend be;
+    drc_cache_t *c;
+
+    (void)state;
+    memset(&be, 0, sizeof(be));
+    be.reg = (int (*)(void *, const struct drc_reg_args *, void **, uint32_t *, uint32_t *))1;
+    be.dereg = (int (*)(void *, void *))1;
+    assert_int_equal(drc_cache_create(&be, NULL, &c), 0);
+    assert_int_equal(drc_cache_verbs_method(c, 0), -EINVAL);
+    assert_int_equal(drc_cache_verbs_method(NULL, 0), -EINVAL);
+    assert_null(drc_region_mr(NULL));
+    assert_int_equal(drc_cache_destroy(c), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(host_memory_via_reg_mr_iova2, setup, teardown),
+        cmocka_unit_test_setup_teardown(gpu_memory_via_dmabuf, setup, teardown),
+        cmocka_unit_test_setup_teardown(nic_without_dmabuf_falls_back_to_peermem, setup, teardown),
+        cmocka_unit_test_setup_teardown(no_dmabuf_no_peermem_is_a_clear_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(gpu_without_dmabuf_export, setup, teardown),
+        cmocka_unit_test_setup_teardown(policies, setup, teardown),
+        cmocka_unit_test_setup_teardown(probe_answers, setup, teardown),
+        cmocka_unit_test_setup_teardown(max_mr_size_is_never_exceeded, setup, teardown),
+        cmocka_unit_test_setup_teardown(registration_failure_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(create_failures, setup, teardown),
+        cmocka_unit_test_setup_teardown(not_a_verbs_cache, setup, teardown),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
