@@ -51,7 +51,8 @@
  * Lock order: a notify slot (notify.c), then c->lock. No backend or CUDA call
  * is made with c->lock held, and nothing is allocated or freed under it: an
  * allocator may give memory back and so re-enter drc_invalidate on this
- * thread. DRC_DEBUG builds assert both (lock() and the call-out sites).
+ * thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
+ * lock a function needs, and check both trees whenever c->lock is released.
  */
 #include "cache.h"
 
@@ -174,6 +175,9 @@ struct drc_cache {
     uint64_t deregs;                /* atomic: counted after the backend returns */
 
     struct stat_slot hits[HIT_SLOTS + 1];      /* [HIT_SLOTS] is shared, counted with atomic adds */
+#ifdef DRC_DEBUG
+    pthread_t owner;                /* atomic: the thread holding c->lock, or 0 */
+#endif
 };
 
 #ifdef DRC_DEBUG
@@ -185,6 +189,14 @@ void drc__assert_fail(const char *what, const char *file, int line)
     abort();
 }
 
+#define ASSERT_LOCKED(c) DRC_ASSERT(pthread_equal(LD((c)->owner), pthread_self()))
+#define ASSERT_WRITING(c) DRC_ASSERT(pthread_equal(LD((c)->owner), pthread_self()) && (LD((c)->seq) & 1))
+
+/* The expensive level: every invariant of both trees, and the live count. */
+static void check_trees(const drc_cache_t *c);
+#else
+#define ASSERT_LOCKED(c) ((void)0)
+#define ASSERT_WRITING(c) ((void)0)
 #endif
 
 static void lock(drc_cache_t *c)
@@ -194,12 +206,17 @@ static void lock(drc_cache_t *c)
     pthread_mutex_lock(&c->lock);
 #ifdef DRC_DEBUG
     drc__lock_depth++;
+    ST(c->owner, pthread_self());
 #endif
 }
 
 static void unlock(drc_cache_t *c)
 {
 #ifdef DRC_DEBUG
+    ASSERT_LOCKED(c);
+    DRC_ASSERT(!(c->seq & 1));
+    check_trees(c);
+    ST(c->owner, (pthread_t)0);
     drc__lock_depth--;
 #endif
     pthread_mutex_unlock(&c->lock);
@@ -209,11 +226,13 @@ static void unlock(drc_cache_t *c)
 static void wait_pending(drc_cache_t *c)
 {
 #ifdef DRC_DEBUG
+    ST(c->owner, (pthread_t)0);
     drc__lock_depth--;
 #endif
     pthread_cond_wait(&c->pending_done, &c->lock);
 #ifdef DRC_DEBUG
     drc__lock_depth++;
+    ST(c->owner, pthread_self());
 #endif
 }
 
@@ -404,6 +423,7 @@ static size_t region_len(const struct drc_region *r)
 /* Take a live region out of the tree and the LRU (c->lock, seq odd). */
 static void unlink_live(drc_cache_t *c, struct drc_region *r)
 {
+    ASSERT_WRITING(c);
     drc__itree_remove(&c->tree, &r->node);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
@@ -442,6 +462,7 @@ static void evict(drc_cache_t *c, struct drc_region **dead)
 {
     struct drc_region *r = c->lru_head, *next;
 
+    ASSERT_WRITING(c);
     for (; r && over_limits(c); r = next) {
         next = r->lru_next;
         if (try_release(r, dead)) {
@@ -468,6 +489,7 @@ static struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
     struct chunk *ch;
     int i;
 
+    ASSERT_LOCKED(c);
     if (!c->pool)
         c->pool = __atomic_exchange_n(&c->freed, NULL, __ATOMIC_ACQUIRE);
     if (!c->pool) {
@@ -650,6 +672,7 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
     uintptr_t start = s & ~(uintptr_t)(c->page - 1), end = last | (c->page - 1);
     int budget = DRC__ITREE_UNBOUNDED;
 
+    ASSERT_LOCKED(c);
     if (c->max_len && end - start >= c->max_len)
         return -E2BIG;
     p->start = start;
@@ -685,6 +708,7 @@ static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__me
     struct drc__itree_node *n, *next;
     int budget = DRC__ITREE_UNBOUNDED;
 
+    ASSERT_WRITING(c);
     for (n = drc__itree_first(&c->tree, p->start, p->last, &budget); n; n = next) {
         struct drc_region *r = region_of(n);
 
@@ -731,6 +755,7 @@ static unsigned hint_want(const drc_cache_t *c)
 {
     unsigned bits = 64 - c->hint->shift;
 
+    ASSERT_LOCKED(c);
     if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 1)))
         return 0;
     return bits + 2 < HINT_MAX_BITS ? bits + 2 : HINT_MAX_BITS;
@@ -757,6 +782,8 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
 static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
                     void *handle, uint32_t lkey, uint32_t rkey)
 {
+    ASSERT_WRITING(c);
+    DRC_ASSERT(LD(r->word) == 0 && r->cache == c);
     ST(r->node.start, p->start);
     ST(r->node.last, p->last);
     ST(r->access, p->access);
@@ -1027,6 +1054,17 @@ int drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg,
     return drc__cache_create(be, cfg, NULL, out);
 }
 
+#ifdef DRC_DEBUG
+/* Called at every unlock: the trees are well formed and c->regions counts the live one. */
+static void check_trees(const drc_cache_t *c)
+{
+    long live = drc__itree_check(&c->tree), det = drc__itree_check(&c->detached);
+
+    DRC_ASSERT(live >= 0 && (uint64_t)live == c->regions);
+    DRC_ASSERT(det >= 0);
+    DRC_ASSERT(!c->limited || !c->regions == !c->lru_head);
+}
+#endif
 
 /* Regions of @t that a user holds (c->lock). */
 static uint64_t held_in(const struct drc__itree *t)
