@@ -115,8 +115,9 @@ DRC_API int  drc_cache_destroy(drc_cache_t *c);
  * same memory (unless DRC_F_NO_MERGE), through the backend, without a lock
  * held. Never returns a region that an invalidation begun before the lookup
  * removed, nor one whose registration raced an invalidation of its range.
- * Returns 0 and *out, or -EINVAL (NULL, len 0, overflow, access bits outside
- * DRC_ACCESS_MASK), -ENOMEM, -E2BIG (larger than the backend allows), or the
+ * Returns 0 and *out, or -EINVAL (NULL cache, address or out, len 0, a range
+ * that overflows or whose page-rounded form is the whole address space,
+ * access bits outside DRC_ACCESS_MASK: the backend is not called), -ENOMEM, -E2BIG (larger than the backend allows), or the
  * backend's error (nothing is cached then). Thread-safe.
  */
 DRC_API int  drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out);

@@ -693,8 +693,8 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
         p->access |= r->access;
         p->merging = 1;
     }
-    if (p->merging && c->max_len && p->last - p->start >= c->max_len) {
-        p->start = start;       /* the union would be too large for the device: register alone */
+    if (p->merging && ((c->max_len && p->last - p->start >= c->max_len) || p->last - p->start == UINTPTR_MAX)) {
+        p->start = start;       /* the union would be too large for the device (or for a size_t) */
         p->last = end;
         p->access = access;
         p->merging = 0;
@@ -907,11 +907,13 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
     size_t rlen;
     int err, tries;
 
-    if (!c || !out || (access & ~DRC_ACCESS_MASK))
+    if (!c || !out || !addr || (access & ~DRC_ACCESS_MASK))
         return -EINVAL;
     err = closed_range(addr, len, &s, &last);
     if (err)
         return err;
+    if ((last | (c->page - 1)) - (s & ~(uintptr_t)(c->page - 1)) == UINTPTR_MAX)
+        return -EINVAL;     /* page-rounded, it is the whole address space: its length does not fit */
     for (tries = 0; tries < REG_RETRIES; tries++) {
         r = lookup_lockless(c, s, last, access);
         if (r) {

@@ -154,6 +154,27 @@ static void range_ending_at_top_of_address_space(void **state)
     done(b, c);
 }
 
+/* A merge whose union would be the whole address space registers the request alone. */
+static void merge_never_covers_whole_address_space(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    uintptr_t top = UINTPTR_MAX & ~(uintptr_t)(pg() - 1);
+    drc_region_t *lo, *hi, *mid;
+
+    (void)state;
+    lo = get_ok(c, (const void *)1, 2 * pg() - 1, LW);                     /* [0, 2 pages) */
+    hi = get_ok(c, (const void *)(top - pg()), 2 * pg(), LW);              /* the top two pages */
+    mid = get_ok(c, (const void *)pg(), top - pg() + 1, LW);               /* overlaps both */
+    check_args(b, mid, (const void *)pg(), (size_t)0 - pg(), LW);
+    assert_int_equal(b->reg_calls, 3);
+    EXPECT_STATS(c, .misses = 3, .regs = 3, .regions = 3, .bytes = 4 * pg() + ((size_t)0 - pg()), .in_use = 3);
+    assert_int_equal(drc_put(c, lo), 0);
+    assert_int_equal(drc_put(c, hi), 0);
+    assert_int_equal(drc_put(c, mid), 0);
+    done(b, c);
+}
+
 /* ---- 3. coalescing ------------------------------------------------------ */
 
 static void merge_covers_union_and_deregisters_idle(void **state)
@@ -714,6 +735,13 @@ static void bad_get_arguments_change_nothing(void **state)
     assert_int_equal(drc_get(c, (const void *)(UINTPTR_MAX - 10), 100, LW, &r), -EINVAL);
     assert_int_equal(drc_get(c, (const void *)(UINTPTR_MAX - 99), 101, LW, &r), -EINVAL);
     assert_int_equal(drc_get(c, (const void *)2, SIZE_MAX, LW, &r), -EINVAL);
+    /* NULL (the header promises -EINVAL), and ranges whose page-rounded form is the whole address
+     * space: its length does not fit in a size_t (the backend would be asked for len 0) */
+    assert_int_equal(drc_get(c, NULL, 1, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, NULL, SIZE_MAX, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, (const void *)1, SIZE_MAX, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, (const void *)1, SIZE_MAX - 1, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, (const void *)(pg() - 1), SIZE_MAX - pg() + 2, LW, &r), -EINVAL);
     for (i = 0; i < sizeof(bad_access) / sizeof(bad_access[0]); i++)
         assert_int_equal(drc_get(c, at(0, 0), 1, bad_access[i], &r), -EINVAL);
     assert_null(r);
@@ -763,6 +791,9 @@ static void bad_invalidate_and_create_arguments(void **state)
     getput(c, 0, 1);
     assert_int_equal(drc_invalidate(NULL, at(0, 0), 1), -EINVAL);
     assert_int_equal(drc_invalidate(c, (const void *)(UINTPTR_MAX - 10), 100), -EINVAL);
+    assert_int_equal(drc_invalidate(c, (const void *)2, SIZE_MAX), -EINVAL);
+    assert_int_equal(drc_notify_free((const void *)2, SIZE_MAX), -EINVAL);
+    assert_int_equal(drc_notify_free((const void *)(UINTPTR_MAX - 10), 100), -EINVAL);
     EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg());
 
     assert_int_equal(drc_cache_create(NULL, NULL, &out), -EINVAL);
@@ -949,6 +980,7 @@ int main(void)
         cmocka_unit_test(many_references_balance),
         cmocka_unit_test(registration_is_page_aligned),
         cmocka_unit_test(range_ending_at_top_of_address_space),
+        cmocka_unit_test(merge_never_covers_whole_address_space),
         cmocka_unit_test(merge_covers_union_and_deregisters_idle),
         cmocka_unit_test(merge_with_busy_region_defers_its_dereg),
         cmocka_unit_test(access_upgrade_merges),
