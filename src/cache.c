@@ -354,7 +354,19 @@ static void seq_end(drc_cache_t *c)
     __atomic_store_n(&c->seq, c->seq + 1, __ATOMIC_RELEASE);
 }
 
-/* A region containing [s, last] with every bit of @access, or NULL. */
+/*
+ * An rkey grants only what was asked (drc.h): a region serves a request if it
+ * has every bit asked, and exactly the remote bits asked when any is asked.
+ * A purely local request (no remote bit: only the lkey is of use) may share a
+ * region whose remote bits were asked, for that range, by its registrants.
+ */
+static int serves(unsigned have, unsigned want)
+{
+    return (have & want) == want &&
+           (!(want & DRC_ACCESS_REMOTE) || (have & DRC_ACCESS_REMOTE) == (want & DRC_ACCESS_REMOTE));
+}
+
+/* A region containing [s, last] that serves @access, or NULL. */
 static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t s, uintptr_t last,
                                           unsigned access, int *budget)
 {
@@ -368,13 +380,13 @@ static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t 
      * through to the full overlap walk.
      */
     n = drc__itree_floor(t, s, budget);
-    if (n && LD(n->last) >= last && (LD(region_of(n)->access) & access) == access)
+    if (n && LD(n->last) >= last && serves(LD(region_of(n)->access), access))
         return region_of(n);
     for (n = drc__itree_first(t, s, last, budget); n; n = drc__itree_next(n, s, last, budget)) {
         if (LD(n->start) > s)
             break;      /* in start order: no later node starts early enough */
         r = region_of(n);
-        if (LD(n->last) >= last && (LD(r->access) & access) == access)
+        if (LD(n->last) >= last && serves(LD(r->access), access))
             return r;
     }
     return NULL;
@@ -588,7 +600,7 @@ static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
 
 static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
 {
-    return LD(r->node.start) <= s && LD(r->node.last) >= last && (LD(r->access) & access) == access;
+    return LD(r->node.start) <= s && LD(r->node.last) >= last && serves(LD(r->access), access);
 }
 
 static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access)
@@ -659,10 +671,12 @@ struct plan {
     int merging;
 };
 
-static int same_memory(const struct drc_region *r, const struct drc__mem *m)
+/* May r be joined into a registration of @m with @access? Same memory, and never wider remote bits. */
+static int joinable(const struct drc_region *r, const struct drc__mem *m, unsigned access)
 {
     return r->mem.type == m->type && r->mem.device == m->device && LD(r->node.start) >= m->lo &&
-           LD(r->node.last) < m->hi;  /* hi is exclusive (mem.h) */
+           LD(r->node.last) < m->hi &&  /* hi is exclusive (mem.h) */
+           (r->access & DRC_ACCESS_REMOTE) == (access & DRC_ACCESS_REMOTE);
 }
 
 static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, const struct drc__mem *m,
@@ -684,7 +698,7 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
     for (n = drc__itree_first(&c->tree, start, end, &budget); n; n = drc__itree_next(n, start, end, &budget)) {
         struct drc_region *r = region_of(n);
 
-        if (!same_memory(r, m))
+        if (!joinable(r, m, access))
             continue;
         if (n->start < p->start)
             p->start = n->start;
@@ -702,7 +716,7 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
     return 0;
 }
 
-/* Move every live region the new one covers, of the same memory, out of the tree (c->lock, seq odd). */
+/* Move every live region the new one joins out of the tree (c->lock, seq odd). */
 static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__mem *m, struct drc_region **dead)
 {
     struct drc__itree_node *n, *next;
@@ -713,7 +727,7 @@ static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__me
         struct drc_region *r = region_of(n);
 
         next = drc__itree_next(n, p->start, p->last, &budget);
-        if (same_memory(r, m) && n->start >= p->start && n->last <= p->last)
+        if (joinable(r, m, p->access) && n->start >= p->start && n->last <= p->last)
             retire(c, r, dead);
     }
     c->merges++;
