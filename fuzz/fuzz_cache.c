@@ -6,7 +6,8 @@
  * registrations / registrations raced by an invalidation / re-creation, on
  * 16 fake pages (the cache never touches the memory; the backend below is a
  * recording double that registers nothing). After every step:
- *   - a returned region contains the request and has its access bits, its
+ *   - a returned region contains the request and has its access bits (the
+ *     remote bits exactly, if any is asked: an rkey grants only what was asked), its
  *     handle is a live registration whose arguments are its bounds, and it
  *     was not registered before an invalidation of a range it overlaps;
  *   - refcounts balance: stats.in_use is the number of distinct regions the
@@ -254,6 +255,8 @@ static void op_get(struct state *st, struct fuzz_in *in, int fail, int race)
     drc_region_bounds(r, &rs, &rl);
     FUZZ_ASSERT(rs <= a && a + len <= rs + rl);
     FUZZ_ASSERT((drc_region_access(r) & access) == access);
+    FUZZ_ASSERT(!(access & DRC_ACCESS_REMOTE) ||
+                (drc_region_access(r) & DRC_ACCESS_REMOTE) == (access & DRC_ACCESS_REMOTE));
     FUZZ_ASSERT(h->live && h->valid);
     FUZZ_ASSERT(h->start == rs && h->len == rl && h->access == drc_region_access(r));
     FUZZ_ASSERT(drc_region_valid(r) == 1);

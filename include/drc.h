@@ -49,6 +49,19 @@ enum drc_mem_type { DRC_MEM_HOST = 0, DRC_MEM_CUDA = 1 };
  */
 #define DRC_ACCESS_MASK 0x0010001fu
 
+/*
+ * An rkey grants only what was asked. The remote bits (REMOTE_WRITE,
+ * REMOTE_READ, REMOTE_ATOMIC) decide what a peer holding the rkey may do, so
+ * a request with any remote bit gets only a region whose remote bits are
+ * exactly those asked, and a miss joins only regions with the same remote
+ * bits: a region's rkey never allows more, anywhere in it, than was asked by
+ * the requests it was registered for. A request with no remote bit (it has
+ * use only for the lkey) may share a region with remote bits; its rkey must
+ * not be given to a peer. The local bits (LOCAL_WRITE, MW_BIND,
+ * RELAXED_ORDERING) may be more than asked, and a merge takes their union.
+ */
+#define DRC_ACCESS_REMOTE 0x0000000eu
+
 /* What a backend is asked to register. */
 struct drc_reg_args {
     uintptr_t start;           /* page-aligned start of the region */
@@ -113,14 +126,17 @@ DRC_API int  drc_cache_destroy(drc_cache_t *c);
 
 /*
  * Find or register a region covering [addr, addr+len) with at least the
- * IBV_ACCESS_* bits in @access, and take a reference on it.
+ * IBV_ACCESS_* bits in @access (and exactly its DRC_ACCESS_REMOTE bits, if it
+ * has any), and take a reference on it.
  * A hit takes no lock. A miss registers [addr rounded down to the host page,
  * addr+len rounded up), coalesced with every overlapping valid region of the
- * same memory (unless DRC_F_NO_MERGE), through the backend, without a lock
+ * same memory and the same remote bits (unless DRC_F_NO_MERGE), through the
+ * backend, without a lock
  * held. Never returns a region that an invalidation begun before the lookup
  * removed, nor one whose registration raced an invalidation of its range.
- * Returns 0 and *out, or -EINVAL (NULL, len 0, overflow, access bits outside
- * DRC_ACCESS_MASK), -ENOMEM, -E2BIG (larger than the backend allows), or the
+ * Returns 0 and *out, or -EINVAL (NULL cache, address or out, len 0, a range
+ * that overflows or whose page-rounded form is the whole address space,
+ * access bits outside DRC_ACCESS_MASK: the backend is not called), -ENOMEM, -E2BIG (larger than the backend allows), or the
  * backend's error (nothing is cached then). Thread-safe.
  */
 DRC_API int  drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out);

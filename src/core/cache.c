@@ -49,12 +49,16 @@
  * region.
  *
  * Lock order: a notify slot (notify.c), then c->lock. No backend or CUDA call
- * is made with c->lock held.
+ * is made with c->lock held, and nothing is allocated or freed under it: an
+ * allocator may give memory back and so re-enter drc_invalidate on this
+ * thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
+ * lock a function needs, and check both trees whenever c->lock is released.
  */
 #include "core/cache.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -171,7 +175,102 @@ struct drc_cache {
     uint64_t deregs;                /* atomic: counted after the backend returns */
 
     struct stat_slot hits[HIT_SLOTS + 1];      /* [HIT_SLOTS] is shared, counted with atomic adds */
+#ifdef DRC_DEBUG
+    pthread_t owner;                /* atomic: the thread holding c->lock, or 0 */
+#endif
 };
+
+#ifdef DRC_DEBUG
+__thread int drc__lock_depth;
+
+void drc__assert_fail(const char *what, const char *file, int line)
+{
+    fprintf(stderr, "drc: %s:%d: assertion failed: %s\n", file, line, what);
+    abort();
+}
+
+#define ASSERT_LOCKED(c) DRC_ASSERT(pthread_equal(LD((c)->owner), pthread_self()))
+#define ASSERT_WRITING(c) DRC_ASSERT(pthread_equal(LD((c)->owner), pthread_self()) && (LD((c)->seq) & 1))
+
+/* The expensive level: every invariant of both trees, and the live count. */
+static void check_trees(const drc_cache_t *c);
+#else
+#define ASSERT_LOCKED(c) ((void)0)
+#define ASSERT_WRITING(c) ((void)0)
+#endif
+
+static void lock(drc_cache_t *c)
+{
+    /* never re-entered: an allocator or hook called under c->lock would deadlock here */
+    DRC_ASSERT_NO_LOCK();
+    pthread_mutex_lock(&c->lock);
+#ifdef DRC_DEBUG
+    drc__lock_depth++;
+    ST(c->owner, pthread_self());
+#endif
+}
+
+static void unlock(drc_cache_t *c)
+{
+#ifdef DRC_DEBUG
+    ASSERT_LOCKED(c);
+    DRC_ASSERT(!(c->seq & 1));
+    check_trees(c);
+    ST(c->owner, (pthread_t)0);
+    drc__lock_depth--;
+#endif
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Sleep on pending_done (c->lock held); the lock is not ours while we sleep. */
+static void wait_pending(drc_cache_t *c)
+{
+#ifdef DRC_DEBUG
+    ST(c->owner, (pthread_t)0);
+    drc__lock_depth--;
+#endif
+    pthread_cond_wait(&c->pending_done, &c->lock);
+#ifdef DRC_DEBUG
+    drc__lock_depth++;
+    ST(c->owner, pthread_self());
+#endif
+}
+
+/* The backend's calls: never under a cache lock (drc.h promises it). */
+static int be_reg(drc_cache_t *c, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
+{
+    DRC_ASSERT_NO_LOCK();
+    return c->be.reg(c->be.ctx, a, handle, lkey, rkey);
+}
+
+static int be_dereg(drc_cache_t *c, void *handle)
+{
+    int err;
+
+    DRC_ASSERT_NO_LOCK();
+    err = c->be.dereg(c->be.ctx, handle);
+    __atomic_fetch_add(&c->deregs, 1, __ATOMIC_RELAXED);
+    return err;
+}
+
+/* Every allocation and free of drc's own memory goes through these two: never under c->lock. */
+static void *mem_alloc(size_t size)
+{
+    void *p;
+
+    DRC_ASSERT_NO_LOCK();
+    p = aligned_alloc(64, (size + 63) & ~(size_t)63);
+    if (p)
+        memset(p, 0, size);
+    return p;
+}
+
+static void mem_free(void *p)
+{
+    DRC_ASSERT_NO_LOCK();
+    if (p)
+        free(p);
+}
 
 static struct drc_region *region_of(struct drc__itree_node *n)
 {
@@ -255,7 +354,19 @@ static void seq_end(drc_cache_t *c)
     __atomic_store_n(&c->seq, c->seq + 1, __ATOMIC_RELEASE);
 }
 
-/* A region containing [s, last] with every bit of @access, or NULL. */
+/*
+ * An rkey grants only what was asked (drc.h): a region serves a request if it
+ * has every bit asked, and exactly the remote bits asked when any is asked.
+ * A purely local request (no remote bit: only the lkey is of use) may share a
+ * region whose remote bits were asked, for that range, by its registrants.
+ */
+static int serves(unsigned have, unsigned want)
+{
+    return (have & want) == want &&
+           (!(want & DRC_ACCESS_REMOTE) || (have & DRC_ACCESS_REMOTE) == (want & DRC_ACCESS_REMOTE));
+}
+
+/* A region containing [s, last] that serves @access, or NULL. */
 static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t s, uintptr_t last,
                                           unsigned access, int *budget)
 {
@@ -269,13 +380,13 @@ static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t 
      * through to the full overlap walk.
      */
     n = drc__itree_floor(t, s, budget);
-    if (n && LD(n->last) >= last && (LD(region_of(n)->access) & access) == access)
+    if (n && LD(n->last) >= last && serves(LD(region_of(n)->access), access))
         return region_of(n);
     for (n = drc__itree_first(t, s, last, budget); n; n = drc__itree_next(n, s, last, budget)) {
         if (LD(n->start) > s)
             break;      /* in start order: no later node starts early enough */
         r = region_of(n);
-        if (LD(n->last) >= last && (LD(r->access) & access) == access)
+        if (LD(n->last) >= last && serves(LD(r->access), access))
             return r;
     }
     return NULL;
@@ -324,6 +435,7 @@ static size_t region_len(const struct drc_region *r)
 /* Take a live region out of the tree and the LRU (c->lock, seq odd). */
 static void unlink_live(drc_cache_t *c, struct drc_region *r)
 {
+    ASSERT_WRITING(c);
     drc__itree_remove(&c->tree, &r->node);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
@@ -362,6 +474,7 @@ static void evict(drc_cache_t *c, struct drc_region **dead)
 {
     struct drc_region *r = c->lru_head, *next;
 
+    ASSERT_WRITING(c);
     for (; r && over_limits(c); r = next) {
         next = r->lru_next;
         if (try_release(r, dead)) {
@@ -377,19 +490,24 @@ static void pool_put(drc_cache_t *c, struct drc_region *r)
     c->pool = r;
 }
 
-static struct drc_region *pool_get(drc_cache_t *c)
+/*
+ * A free region (c->lock). When the pool is empty it takes the chunk *spare,
+ * which the caller allocated without the lock, and clears *spare; with no
+ * spare it returns NULL: the caller drops the lock, allocates, and asks again.
+ */
+static struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
 {
     struct drc_region *r;
     struct chunk *ch;
     int i;
 
+    ASSERT_LOCKED(c);
     if (!c->pool)
         c->pool = __atomic_exchange_n(&c->freed, NULL, __ATOMIC_ACQUIRE);
     if (!c->pool) {
-        ch = aligned_alloc(64, sizeof(*ch));
-        if (!ch)
+        if (!(ch = *spare))
             return NULL;
-        memset(ch, 0, sizeof(*ch));
+        *spare = NULL;
         ch->next = c->chunks;
         c->chunks = ch;
         for (i = 0; i < CHUNK_REGIONS; i++) {
@@ -411,10 +529,9 @@ static int release_list(drc_cache_t *c, struct drc_region *dead)
     if (!dead)
         return 0;
     for (r = dead; r; r = r->next) {
-        e = c->be.dereg(c->be.ctx, r->handle);
+        e = be_dereg(c, r->handle);
         if (e && !err)
             err = e;
-        __atomic_fetch_add(&c->deregs, 1, __ATOMIC_RELAXED);
         tail = r;
     }
     /*
@@ -449,7 +566,7 @@ static int became_idle(drc_cache_t *c, struct drc_region *r)
 
     if (!LD_SC(r->detached) && !c->limited)
         return 0;
-    pthread_mutex_lock(&c->lock);
+    lock(c);
     if (LD(r->detached)) {
         if (try_release(r, &dead))
             drc__itree_remove(&c->detached, &r->node);
@@ -463,7 +580,7 @@ static int became_idle(drc_cache_t *c, struct drc_region *r)
             seq_end(c);
         }
     }
-    pthread_mutex_unlock(&c->lock);
+    unlock(c);
     return release_list(c, dead);
 }
 
@@ -483,7 +600,7 @@ static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
 
 static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
 {
-    return LD(r->node.start) <= s && LD(r->node.last) >= last && (LD(r->access) & access) == access;
+    return LD(r->node.start) <= s && LD(r->node.last) >= last && serves(LD(r->access), access);
 }
 
 static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access)
@@ -554,10 +671,12 @@ struct plan {
     int merging;
 };
 
-static int same_memory(const struct drc_region *r, const struct drc__mem *m)
+/* May r be joined into a registration of @m with @access? Same memory, and never wider remote bits. */
+static int joinable(const struct drc_region *r, const struct drc__mem *m, unsigned access)
 {
     return r->mem.type == m->type && r->mem.device == m->device && LD(r->node.start) >= m->lo &&
-           LD(r->node.last) < m->hi;  /* hi is exclusive (mem.h) */
+           LD(r->node.last) < m->hi &&  /* hi is exclusive (mem.h) */
+           (r->access & DRC_ACCESS_REMOTE) == (access & DRC_ACCESS_REMOTE);
 }
 
 static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, const struct drc__mem *m,
@@ -567,6 +686,7 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
     uintptr_t start = s & ~(uintptr_t)(c->page - 1), end = last | (c->page - 1);
     int budget = DRC__ITREE_UNBOUNDED;
 
+    ASSERT_LOCKED(c);
     if (c->max_len && end - start >= c->max_len)
         return -E2BIG;
     p->start = start;
@@ -578,7 +698,7 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
     for (n = drc__itree_first(&c->tree, start, end, &budget); n; n = drc__itree_next(n, start, end, &budget)) {
         struct drc_region *r = region_of(n);
 
-        if (!same_memory(r, m))
+        if (!joinable(r, m, access))
             continue;
         if (n->start < p->start)
             p->start = n->start;
@@ -587,8 +707,8 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
         p->access |= r->access;
         p->merging = 1;
     }
-    if (p->merging && c->max_len && p->last - p->start >= c->max_len) {
-        p->start = start;       /* the union would be too large for the device: register alone */
+    if (p->merging && ((c->max_len && p->last - p->start >= c->max_len) || p->last - p->start == UINTPTR_MAX)) {
+        p->start = start;       /* the union would be too large for the device (or for a size_t) */
         p->last = end;
         p->access = access;
         p->merging = 0;
@@ -596,17 +716,18 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
     return 0;
 }
 
-/* Move every live region the new one covers, of the same memory, out of the tree (c->lock, seq odd). */
+/* Move every live region the new one joins out of the tree (c->lock, seq odd). */
 static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__mem *m, struct drc_region **dead)
 {
     struct drc__itree_node *n, *next;
     int budget = DRC__ITREE_UNBOUNDED;
 
+    ASSERT_WRITING(c);
     for (n = drc__itree_first(&c->tree, p->start, p->last, &budget); n; n = next) {
         struct drc_region *r = region_of(n);
 
         next = drc__itree_next(n, p->start, p->last, &budget);
-        if (same_memory(r, m) && n->start >= p->start && n->last <= p->last)
+        if (joinable(r, m, p->access) && n->start >= p->start && n->last <= p->last)
             retire(c, r, dead);
     }
     c->merges++;
@@ -622,11 +743,11 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
     int err = 0;
 
     if (m->type == DRC_MEM_CUDA)
-        err = drc__mem_export(m, a.start, a.len, c->flags, &a.dmabuf_fd, &a.dmabuf_offset);
+        err = (DRC_ASSERT_NO_LOCK(), drc__mem_export(m, a.start, a.len, c->flags, &a.dmabuf_fd, &a.dmabuf_offset));
     if (err == -EOPNOTSUPP)
         err = 0;    /* no dmabuf here (proprietary GPU module): the backend gets fd -1 and may use peermem */
     if (!err)
-        err = c->be.reg(c->be.ctx, &a, handle, lkey, rkey);
+        err = be_reg(c, &a, handle, lkey, rkey);
     if (a.dmabuf_fd >= 0)
         close(a.dmabuf_fd);     /* the MR holds the buffer now */
     return err;
@@ -634,7 +755,7 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
 
 static struct hint_tab *hint_new(unsigned bits, struct hint_tab *older)
 {
-    struct hint_tab *t = calloc(1, sizeof(*t) + (sizeof(t->slot[0]) << bits));
+    struct hint_tab *t = mem_alloc(sizeof(*t) + (sizeof(t->slot[0]) << bits));
 
     if (t) {
         t->shift = 64 - bits;
@@ -643,23 +764,40 @@ static struct hint_tab *hint_new(unsigned bits, struct hint_tab *older)
     return t;
 }
 
-/* Keep at least two slots per live region (c->lock); without memory, hits only get slower. */
-static void hint_grow(drc_cache_t *c)
+/* The size (log2 slots) the hint table should grow to, or 0 (c->lock): two slots per live region. */
+static unsigned hint_want(const drc_cache_t *c)
 {
     unsigned bits = 64 - c->hint->shift;
-    struct hint_tab *t;
 
+    ASSERT_LOCKED(c);
     if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 1)))
-        return;
-    t = hint_new(bits + 2 < HINT_MAX_BITS ? bits + 2 : HINT_MAX_BITS, c->hint);
-    if (t)
+        return 0;
+    return bits + 2 < HINT_MAX_BITS ? bits + 2 : HINT_MAX_BITS;
+}
+
+/* Grow the hint table to 2^bits slots: allocated without the lock, installed under it. */
+static void hint_grow(drc_cache_t *c, unsigned bits)
+{
+    struct hint_tab *t = hint_new(bits, NULL);
+
+    if (!t)
+        return;     /* without memory, hits only get slower */
+    lock(c);
+    if (64 - c->hint->shift < bits) {
+        t->older = c->hint;
         __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
+        t = NULL;
+    }
+    unlock(c);
+    mem_free(t);    /* another thread grew it first */
 }
 
 /* Fill a pooled region and put it in the tree (c->lock, seq odd). */
 static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
                     void *handle, uint32_t lkey, uint32_t rkey)
 {
+    ASSERT_WRITING(c);
+    DRC_ASSERT(LD(r->word) == 0 && r->cache == c);
     ST(r->node.start, p->start);
     ST(r->node.last, p->last);
     ST(r->access, p->access);
@@ -675,7 +813,6 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
         lru_append(c, r);
     c->regions++;
     c->bytes += region_len(r);
-    hint_grow(c);
 }
 
 /*
@@ -686,61 +823,69 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
 static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struct drc_region **out)
 {
     struct drc_region *r, *dead = NULL;
+    struct chunk *spare = NULL;
     struct drc__mem m;
     struct pending pend;
     struct plan p;
     void *handle = NULL;
     uint32_t lkey = 0, rkey = 0;
     int err, budget, registered;
+    unsigned grow;
 
+    DRC_ASSERT_NO_LOCK();
     err = drc__mem_classify(s, last - s + 1, &m);   /* a driver call: before the lock */
     if (err)
         return err;
-    pthread_mutex_lock(&c->lock);
+    lock(c);
     for (;;) {
         budget = DRC__ITREE_UNBOUNDED;
         r = find_containing(&c->tree, s, last, access, &budget);
         if (r) {
             __atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST);
             ST(*hint_slot(c, s), r);
-            pthread_mutex_unlock(&c->lock);
+            unlock(c);
             count_hit(c);
             *out = r;
             return 0;
         }
         if (!pending_overlaps(c, s, last))
             break;
-        pthread_cond_wait(&c->pending_done, &c->lock);
+        wait_pending(c);
     }
     c->misses++;
     err = plan_region(c, s, last, access, &m, &p);
     if (err) {
-        pthread_mutex_unlock(&c->lock);
+        unlock(c);
         return err;
     }
     pend = (struct pending){ .start = p.start, .last = p.last, .stale = 0, .next = c->pending };
     c->pending = &pend;
     widen_hull(c, p.start, p.last);
-    pthread_mutex_unlock(&c->lock);
+    unlock(c);
 
     drc__notify_wait_frees(p.start, p.last);    /* never export memory a hook is freeing (notify.c) */
     err = register_plan(c, &p, &m, &handle, &lkey, &rkey);
     registered = !err;
 
-    pthread_mutex_lock(&c->lock);
+    lock(c);
+    r = NULL;
+    while (!err && !pend.stale && !(r = pool_get(c, &spare))) {
+        /* the pool is empty: allocate without the lock (an allocator may re-enter drc), still pending */
+        unlock(c);
+        spare = mem_alloc(sizeof(*spare));
+        lock(c);
+        if (!spare)
+            err = -ENOMEM;
+    }
     pending_unlink(c, &pend);
     c->regs += registered;
-    r = NULL;
     if (!err && pend.stale)
         err = RACED;        /* it may map memory that is being freed: never insert it */
-    if (!err && !(r = pool_get(c)))
-        err = -ENOMEM;
     if (err) {
-        pthread_mutex_unlock(&c->lock);
-        if (registered) {
-            c->be.dereg(c->be.ctx, handle);
-            __atomic_fetch_add(&c->deregs, 1, __ATOMIC_RELAXED);
-        }
+        unlock(c);
+        mem_free(spare);
+        if (registered)
+            be_dereg(c, handle);
         return err;
     }
     seq_begin(c);
@@ -751,8 +896,12 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     if (c->limited)
         evict(c, &dead);
     seq_end(c);
-    pthread_mutex_unlock(&c->lock);
+    grow = hint_want(c);
+    unlock(c);
     release_list(c, dead);
+    mem_free(spare);        /* a chunk another thread's made unneeded */
+    if (grow)
+        hint_grow(c, grow);
     *out = r;
     return 1;
 }
@@ -760,6 +909,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
 /* DRC_F_VALIDATE: is a CUDA hit still the buffer it was registered on? */
 static int stale_hit(drc_cache_t *c, const struct drc_region *r, uintptr_t s, uintptr_t last)
 {
+    DRC_ASSERT_NO_LOCK();
     return (c->flags & DRC_F_VALIDATE) && r->mem.type == DRC_MEM_CUDA &&
            !drc__mem_unchanged(&r->mem, s, last - s + 1);
 }
@@ -771,11 +921,13 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
     size_t rlen;
     int err, tries;
 
-    if (!c || !out || (access & ~DRC_ACCESS_MASK))
+    if (!c || !out || !addr || (access & ~DRC_ACCESS_MASK))
         return -EINVAL;
     err = closed_range(addr, len, &s, &last);
     if (err)
         return err;
+    if ((last | (c->page - 1)) - (s & ~(uintptr_t)(c->page - 1)) == UINTPTR_MAX)
+        return -EINVAL;     /* page-rounded, it is the whole address space: its length does not fit */
     for (tries = 0; tries < REG_RETRIES; tries++) {
         r = lookup_lockless(c, s, last, access);
         if (r) {
@@ -831,7 +983,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
     /* The hull covers every pending registration too, so skipping here misses none. */
     if (last < __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE) || s > __atomic_load_n(&c->hi, __ATOMIC_ACQUIRE))
         return 0;
-    pthread_mutex_lock(&c->lock);
+    lock(c);
     budget = DRC__ITREE_UNBOUNDED;
     n = drc__itree_first(&c->tree, s, last, &budget);
     if (n) {
@@ -861,7 +1013,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
         __atomic_store_n(&c->lo, UINTPTR_MAX, __ATOMIC_RELEASE);
         __atomic_store_n(&c->hi, 0, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&c->lock);
+    unlock(c);
     release_list(c, dead);
     return count;
 }
@@ -874,10 +1026,9 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
 
     if (!be || !out || !be->reg || !be->dereg || (cfg && (cfg->flags & ~KNOWN_FLAGS)))
         return -EINVAL;
-    c = aligned_alloc(64, sizeof(*c));
+    c = mem_alloc(sizeof(*c));
     if (!c)
         return -ENOMEM;
-    memset(c, 0, sizeof(*c));
     c->be = *be;
     c->page = (size_t)sysconf(_SC_PAGESIZE);
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
@@ -908,9 +1059,9 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
 err_subscribe:
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
-    free(c->hint);
+    mem_free(c->hint);
 err_hint:
-    free(c);
+    mem_free(c);
     return err;
 }
 
@@ -918,6 +1069,18 @@ int drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg,
 {
     return drc__cache_create(be, cfg, NULL, out);
 }
+
+#ifdef DRC_DEBUG
+/* Called at every unlock: the trees are well formed and c->regions counts the live one. */
+static void check_trees(const drc_cache_t *c)
+{
+    long live = drc__itree_check(&c->tree), det = drc__itree_check(&c->detached);
+
+    DRC_ASSERT(live >= 0 && (uint64_t)live == c->regions);
+    DRC_ASSERT(det >= 0);
+    DRC_ASSERT(!c->limited || !c->regions == !c->lru_head);
+}
+#endif
 
 /* Regions of @t that a user holds (c->lock). */
 static uint64_t held_in(const struct drc__itree *t)
@@ -945,30 +1108,30 @@ int drc_cache_destroy(drc_cache_t *c)
 
     if (!c)
         return -EINVAL;
-    pthread_mutex_lock(&c->lock);
+    lock(c);
     if (busy(c)) {
-        pthread_mutex_unlock(&c->lock);
+        unlock(c);
         return -EBUSY;
     }
-    pthread_mutex_unlock(&c->lock);
+    unlock(c);
     drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
     budget = DRC__ITREE_UNBOUNDED;
     for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
          n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
-        c->be.dereg(c->be.ctx, region_of(n)->handle);
+        be_dereg(c, region_of(n)->handle);
     if (c->release)
         c->release(c->be.ctx);
     while ((ch = c->chunks)) {
         c->chunks = ch->next;
-        free(ch);
+        mem_free(ch);
     }
     while ((t = c->hint)) {
         c->hint = t->older;
-        free(t);
+        mem_free(t);
     }
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
-    free(c);
+    mem_free(c);
     return 0;
 }
 
@@ -984,7 +1147,7 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     for (i = 0; i <= HIT_SLOTS; i++)
         s->hits += __atomic_load_n(&c->hits[i].hits, __ATOMIC_RELAXED);
     s->deregs = __atomic_load_n(&c->deregs, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&c->lock);
+    lock(c);
     s->misses = c->misses;
     s->merges = c->merges;
     s->invalidated = c->invalidated;
@@ -993,7 +1156,7 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     s->regions = c->regions;
     s->bytes = c->bytes;
     s->in_use = held_in(&c->tree) + held_in(&c->detached);
-    pthread_mutex_unlock(&c->lock);
+    unlock(c);
 }
 
 int drc_region_valid(const drc_region_t *r)

@@ -23,4 +23,20 @@ const struct drc_backend *drc__cache_backend(const drc_cache_t *c);
 /* The cache a region belongs to. */
 drc_cache_t *drc__region_cache(const drc_region_t *r);
 
+/*
+ * Debug assertions (DRC_DEBUG builds: the sanitizer, fuzz and test builds).
+ * DRC_ASSERT aborts with the line whatever NDEBUG says. drc__lock_depth
+ * counts the cache locks this thread holds: a call out of drc (backend,
+ * CUDA, allocator) or into a cache from outside asserts it is 0, which is
+ * the rule "nothing allocates, frees or calls out with c->lock held".
+ */
+#ifdef DRC_DEBUG
+void drc__assert_fail(const char *what, const char *file, int line) __attribute__((noreturn));
+extern __thread int drc__lock_depth;
+#define DRC_ASSERT(x) ((x) ? (void)0 : drc__assert_fail(#x, __FILE__, __LINE__))
+#else
+#define DRC_ASSERT(x) ((void)0)
+#endif
+#define DRC_ASSERT_NO_LOCK() DRC_ASSERT(drc__lock_depth == 0)
+
 #endif

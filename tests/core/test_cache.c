@@ -52,8 +52,8 @@ static void hit_returns_containing_region_and_counts_references(void **state)
     assert_int_equal(drc_region_type(r1), DRC_MEM_HOST);
     EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
 
-    /* a sub-range with a subset of the access bits: the same region, one more reference */
-    r2 = get_ok(c, at(0, 300), 10, LW);
+    /* a sub-range with a subset of the local bits (the same remote bits): the same region, one more reference */
+    r2 = get_ok(c, at(0, 300), 10, RR);
     assert_ptr_equal(r2, r1);
     assert_int_equal(tb_nreg(b), 1);
     EXPECT_STATS(c, .hits = 1, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
@@ -68,7 +68,7 @@ static void hit_returns_containing_region_and_counts_references(void **state)
     /* idle regions stay cached and registered */
     assert_int_equal(tb_dereg_calls(b), 0);
     assert_int_equal(tb_is_live(b, id), 1);
-    r3 = get_ok(c, at(0, 0), pg(), 0);
+    r3 = get_ok(c, at(0, 0), pg(), RR);
     assert_ptr_equal(r3, r1);
     assert_int_equal(rid(r3), id);
     EXPECT_STATS(c, .hits = 2, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
@@ -154,6 +154,27 @@ static void range_ending_at_top_of_address_space(void **state)
     done(b, c);
 }
 
+/* A merge whose union would be the whole address space registers the request alone. */
+static void merge_never_covers_whole_address_space(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    uintptr_t top = UINTPTR_MAX & ~(uintptr_t)(pg() - 1);
+    drc_region_t *lo, *hi, *mid;
+
+    (void)state;
+    lo = get_ok(c, (const void *)1, 2 * pg() - 1, LW);                     /* [0, 2 pages) */
+    hi = get_ok(c, (const void *)(top - pg()), 2 * pg(), LW);              /* the top two pages */
+    mid = get_ok(c, (const void *)pg(), top - pg() + 1, LW);               /* overlaps both */
+    check_args(b, mid, (const void *)pg(), (size_t)0 - pg(), LW);
+    assert_int_equal(b->reg_calls, 3);
+    EXPECT_STATS(c, .misses = 3, .regs = 3, .regions = 3, .bytes = 4 * pg() + ((size_t)0 - pg()), .in_use = 3);
+    assert_int_equal(drc_put(c, lo), 0);
+    assert_int_equal(drc_put(c, hi), 0);
+    assert_int_equal(drc_put(c, mid), 0);
+    done(b, c);
+}
+
 /* ---- 3. coalescing ------------------------------------------------------ */
 
 static void merge_covers_union_and_deregisters_idle(void **state)
@@ -165,17 +186,17 @@ static void merge_covers_union_and_deregisters_idle(void **state)
     int k;
 
     (void)state;
-    a = get_ok(c, at(0, 0), pg(), LW);
+    a = get_ok(c, at(0, 0), pg(), LW | RW);
     ida = rid(a);
     assert_int_equal(drc_put(c, a), 0);
-    bb = get_ok(c, at(2, 0), pg(), RR);
+    bb = get_ok(c, at(2, 0), pg(), RW | IBV_ACCESS_RELAXED_ORDERING);
     idb = rid(bb);
     assert_int_equal(drc_put(c, bb), 0);
 
-    /* [0.5, 2.5) pages touches pages 0..2: one region over the union, all access bits */
+    /* [0.5, 2.5) pages touches pages 0..2: one region over the union, all local bits, the same remote bit */
     u = get_ok(c, at(0, pg() / 2), 2 * pg(), RW);
-    check_args(b, u, at(0, 0), 3 * pg(), LW | RR | RW);
-    assert_int_equal(drc_region_access(u), LW | RR | RW);
+    check_args(b, u, at(0, 0), 3 * pg(), LW | RW | IBV_ACCESS_RELAXED_ORDERING);
+    assert_int_equal(drc_region_access(u), LW | RW | IBV_ACCESS_RELAXED_ORDERING);
     /* the idle overlapped regions were deregistered before drc_get returned */
     assert_int_equal(tb_is_live(b, ida), 0);
     assert_int_equal(tb_is_live(b, idb), 0);
@@ -183,11 +204,11 @@ static void merge_covers_union_and_deregisters_idle(void **state)
                  .in_use = 1);
     /* and no later get returns them: every page now hits the union */
     for (k = 0; k < 3; k++) {
-        h = get_ok(c, at((size_t)k, 0), 1, 0);
+        h = get_ok(c, at((size_t)k, 0), 1, RW);
         assert_ptr_equal(h, u);
         assert_int_equal(drc_put(c, h), 0);
     }
-    h = get_ok(c, at(0, 0), pg(), LW);
+    h = get_ok(c, at(0, 0), pg(), LW | RW);
     assert_ptr_equal(h, u);
     assert_int_equal(drc_put(c, h), 0);
     EXPECT_STATS(c, .hits = 4, .misses = 3, .merges = 1, .regs = 3, .deregs = 2, .regions = 1, .bytes = 3 * pg(),
@@ -229,22 +250,71 @@ static void merge_with_busy_region_defers_its_dereg(void **state)
     done(b, c);
 }
 
-static void access_upgrade_merges(void **state)
+static void local_access_upgrade_merges(void **state)
 {
     struct tb *b = tb_new();
     drc_cache_t *c = mk(b, NULL);
     drc_region_t *a, *u;
 
     (void)state;
-    a = get_ok(c, at(4, 0), 2 * pg(), LW);
+    a = get_ok(c, at(4, 0), 2 * pg(), RR);
     assert_int_equal(drc_put(c, a), 0);
-    /* same range, an access bit a lacks: a miss, registered with the union of the bits */
-    u = get_ok(c, at(5, 0), 2 * pg(), RR);
+    /* same range, a local bit a lacks: a miss, registered with the union of the bits */
+    u = get_ok(c, at(5, 0), 2 * pg(), RR | LW);
     check_args(b, u, at(4, 0), 3 * pg(), LW | RR);
     assert_int_equal(tb_is_live(b, 1), 0);
     EXPECT_STATS(c, .misses = 2, .merges = 1, .regs = 2, .deregs = 1, .regions = 1, .bytes = 3 * pg(),
                  .in_use = 1);
     assert_int_equal(drc_put(c, u), 0);
+    done(b, c);
+}
+
+/* An rkey grants only what was asked: remote bits are never joined, and a hit has exactly the remote bits asked. */
+static void remote_access_is_never_widened(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *w, *r, *h, *x;
+
+    (void)state;
+    w = get_ok(c, at(4, 0), 2 * pg(), LW | RW);
+    /* overlapping, other remote bits: registered alone with exactly what was asked, w stays */
+    r = get_ok(c, at(5, 0), 2 * pg(), LW | RR);
+    check_args(b, r, at(5, 0), 2 * pg(), LW | RR);
+    assert_int_equal(tb_is_live(b, rid(w)), 1);
+    /* controls: each is still found for its own bits, and a local subset hits */
+    h = get_ok(c, at(4, 0), pg(), LW | RW);
+    assert_ptr_equal(h, w);
+    assert_int_equal(drc_put(c, h), 0);
+    h = get_ok(c, at(6, 0), pg(), RR);
+    assert_ptr_equal(h, r);
+    assert_int_equal(drc_put(c, h), 0);
+    assert_int_equal(b->reg_calls, 2);
+    /* both remote bits over the overlap: neither serves, and neither is joined */
+    x = get_ok(c, at(5, 0), pg(), RW | RR);
+    check_args(b, x, at(5, 0), pg(), RW | RR);
+    assert_int_equal(tb_is_live(b, rid(w)) + tb_is_live(b, rid(r)), 2);
+    assert_int_equal(drc_put(c, x), 0);
+    /* a region with more remote bits than asked is never handed out: x and w cover page 4.5, r has LW */
+    h = get_ok(c, at(5, 0), pg(), RW);
+    assert_int_equal(drc_region_access(h) & DRC_ACCESS_REMOTE, RW);
+    assert_ptr_not_equal(h, x);
+    assert_int_equal(drc_put(c, h), 0);
+    h = get_ok(c, at(5, 0), pg(), RR);
+    assert_ptr_equal(h, r);
+    assert_int_equal(drc_put(c, h), 0);
+    assert_int_equal(b->reg_calls, 3);
+    /* a purely local request (only the lkey is of use) may share a region with remote bits */
+    h = get_ok(c, at(5, 0), pg(), LW);
+    assert_int_equal(b->reg_calls, 3);
+    assert_int_equal(drc_put(c, h), 0);
+    /* control: the same request again hits what it registered */
+    x = get_ok(c, at(5, 0), pg(), RW | RR);
+    assert_int_equal(drc_region_access(x), RW | RR);
+    assert_int_equal(b->reg_calls, 3);
+    assert_int_equal(drc_put(c, x), 0);
+    assert_int_equal(drc_put(c, w), 0);
+    assert_int_equal(drc_put(c, r), 0);
     done(b, c);
 }
 
@@ -714,6 +784,13 @@ static void bad_get_arguments_change_nothing(void **state)
     assert_int_equal(drc_get(c, (const void *)(UINTPTR_MAX - 10), 100, LW, &r), -EINVAL);
     assert_int_equal(drc_get(c, (const void *)(UINTPTR_MAX - 99), 101, LW, &r), -EINVAL);
     assert_int_equal(drc_get(c, (const void *)2, SIZE_MAX, LW, &r), -EINVAL);
+    /* NULL (the header promises -EINVAL), and ranges whose page-rounded form is the whole address
+     * space: its length does not fit in a size_t (the backend would be asked for len 0) */
+    assert_int_equal(drc_get(c, NULL, 1, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, NULL, SIZE_MAX, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, (const void *)1, SIZE_MAX, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, (const void *)1, SIZE_MAX - 1, LW, &r), -EINVAL);
+    assert_int_equal(drc_get(c, (const void *)(pg() - 1), SIZE_MAX - pg() + 2, LW, &r), -EINVAL);
     for (i = 0; i < sizeof(bad_access) / sizeof(bad_access[0]); i++)
         assert_int_equal(drc_get(c, at(0, 0), 1, bad_access[i], &r), -EINVAL);
     assert_null(r);
@@ -763,6 +840,9 @@ static void bad_invalidate_and_create_arguments(void **state)
     getput(c, 0, 1);
     assert_int_equal(drc_invalidate(NULL, at(0, 0), 1), -EINVAL);
     assert_int_equal(drc_invalidate(c, (const void *)(UINTPTR_MAX - 10), 100), -EINVAL);
+    assert_int_equal(drc_invalidate(c, (const void *)2, SIZE_MAX), -EINVAL);
+    assert_int_equal(drc_notify_free((const void *)2, SIZE_MAX), -EINVAL);
+    assert_int_equal(drc_notify_free((const void *)(UINTPTR_MAX - 10), 100), -EINVAL);
     EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg());
 
     assert_int_equal(drc_cache_create(NULL, NULL, &out), -EINVAL);
@@ -949,9 +1029,11 @@ int main(void)
         cmocka_unit_test(many_references_balance),
         cmocka_unit_test(registration_is_page_aligned),
         cmocka_unit_test(range_ending_at_top_of_address_space),
+        cmocka_unit_test(merge_never_covers_whole_address_space),
         cmocka_unit_test(merge_covers_union_and_deregisters_idle),
         cmocka_unit_test(merge_with_busy_region_defers_its_dereg),
-        cmocka_unit_test(access_upgrade_merges),
+        cmocka_unit_test(local_access_upgrade_merges),
+        cmocka_unit_test(remote_access_is_never_widened),
         cmocka_unit_test(adjacent_pages_do_not_merge),
         cmocka_unit_test(no_merge_registers_own_range),
         cmocka_unit_test(invalidate_idle_deregisters_before_return),

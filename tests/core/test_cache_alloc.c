@@ -1,0 +1,94 @@
+/*
+ * drc never calls the allocator with c->lock held (issue 9 item 5).
+ *
+ * jemalloc, tcmalloc and mimalloc give pages back (munmap, madvise) from
+ * inside malloc and free; with drc's host hooks loaded that reaches
+ * drc_invalidate on the same thread. If the cache allocated under its own
+ * lock, that call would deadlock on it (or, in DRC_DEBUG builds, assert).
+ *
+ * The test binary wraps the allocator calls of the library objects
+ * (-Wl,--wrap=aligned_alloc,--wrap=free, see the Makefile): while armed,
+ * every allocation and free first invalidates a registered page of the cache,
+ * as such an allocator's hook would. The cache is driven through the two
+ * places that allocate: a new pool chunk (every 63 regions) and a larger
+ * hint table (at 128 live regions, then 512).
+ */
+#include <infiniband/verbs.h>
+#include <stdlib.h>
+
+#include "cachetest.h"
+
+#define LW IBV_ACCESS_LOCAL_WRITE
+
+void *__real_aligned_alloc(size_t align, size_t size);
+void __real_free(void *p);
+
+static drc_cache_t *armed;     /* the cache the "allocator" invalidates into, or NULL */
+static int inside;
+static unsigned long reentries, found;
+
+static void reenter(void)
+{
+    int k;
+
+    if (!armed || inside)
+        return;
+    inside = 1;
+    k = drc_invalidate(armed, at(1000, 0), pg());   /* the allocator gives a page back */
+    assert_true(k >= 0);
+    reentries++;
+    found += k > 0;
+    inside = 0;
+}
+
+void *__wrap_aligned_alloc(size_t align, size_t size);
+void *__wrap_aligned_alloc(size_t align, size_t size)
+{
+    reenter();
+    return __real_aligned_alloc(align, size);
+}
+
+void __wrap_free(void *p);
+void __wrap_free(void *p)
+{
+    reenter();
+    __real_free(p);
+}
+
+static int short_alarm(void **state)
+{
+    (void)state;
+    alarm(30);      /* the bug this tests is a deadlock */
+    return 0;
+}
+
+static void allocator_may_reenter_drc_on_every_allocation(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    int i;
+
+    (void)state;
+    for (i = 0; i < 600; i++) {
+        /* the page the allocator gives back: registered again (unarmed) whenever it was taken out */
+        armed = NULL;
+        assert_int_equal(drc_put(c, get_ok(c, at(1000, 0), pg(), LW)), 0);
+        armed = c;
+        assert_int_equal(drc_put(c, get_ok(c, at(2 * (size_t)i, 0), pg(), LW)), 0);
+    }
+    armed = NULL;
+    /* pool chunks at about 63, 126, ... regions and hint tables at 128 and 512: each re-entered drc
+     * and each found the registered page (so it took the cache's lock) */
+    assert_true(reentries >= 10);
+    assert_true(found >= 10);
+    done(b, c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(allocator_may_reenter_drc_on_every_allocation, short_alarm),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
