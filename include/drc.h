@@ -14,6 +14,14 @@
  * Unless a function says otherwise it is thread-safe: any thread may call it
  * on any cache at any time, except that drc_cache_destroy() must not race
  * other calls on the same cache.
+ *
+ * fork(): the registrations belong to the parent. In a child every cache
+ * inherited from the parent is inert: drc_notify_free() and the hooks ignore
+ * it, drc_get() fails with -ESTALE, drc_put() and drc_invalidate() do nothing
+ * and return 0, drc_cache_destroy() frees drc's own memory only; no backend
+ * call is ever made for it (a child must not deregister the parent's MRs),
+ * and its locks are made anew (another parent thread may have held them at
+ * the fork). Caches created in the child work as usual.
  */
 #ifndef DRC_H
 #define DRC_H

@@ -160,6 +160,7 @@ struct drc_cache {
     uintptr_t lo, hi;               /* atomic: hull of every range registered or being registered */
     struct hint_tab *hint;          /* atomic: replaced under c->lock (release store) */
     unsigned page_shift;
+    int inert;                      /* atomic: inherited by a fork() child (drc__cache_forked) */
 
     pthread_mutex_t lock __attribute__((aligned(64)));
     pthread_cond_t pending_done;
@@ -928,6 +929,8 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
         return err;
     if ((last | (c->page - 1)) - (s & ~(uintptr_t)(c->page - 1)) == UINTPTR_MAX)
         return -EINVAL;     /* page-rounded, it is the whole address space: its length does not fit */
+    if (LD(c->inert))
+        return -ESTALE;
     for (tries = 0; tries < REG_RETRIES; tries++) {
         r = lookup_lockless(c, s, last, access);
         if (r) {
@@ -957,6 +960,8 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
 
     if (!c || !r || r->cache != c)
         return -EINVAL;
+    if (LD(c->inert))
+        return 0;           /* the parent's region: nothing to do in a fork child */
     w = LD(r->word);
     do {
         if (!USERS(w))
@@ -980,6 +985,8 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
         return 0;
     if (closed_range(addr, len, &s, &last))
         return -EINVAL;
+    if (LD(c->inert))
+        return 0;           /* a fork child never deregisters the parent's regions */
     /* The hull covers every pending registration too, so skipping here misses none. */
     if (last < __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE) || s > __atomic_load_n(&c->hi, __ATOMIC_ACQUIRE))
         return 0;
@@ -1065,6 +1072,24 @@ err_hint:
     return err;
 }
 
+/*
+ * In a fork() child (notify.c's atfork handler, only this thread exists):
+ * the cache is the parent's, its registrations and backend context too. It
+ * becomes inert: no backend call ever again, lookups fail with -ESTALE, puts
+ * and invalidations do nothing, destroy frees drc's memory only. Its lock
+ * may have been held by a parent thread that does not exist here: made anew.
+ */
+void drc__cache_forked(drc_cache_t *c)
+{
+    ST(c->inert, 1);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->pending_done, NULL);
+#ifdef DRC_DEBUG
+    c->owner = (pthread_t)0;
+    drc__lock_depth = 0;
+#endif
+}
+
 int drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg, drc_cache_t **out)
 {
     return drc__cache_create(be, cfg, NULL, out);
@@ -1108,19 +1133,21 @@ int drc_cache_destroy(drc_cache_t *c)
 
     if (!c)
         return -EINVAL;
-    lock(c);
-    if (busy(c)) {
+    if (!LD(c->inert)) {
+        lock(c);
+        if (busy(c)) {
+            unlock(c);
+            return -EBUSY;
+        }
         unlock(c);
-        return -EBUSY;
-    }
-    unlock(c);
-    drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
-    budget = DRC__ITREE_UNBOUNDED;
-    for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
-         n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
-        be_dereg(c, region_of(n)->handle);
-    if (c->release)
-        c->release(c->be.ctx);
+        drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
+        budget = DRC__ITREE_UNBOUNDED;
+        for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
+             n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+            be_dereg(c, region_of(n)->handle);
+        if (c->release)
+            c->release(c->be.ctx);
+    }   /* else a fork child's copy: free drc's own memory only, the registrations are the parent's */
     while ((ch = c->chunks)) {
         c->chunks = ch->next;
         mem_free(ch);

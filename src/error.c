@@ -27,6 +27,8 @@ static const struct {
     { ENOENT, "not found" },
     { EBADF, "bad file descriptor" },
     { EIO, "the CUDA driver returned an error" },
+    { ESTALE, "the cache was created before fork(): in the child it is inert (nothing is registered or "
+              "deregistered for it); create a new cache in the child" },
 };
 
 const char *drc_strerror(int err)

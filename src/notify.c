@@ -54,12 +54,23 @@
  * close the store-buffering case where the cache's hull check lets the
  * invalidation skip the lock.
  *
+ * fork(). The child has one thread and a copy of every cache, whose locks
+ * other parent threads may have held and whose registrations (and backend
+ * context) are the parent's. The atfork child handler makes each subscribed
+ * cache inert (cache.c, drc__cache_forked) and empties the table, the
+ * frees in flight and the users counts, as UCX purges its caches on fork:
+ * in the child the hooks and drc_notify_free see no cache and do nothing,
+ * and no backend call is ever made for an inherited cache. A cache created
+ * in the child afterwards works as usual.
+ *
  * The hook library (hook_preload.c, LD_PRELOADed) is told where drc lives on
  * the first subscribe: it calls drc_notify_free through the pointer it is
  * given, so a program that preloads the hook but never creates a cache never
  * enters drc at all.
  */
 #include "notify.h"
+
+#include "cache.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -108,13 +119,38 @@ static void attach_hooks(void)
         attach(&ops);
 }
 
+/* pthread_atfork child handler: see "fork()" above. Only this thread exists. */
+static void forked_child(void)
+{
+    unsigned i;
+    drc_cache_t *c;
+
+    for (i = 0; i < SLOTS; i++) {
+        c = __atomic_load_n(&slots[i].cache, __ATOMIC_RELAXED);
+        if (c)
+            drc__cache_forked(c);
+        __atomic_store_n(&slots[i].cache, NULL, __ATOMIC_RELAXED);
+        __atomic_store_n(&slots[i].users, 0, __ATOMIC_RELAXED);
+    }
+    for (i = 0; i < FREEING; i++)
+        __atomic_store_n(&freeing[i].state, F_EMPTY, __ATOMIC_RELAXED);
+    __atomic_store_n(&freeing_wide, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&subscribed, 0, __ATOMIC_SEQ_CST);
+}
+
+static void notify_init(void)
+{
+    attach_hooks();
+    pthread_atfork(NULL, NULL, forked_child);
+}
+
 int drc__notify_subscribe(drc_cache_t *c)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     unsigned i, u;
 
     /* Before the cache can register anything, so the hooks miss no free of what it registers. */
-    pthread_once(&once, attach_hooks);
+    pthread_once(&once, notify_init);
     for (i = 0; i < SLOTS; i++) {
         drc_cache_t *empty = NULL;
 
