@@ -184,7 +184,12 @@ struct drc_stats {
 /* A snapshot of the counters; each is exact, the set is not one instant. Thread-safe. */
 DRC_API void drc_cache_stats(drc_cache_t *c, struct drc_stats *s);
 
-/* A sentence for a negative errno returned by drc (static storage, never NULL). */
+/*
+ * A sentence for a negative errno returned by drc, with advice where drc
+ * knows some (-EIO may come from CUDA or from the backend: it names both).
+ * The text is constant static storage, never NULL. Thread-safe (it never
+ * calls strerror()).
+ */
 DRC_API const char *drc_strerror(int err);
 
 /* ---- Verbs ------------------------------------------------------------- */
