@@ -145,8 +145,15 @@ struct pending {
     struct pending *next;
 };
 
+/*
+ * Per-thread counters (see tally()): hits, and the region references that
+ * took a region's users from 0 to 1 (used) and from 1 to 0 (idled), so that
+ * stats.in_use = used - idled needs no lock and no walk.
+ */
+enum { ST_HITS, ST_USED, ST_IDLED, ST_N };
+
 struct stat_slot {
-    uint64_t hits;                  /* atomic; written only by the slot's owner thread (see hit_slot) */
+    uint64_t n[ST_N];               /* atomic; written only by the slot's owner thread (see tally) */
 } __attribute__((aligned(64)));
 
 struct drc_cache {
@@ -172,10 +179,11 @@ struct drc_cache {
     struct chunk *chunks;
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
-    uint64_t misses, merges, invalidated, evicted, regs, regions, bytes;  /* c->lock */
+    uint64_t misses, merges, invalidated, evicted, regs, regions, bytes;  /* written under c->lock with ST,
+                                                                           * read by stats without it */
     uint64_t deregs;                /* atomic: counted after the backend returns */
 
-    struct stat_slot hits[HIT_SLOTS + 1];      /* [HIT_SLOTS] is shared, counted with atomic adds */
+    struct stat_slot st[HIT_SLOTS + 1];        /* [HIT_SLOTS] is shared, counted with atomic adds */
 #ifdef DRC_DEBUG
     pthread_t owner;                /* atomic: the thread holding c->lock, or 0 */
 #endif
@@ -320,17 +328,25 @@ static int slot_claim(void)
     return HIT_SLOTS;
 }
 
-static void count_hit(drc_cache_t *c)
+static void tally(drc_cache_t *c, int what)
 {
     int i = my_slot;
 
     if (i < 0)
         i = my_slot = slot_claim();
     if (i == HIT_SLOTS)
-        __atomic_fetch_add(&c->hits[i].hits, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&c->st[i].n[what], 1, __ATOMIC_RELAXED);
     else
-        ST(c->hits[i].hits, LD(c->hits[i].hits) + 1);
+        ST(c->st[i].n[what], LD(c->st[i].n[what]) + 1);
 }
+
+static void count_hit(drc_cache_t *c)
+{
+    tally(c, ST_HITS);
+}
+
+/* A locked counter (c->lock held): stats reads it without the lock. */
+#define INC(x, v) ST(x, (x) + (v))
 
 /* [addr, addr+len) as a closed range; -EINVAL for len 0 or overflow. */
 static int closed_range(const void *addr, size_t len, uintptr_t *start, uintptr_t *last)
@@ -394,7 +410,7 @@ static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t 
 }
 
 /* Add a user to a region that is live or detached; 0 if it is neither. */
-static int tryget(struct drc_region *r)
+static int tryget(drc_cache_t *c, struct drc_region *r)
 {
     uint64_t w = LD(r->word);
 
@@ -402,6 +418,8 @@ static int tryget(struct drc_region *r)
         if (!(w & HELD))
             return 0;
     } while (!__atomic_compare_exchange_n(&r->word, &w, w + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+    if (!USERS(w))
+        tally(c, ST_USED);
     return 1;
 }
 
@@ -440,8 +458,8 @@ static void unlink_live(drc_cache_t *c, struct drc_region *r)
     drc__itree_remove(&c->tree, &r->node);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
-    c->regions--;
-    c->bytes -= region_len(r);
+    INC(c->regions, -1);
+    INC(c->bytes, -region_len(r));
 }
 
 /* Release r if no user holds it: the caller deregisters everything on *dead. */
@@ -480,7 +498,7 @@ static void evict(drc_cache_t *c, struct drc_region **dead)
         next = r->lru_next;
         if (try_release(r, dead)) {
             unlink_live(c, r);
-            c->evicted++;
+            INC(c->evicted, 1);
         }
     }
 }
@@ -589,7 +607,10 @@ static int unref(drc_cache_t *c, struct drc_region *r)
 {
     uint64_t w = __atomic_sub_fetch(&r->word, 1, __ATOMIC_SEQ_CST);
 
-    return w == HELD ? became_idle(c, r) : 0;
+    if (w != HELD)
+        return 0;
+    tally(c, ST_IDLED);
+    return became_idle(c, r);
 }
 
 static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
@@ -616,7 +637,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
             return NULL;        /* a writer is at work: wait for it on the lock */
         hs = hint_slot(c, s);
         r = LD(*hs);
-        hinted = r && covers(r, s, last, access) && tryget(r);
+        hinted = r && covers(r, s, last, access) && tryget(c, r);
         if (hinted && LD(r->detached)) {
             unref(c, r);        /* left the tree: walk it, and the walk replaces the hint */
             hinted = 0;
@@ -624,7 +645,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
         if (!hinted) {
             budget = LOOKUP_BUDGET;
             r = find_containing(&c->tree, s, last, access, &budget);
-            if (!r || !tryget(r))
+            if (!r || !tryget(c, r))
                 return NULL;
         }
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
@@ -731,7 +752,7 @@ static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__me
         if (joinable(r, m, p->access) && n->start >= p->start && n->last <= p->last)
             retire(c, r, dead);
     }
-    c->merges++;
+    INC(c->merges, 1);
 }
 
 static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc__mem *m, void **handle,
@@ -812,8 +833,9 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     drc__itree_insert(&c->tree, &r->node);
     if (c->limited)
         lru_append(c, r);
-    c->regions++;
-    c->bytes += region_len(r);
+    INC(c->regions, 1);
+    INC(c->bytes, region_len(r));
+    tally(c, ST_USED);      /* HELD + 1 */
 }
 
 /*
@@ -842,7 +864,8 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         budget = DRC__ITREE_UNBOUNDED;
         r = find_containing(&c->tree, s, last, access, &budget);
         if (r) {
-            __atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST);
+            if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
+                tally(c, ST_USED);
             ST(*hint_slot(c, s), r);
             unlock(c);
             count_hit(c);
@@ -853,7 +876,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
             break;
         wait_pending(c);
     }
-    c->misses++;
+    INC(c->misses, 1);
     err = plan_region(c, s, last, access, &m, &p);
     if (err) {
         unlock(c);
@@ -879,7 +902,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
             err = -ENOMEM;
     }
     pending_unlink(c, &pend);
-    c->regs += registered;
+    INC(c->regs, (uint64_t)registered);
     if (!err && pend.stale)
         err = RACED;        /* it may map memory that is being freed: never insert it */
     if (err) {
@@ -967,7 +990,10 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
         if (!USERS(w))
             return -EINVAL;
     } while (!__atomic_compare_exchange_n(&r->word, &w, w - 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
-    return w - 1 == HELD ? became_idle(c, r) : 0;
+    if (w - 1 != HELD)
+        return 0;
+    tally(c, ST_IDLED);
+    return became_idle(c, r);
 }
 
 int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
@@ -1015,7 +1041,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
     for (p = c->pending; p; p = p->next)
         if (p->start <= last && s <= p->last)
             p->stale = 1;
-    c->invalidated += count;
+    INC(c->invalidated, (uint64_t)count);
     if (nothing_registered(c)) {
         __atomic_store_n(&c->lo, UINTPTR_MAX, __ATOMIC_RELEASE);
         __atomic_store_n(&c->hi, 0, __ATOMIC_RELEASE);
@@ -1162,28 +1188,53 @@ int drc_cache_destroy(drc_cache_t *c)
     return 0;
 }
 
+/* The sum of one per-thread counter. */
+static uint64_t tally_sum(const drc_cache_t *c, int what)
+{
+    uint64_t n = 0;
+    int i;
+
+    for (i = 0; i <= HIT_SLOTS; i++)
+        n += LD_SC(c->st[i].n[what]);
+    return n;
+}
+
+/*
+ * O(1) in the number of regions, and lockless: every counter is kept as it
+ * changes. in_use is the per-thread 0->1 transitions (used) less the 1->0
+ * ones (idled), read as used, idled, used again until no reference was
+ * taken meanwhile (a few tries): then no idled was read that is missing its
+ * used. It may be off by the threads between a reference's CAS and its
+ * count; at rest it is exact.
+ */
 void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
 {
-    int i;
+    uint64_t used, idled, again;
+    int tries;
 
     if (!s)
         return;
     memset(s, 0, sizeof(*s));
     if (!c)
         return;
-    for (i = 0; i <= HIT_SLOTS; i++)
-        s->hits += __atomic_load_n(&c->hits[i].hits, __ATOMIC_RELAXED);
-    s->deregs = __atomic_load_n(&c->deregs, __ATOMIC_RELAXED);
-    lock(c);
-    s->misses = c->misses;
-    s->merges = c->merges;
-    s->invalidated = c->invalidated;
-    s->evicted = c->evicted;
-    s->regs = c->regs;
-    s->regions = c->regions;
-    s->bytes = c->bytes;
-    s->in_use = held_in(&c->tree) + held_in(&c->detached);
-    unlock(c);
+    s->hits = tally_sum(c, ST_HITS);
+    again = tally_sum(c, ST_USED);
+    for (tries = 0; tries < 16; tries++) {
+        used = again;
+        idled = tally_sum(c, ST_IDLED);
+        again = tally_sum(c, ST_USED);
+        if (again == used)
+            break;
+    }
+    s->in_use = used > idled ? used - idled : 0;
+    s->deregs = LD(c->deregs);
+    s->misses = LD(c->misses);
+    s->merges = LD(c->merges);
+    s->invalidated = LD(c->invalidated);
+    s->evicted = LD(c->evicted);
+    s->regs = LD(c->regs);
+    s->regions = LD(c->regions);
+    s->bytes = LD(c->bytes);
 }
 
 int drc_region_valid(const drc_region_t *r)

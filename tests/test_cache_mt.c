@@ -378,6 +378,55 @@ static void same_race_with_eviction(void **state)
     race_invalidations(&cfg);
 }
 
+/* ---- stats while other threads take and drop references ---------------- */
+
+struct refs {
+    drc_cache_t *c;
+    int me;
+};
+
+static void *refs_thread(void *p)
+{
+    struct refs *a = p;
+    drc_region_t *r1, *r2;
+    int k;
+
+    for (k = 0; k < 20000; k++) {
+        const void *addr = at(16 * (size_t)a->me + (size_t)k % 8, 0);
+
+        if (drc_get(a->c, addr, 1, LW, &r1) || drc_get(a->c, addr, 1, LW, &r2))
+            abort();
+        drc_put(a->c, r2);
+        drc_put(a->c, r1);
+    }
+    return NULL;
+}
+
+/* stats takes no lock and walks nothing, and in_use (kept per thread) never overcounts and is exact at rest */
+static void stats_are_kept_as_they_change(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct refs args[2] = { { c, 0 }, { c, 1 } };
+    struct drc_stats st;
+    pthread_t th[2];
+    int i;
+
+    (void)state;
+    for (i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, refs_thread, &args[i]);
+    for (i = 0; i < 2000; i++) {
+        drc_cache_stats(c, &st);
+        assert_true(st.in_use <= 2);        /* each thread holds at most one region at a time */
+        assert_true(st.regions <= 16);
+        assert_true(st.bytes == st.regions * pg());
+    }
+    for (i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    EXPECT_STATS(c, .hits = 2 * 20000 * 2 - 16, .misses = 16, .regs = 16, .regions = 16, .bytes = 16 * pg());
+    done(b, c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +436,7 @@ int main(void)
         cmocka_unit_test_setup(gets_after_invalidate_never_return_old_regions, setup_alarm),
         cmocka_unit_test_setup(same_race_without_merging, setup_alarm),
         cmocka_unit_test_setup(same_race_with_eviction, setup_alarm),
+        cmocka_unit_test_setup(stats_are_kept_as_they_change, setup_alarm),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
