@@ -422,7 +422,7 @@ static void stats_are_kept_as_they_change(void **state)
         drc_cache_stats(c, &st);
         assert_true(st.in_use <= 2);        /* each thread holds at most one region at a time */
         assert_true(st.regions <= 16);
-        assert_true(st.bytes == st.regions * pg());
+        assert_true(st.bytes <= 16 * pg());     /* each field is exact, the set is not one instant */
     }
     for (i = 0; i < 2; i++)
         pthread_join(th[i], NULL);
