@@ -100,24 +100,32 @@ enum {
 #define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE)
 
 struct drc_region {
-    /* first cache line: all a lookup reads */
-    struct drc__itree_node node;    /* atomic fields, see itree.h */
-    unsigned access;                /* atomic: a stale lookup may read it during reuse */
+    /*
+     * First cache line: all a hit reads and writes (word, access, detached,
+     * cache, node.start/last) and all a floor descent reads (node.left,
+     * node.right); node.parent and node.red, which only writers and the
+     * overlap walk read, spill into the second.
+     */
     uint64_t word;                  /* HELD | users, atomic */
-    /* set before publication (release store of word) and constant while referenced */
+    unsigned access;                /* atomic: a stale lookup may read it during reuse */
+    int detached;                   /* atomic, written under c->lock */
     drc_cache_t *cache;             /* set once, when the pool chunk is made */
+    struct drc__itree_node node;    /* atomic fields, see itree.h */
+    /* set before publication (release store of word) and constant while referenced */
     struct drc__mem mem;
     void *handle;
     uint32_t lkey, rkey;
     int valid;                      /* atomic */
-    int detached;                   /* atomic, written under c->lock */
     struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
 } __attribute__((aligned(64)));
 
 /*
- * The hint table: a lossy, direct-mapped map from a page of address space to
- * the region a lookup last found there, so that a hit is one slot load and
+ * The hint table: a lossy, direct-mapped map from a grain of address space
+ * (2^grain bytes: the power of two at or below the mean region size when the
+ * table was made, so that a lookup anywhere inside a region, not only at its
+ * start, keys one of the two or three grains the region touches) to the
+ * region a lookup last found there, so that a hit is one slot load and
  * one region line instead of a tree descent (about 2 log2 n dependent loads,
  * each a coin-toss branch on random addresses). Lookups fill it with plain
  * atomic stores, without the lock; nothing else writes it, and nothing
@@ -131,6 +139,7 @@ struct drc_region {
 struct hint_tab {
     struct hint_tab *older;         /* the table this one replaced */
     unsigned shift;                 /* 64 - log2(slots) */
+    unsigned grain;                 /* log2 of the bytes one slot covers */
     struct drc_region *slot[];      /* atomic */
 };
 
@@ -617,7 +626,7 @@ static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
 {
     struct hint_tab *t = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
 
-    return &t->slot[((uint64_t)(s >> c->page_shift) * 0x9e3779b97f4a7c15ull) >> t->shift];
+    return &t->slot[((uint64_t)(s >> t->grain) * 0x9e3779b97f4a7c15ull) >> t->shift];
 }
 
 static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
@@ -781,18 +790,19 @@ static struct hint_tab *hint_new(unsigned bits, struct hint_tab *older)
 
     if (t) {
         t->shift = 64 - bits;
+        t->grain = 12;
         t->older = older;
     }
     return t;
 }
 
-/* The size (log2 slots) the hint table should grow to, or 0 (c->lock): two slots per live region. */
+/* The size (log2 slots) the hint table should grow to, or 0 (c->lock): four slots per live region. */
 static unsigned hint_want(const drc_cache_t *c)
 {
     unsigned bits = 64 - c->hint->shift;
 
     ASSERT_LOCKED(c);
-    if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 1)))
+    if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 2)))
         return 0;
     return bits + 2 < HINT_MAX_BITS ? bits + 2 : HINT_MAX_BITS;
 }
@@ -806,6 +816,10 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
         return;     /* without memory, hits only get slower */
     lock(c);
     if (64 - c->hint->shift < bits) {
+        /* the mean region size, rounded down to a power of two, at least a page */
+        t->grain = c->regions ? 63 - (unsigned)__builtin_clzll(c->bytes / c->regions | 1) : c->page_shift;
+        if (t->grain < c->page_shift)
+            t->grain = c->page_shift;
         t->older = c->hint;
         __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
         t = NULL;
@@ -1067,6 +1081,8 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
     c->hint = hint_new(HINT_MIN_BITS, NULL);
+    if (c->hint)
+        c->hint->grain = c->page_shift;
     if (!c->hint) {
         err = -ENOMEM;
         goto err_hint;
