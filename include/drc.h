@@ -21,6 +21,14 @@
  * Unless a function says otherwise it is thread-safe: any thread may call it
  * on any cache at any time, except that drc_cache_destroy() must not race
  * other calls on the same cache.
+ *
+ * fork(): the registrations belong to the parent. In a child every cache
+ * inherited from the parent is inert: drc_notify_free() and the hooks ignore
+ * it, drc_get() fails with -ESTALE, drc_put() and drc_invalidate() do nothing
+ * and return 0, drc_cache_destroy() frees drc's own memory only; no backend
+ * call is ever made for it (a child must not deregister the parent's MRs),
+ * and its locks are made anew (another parent thread may have held them at
+ * the fork). Caches created in the child work as usual.
  */
 #ifndef DRC_H
 #define DRC_H
@@ -180,7 +188,12 @@ struct drc_stats {
 /* A snapshot of the counters; each is exact, the set is not one instant. Thread-safe. */
 DRC_API void drc_cache_stats(drc_cache_t *c, struct drc_stats *s);
 
-/* A sentence for a negative errno returned by drc (static storage, never NULL). */
+/*
+ * A sentence for a negative errno returned by drc, with advice where drc
+ * knows some (-EIO may come from CUDA or from the backend: it names both).
+ * The text is constant static storage, never NULL. Thread-safe (it never
+ * calls strerror()).
+ */
 DRC_API const char *drc_strerror(int err);
 
 /* ---- Invalidation from the allocator ------------------------------------ */

@@ -100,24 +100,32 @@ enum {
 #define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE)
 
 struct drc_region {
-    /* first cache line: all a lookup reads */
-    struct drc__itree_node node;    /* atomic fields, see itree.h */
-    unsigned access;                /* atomic: a stale lookup may read it during reuse */
+    /*
+     * First cache line: all a hit reads and writes (word, access, detached,
+     * cache, node.start/last) and all a floor descent reads (node.left,
+     * node.right); node.parent and node.red, which only writers and the
+     * overlap walk read, spill into the second.
+     */
     uint64_t word;                  /* HELD | users, atomic */
-    /* set before publication (release store of word) and constant while referenced */
+    unsigned access;                /* atomic: a stale lookup may read it during reuse */
+    int detached;                   /* atomic, written under c->lock */
     drc_cache_t *cache;             /* set once, when the pool chunk is made */
+    struct drc__itree_node node;    /* atomic fields, see itree.h */
+    /* set before publication (release store of word) and constant while referenced */
     struct drc__mem mem;
     void *handle;
     uint32_t lkey, rkey;
     int valid;                      /* atomic */
-    int detached;                   /* atomic, written under c->lock */
     struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
 } __attribute__((aligned(64)));
 
 /*
- * The hint table: a lossy, direct-mapped map from a page of address space to
- * the region a lookup last found there, so that a hit is one slot load and
+ * The hint table: a lossy, direct-mapped map from a grain of address space
+ * (2^grain bytes: the power of two at or below the mean region size when the
+ * table was made, so that a lookup anywhere inside a region, not only at its
+ * start, keys one of the two or three grains the region touches) to the
+ * region a lookup last found there, so that a hit is one slot load and
  * one region line instead of a tree descent (about 2 log2 n dependent loads,
  * each a coin-toss branch on random addresses). Lookups fill it with plain
  * atomic stores, without the lock; nothing else writes it, and nothing
@@ -131,6 +139,7 @@ struct drc_region {
 struct hint_tab {
     struct hint_tab *older;         /* the table this one replaced */
     unsigned shift;                 /* 64 - log2(slots) */
+    unsigned grain;                 /* log2 of the bytes one slot covers */
     struct drc_region *slot[];      /* atomic */
 };
 
@@ -145,8 +154,15 @@ struct pending {
     struct pending *next;
 };
 
+/*
+ * Per-thread counters (see tally()): hits, and the region references that
+ * took a region's users from 0 to 1 (used) and from 1 to 0 (idled), so that
+ * stats.in_use = used - idled needs no lock and no walk.
+ */
+enum { ST_HITS, ST_USED, ST_IDLED, ST_N };
+
 struct stat_slot {
-    uint64_t hits;                  /* atomic; written only by the slot's owner thread (see hit_slot) */
+    uint64_t n[ST_N];               /* atomic; written only by the slot's owner thread (see tally) */
 } __attribute__((aligned(64)));
 
 struct drc_cache {
@@ -160,6 +176,7 @@ struct drc_cache {
     uintptr_t lo, hi;               /* atomic: hull of every range registered or being registered */
     struct hint_tab *hint;          /* atomic: replaced under c->lock (release store) */
     unsigned page_shift;
+    int inert;                      /* atomic: inherited by a fork() child (drc__cache_forked) */
 
     pthread_mutex_t lock __attribute__((aligned(64)));
     pthread_cond_t pending_done;
@@ -171,10 +188,11 @@ struct drc_cache {
     struct chunk *chunks;
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
-    uint64_t misses, merges, invalidated, evicted, regs, regions, bytes;  /* c->lock */
+    uint64_t misses, merges, invalidated, evicted, regs, regions, bytes;  /* written under c->lock with ST,
+                                                                           * read by stats without it */
     uint64_t deregs;                /* atomic: counted after the backend returns */
 
-    struct stat_slot hits[HIT_SLOTS + 1];      /* [HIT_SLOTS] is shared, counted with atomic adds */
+    struct stat_slot st[HIT_SLOTS + 1];        /* [HIT_SLOTS] is shared, counted with atomic adds */
 #ifdef DRC_DEBUG
     pthread_t owner;                /* atomic: the thread holding c->lock, or 0 */
 #endif
@@ -319,17 +337,25 @@ static int slot_claim(void)
     return HIT_SLOTS;
 }
 
-static void count_hit(drc_cache_t *c)
+static void tally(drc_cache_t *c, int what)
 {
     int i = my_slot;
 
     if (i < 0)
         i = my_slot = slot_claim();
     if (i == HIT_SLOTS)
-        __atomic_fetch_add(&c->hits[i].hits, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&c->st[i].n[what], 1, __ATOMIC_RELAXED);
     else
-        ST(c->hits[i].hits, LD(c->hits[i].hits) + 1);
+        ST(c->st[i].n[what], LD(c->st[i].n[what]) + 1);
 }
+
+static void count_hit(drc_cache_t *c)
+{
+    tally(c, ST_HITS);
+}
+
+/* A locked counter (c->lock held): stats reads it without the lock. */
+#define INC(x, v) ST(x, (x) + (v))
 
 /* [addr, addr+len) as a closed range; -EINVAL for len 0 or overflow. */
 static int closed_range(const void *addr, size_t len, uintptr_t *start, uintptr_t *last)
@@ -393,7 +419,7 @@ static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t 
 }
 
 /* Add a user to a region that is live or detached; 0 if it is neither. */
-static int tryget(struct drc_region *r)
+static int tryget(drc_cache_t *c, struct drc_region *r)
 {
     uint64_t w = LD(r->word);
 
@@ -401,6 +427,8 @@ static int tryget(struct drc_region *r)
         if (!(w & HELD))
             return 0;
     } while (!__atomic_compare_exchange_n(&r->word, &w, w + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+    if (!USERS(w))
+        tally(c, ST_USED);
     return 1;
 }
 
@@ -439,8 +467,8 @@ static void unlink_live(drc_cache_t *c, struct drc_region *r)
     drc__itree_remove(&c->tree, &r->node);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
-    c->regions--;
-    c->bytes -= region_len(r);
+    INC(c->regions, -1);
+    INC(c->bytes, -region_len(r));
 }
 
 /* Release r if no user holds it: the caller deregisters everything on *dead. */
@@ -479,7 +507,7 @@ static void evict(drc_cache_t *c, struct drc_region **dead)
         next = r->lru_next;
         if (try_release(r, dead)) {
             unlink_live(c, r);
-            c->evicted++;
+            INC(c->evicted, 1);
         }
     }
 }
@@ -588,14 +616,17 @@ static int unref(drc_cache_t *c, struct drc_region *r)
 {
     uint64_t w = __atomic_sub_fetch(&r->word, 1, __ATOMIC_SEQ_CST);
 
-    return w == HELD ? became_idle(c, r) : 0;
+    if (w != HELD)
+        return 0;
+    tally(c, ST_IDLED);
+    return became_idle(c, r);
 }
 
 static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
 {
     struct hint_tab *t = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
 
-    return &t->slot[((uint64_t)(s >> c->page_shift) * 0x9e3779b97f4a7c15ull) >> t->shift];
+    return &t->slot[((uint64_t)(s >> t->grain) * 0x9e3779b97f4a7c15ull) >> t->shift];
 }
 
 static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
@@ -615,7 +646,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
             return NULL;        /* a writer is at work: wait for it on the lock */
         hs = hint_slot(c, s);
         r = LD(*hs);
-        hinted = r && covers(r, s, last, access) && tryget(r);
+        hinted = r && covers(r, s, last, access) && tryget(c, r);
         if (hinted && LD(r->detached)) {
             unref(c, r);        /* left the tree: walk it, and the walk replaces the hint */
             hinted = 0;
@@ -623,7 +654,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
         if (!hinted) {
             budget = LOOKUP_BUDGET;
             r = find_containing(&c->tree, s, last, access, &budget);
-            if (!r || !tryget(r))
+            if (!r || !tryget(c, r))
                 return NULL;
         }
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
@@ -730,7 +761,7 @@ static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__me
         if (joinable(r, m, p->access) && n->start >= p->start && n->last <= p->last)
             retire(c, r, dead);
     }
-    c->merges++;
+    INC(c->merges, 1);
 }
 
 static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc__mem *m, void **handle,
@@ -759,18 +790,19 @@ static struct hint_tab *hint_new(unsigned bits, struct hint_tab *older)
 
     if (t) {
         t->shift = 64 - bits;
+        t->grain = 12;
         t->older = older;
     }
     return t;
 }
 
-/* The size (log2 slots) the hint table should grow to, or 0 (c->lock): two slots per live region. */
+/* The size (log2 slots) the hint table should grow to, or 0 (c->lock): four slots per live region. */
 static unsigned hint_want(const drc_cache_t *c)
 {
     unsigned bits = 64 - c->hint->shift;
 
     ASSERT_LOCKED(c);
-    if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 1)))
+    if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 2)))
         return 0;
     return bits + 2 < HINT_MAX_BITS ? bits + 2 : HINT_MAX_BITS;
 }
@@ -784,6 +816,10 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
         return;     /* without memory, hits only get slower */
     lock(c);
     if (64 - c->hint->shift < bits) {
+        /* the mean region size, rounded down to a power of two, at least a page */
+        t->grain = c->regions ? 63 - (unsigned)__builtin_clzll(c->bytes / c->regions | 1) : c->page_shift;
+        if (t->grain < c->page_shift)
+            t->grain = c->page_shift;
         t->older = c->hint;
         __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
         t = NULL;
@@ -811,8 +847,9 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     drc__itree_insert(&c->tree, &r->node);
     if (c->limited)
         lru_append(c, r);
-    c->regions++;
-    c->bytes += region_len(r);
+    INC(c->regions, 1);
+    INC(c->bytes, region_len(r));
+    tally(c, ST_USED);      /* HELD + 1 */
 }
 
 /*
@@ -841,7 +878,8 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         budget = DRC__ITREE_UNBOUNDED;
         r = find_containing(&c->tree, s, last, access, &budget);
         if (r) {
-            __atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST);
+            if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
+                tally(c, ST_USED);
             ST(*hint_slot(c, s), r);
             unlock(c);
             count_hit(c);
@@ -852,7 +890,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
             break;
         wait_pending(c);
     }
-    c->misses++;
+    INC(c->misses, 1);
     err = plan_region(c, s, last, access, &m, &p);
     if (err) {
         unlock(c);
@@ -878,7 +916,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
             err = -ENOMEM;
     }
     pending_unlink(c, &pend);
-    c->regs += registered;
+    INC(c->regs, (uint64_t)registered);
     if (!err && pend.stale)
         err = RACED;        /* it may map memory that is being freed: never insert it */
     if (err) {
@@ -928,6 +966,8 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
         return err;
     if ((last | (c->page - 1)) - (s & ~(uintptr_t)(c->page - 1)) == UINTPTR_MAX)
         return -EINVAL;     /* page-rounded, it is the whole address space: its length does not fit */
+    if (LD(c->inert))
+        return -ESTALE;
     for (tries = 0; tries < REG_RETRIES; tries++) {
         r = lookup_lockless(c, s, last, access);
         if (r) {
@@ -957,12 +997,17 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
 
     if (!c || !r || r->cache != c)
         return -EINVAL;
+    if (LD(c->inert))
+        return 0;           /* the parent's region: nothing to do in a fork child */
     w = LD(r->word);
     do {
         if (!USERS(w))
             return -EINVAL;
     } while (!__atomic_compare_exchange_n(&r->word, &w, w - 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
-    return w - 1 == HELD ? became_idle(c, r) : 0;
+    if (w - 1 != HELD)
+        return 0;
+    tally(c, ST_IDLED);
+    return became_idle(c, r);
 }
 
 int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
@@ -980,6 +1025,8 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
         return 0;
     if (closed_range(addr, len, &s, &last))
         return -EINVAL;
+    if (LD(c->inert))
+        return 0;           /* a fork child never deregisters the parent's regions */
     /* The hull covers every pending registration too, so skipping here misses none. */
     if (last < __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE) || s > __atomic_load_n(&c->hi, __ATOMIC_ACQUIRE))
         return 0;
@@ -1008,7 +1055,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
     for (p = c->pending; p; p = p->next)
         if (p->start <= last && s <= p->last)
             p->stale = 1;
-    c->invalidated += count;
+    INC(c->invalidated, (uint64_t)count);
     if (nothing_registered(c)) {
         __atomic_store_n(&c->lo, UINTPTR_MAX, __ATOMIC_RELEASE);
         __atomic_store_n(&c->hi, 0, __ATOMIC_RELEASE);
@@ -1034,6 +1081,8 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
     c->hint = hint_new(HINT_MIN_BITS, NULL);
+    if (c->hint)
+        c->hint->grain = c->page_shift;
     if (!c->hint) {
         err = -ENOMEM;
         goto err_hint;
@@ -1063,6 +1112,24 @@ err_subscribe:
 err_hint:
     mem_free(c);
     return err;
+}
+
+/*
+ * In a fork() child (notify.c's atfork handler, only this thread exists):
+ * the cache is the parent's, its registrations and backend context too. It
+ * becomes inert: no backend call ever again, lookups fail with -ESTALE, puts
+ * and invalidations do nothing, destroy frees drc's memory only. Its lock
+ * may have been held by a parent thread that does not exist here: made anew.
+ */
+void drc__cache_forked(drc_cache_t *c)
+{
+    ST(c->inert, 1);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->pending_done, NULL);
+#ifdef DRC_DEBUG
+    c->owner = (pthread_t)0;
+    drc__lock_depth = 0;
+#endif
 }
 
 int drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg, drc_cache_t **out)
@@ -1108,19 +1175,21 @@ int drc_cache_destroy(drc_cache_t *c)
 
     if (!c)
         return -EINVAL;
-    lock(c);
-    if (busy(c)) {
+    if (!LD(c->inert)) {
+        lock(c);
+        if (busy(c)) {
+            unlock(c);
+            return -EBUSY;
+        }
         unlock(c);
-        return -EBUSY;
-    }
-    unlock(c);
-    drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
-    budget = DRC__ITREE_UNBOUNDED;
-    for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
-         n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
-        be_dereg(c, region_of(n)->handle);
-    if (c->release)
-        c->release(c->be.ctx);
+        drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
+        budget = DRC__ITREE_UNBOUNDED;
+        for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
+             n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+            be_dereg(c, region_of(n)->handle);
+        if (c->release)
+            c->release(c->be.ctx);
+    }   /* else a fork child's copy: free drc's own memory only, the registrations are the parent's */
     while ((ch = c->chunks)) {
         c->chunks = ch->next;
         mem_free(ch);
@@ -1135,28 +1204,53 @@ int drc_cache_destroy(drc_cache_t *c)
     return 0;
 }
 
+/* The sum of one per-thread counter. */
+static uint64_t tally_sum(const drc_cache_t *c, int what)
+{
+    uint64_t n = 0;
+    int i;
+
+    for (i = 0; i <= HIT_SLOTS; i++)
+        n += LD_SC(c->st[i].n[what]);
+    return n;
+}
+
+/*
+ * O(1) in the number of regions, and lockless: every counter is kept as it
+ * changes. in_use is the per-thread 0->1 transitions (used) less the 1->0
+ * ones (idled), read as used, idled, used again until no reference was
+ * taken meanwhile (a few tries): then no idled was read that is missing its
+ * used. It may be off by the threads between a reference's CAS and its
+ * count; at rest it is exact.
+ */
 void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
 {
-    int i;
+    uint64_t used, idled, again;
+    int tries;
 
     if (!s)
         return;
     memset(s, 0, sizeof(*s));
     if (!c)
         return;
-    for (i = 0; i <= HIT_SLOTS; i++)
-        s->hits += __atomic_load_n(&c->hits[i].hits, __ATOMIC_RELAXED);
-    s->deregs = __atomic_load_n(&c->deregs, __ATOMIC_RELAXED);
-    lock(c);
-    s->misses = c->misses;
-    s->merges = c->merges;
-    s->invalidated = c->invalidated;
-    s->evicted = c->evicted;
-    s->regs = c->regs;
-    s->regions = c->regions;
-    s->bytes = c->bytes;
-    s->in_use = held_in(&c->tree) + held_in(&c->detached);
-    unlock(c);
+    s->hits = tally_sum(c, ST_HITS);
+    again = tally_sum(c, ST_USED);
+    for (tries = 0; tries < 16; tries++) {
+        used = again;
+        idled = tally_sum(c, ST_IDLED);
+        again = tally_sum(c, ST_USED);
+        if (again == used)
+            break;
+    }
+    s->in_use = used > idled ? used - idled : 0;
+    s->deregs = LD(c->deregs);
+    s->misses = LD(c->misses);
+    s->merges = LD(c->merges);
+    s->invalidated = LD(c->invalidated);
+    s->evicted = LD(c->evicted);
+    s->regs = LD(c->regs);
+    s->regions = LD(c->regions);
+    s->bytes = LD(c->bytes);
 }
 
 int drc_region_valid(const drc_region_t *r)

@@ -20,6 +20,9 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
 /* The backend a cache was created with (its ctx identifies e.g. a verbs cache). */
 const struct drc_backend *drc__cache_backend(const drc_cache_t *c);
 
+/* notify.c's fork child handler: make an inherited cache inert (see cache.c). */
+void drc__cache_forked(drc_cache_t *c);
+
 /* The cache a region belongs to. */
 drc_cache_t *drc__region_cache(const drc_region_t *r);
 

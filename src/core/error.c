@@ -1,5 +1,9 @@
 /*
  * drc_strerror: one table from errno to a sentence a user can act on.
+ * Everything it returns is static and constant: it is thread-safe, and never
+ * calls strerror() (whose text for an unknown value lives in a shared
+ * buffer). An -EIO may come from CUDA or from the backend, so its advice
+ * names both.
  */
 #include <errno.h>
 #include <limits.h>
@@ -26,11 +30,14 @@ static const struct {
     { EACCES, "access denied: VMM memory must be created with gpuDirectRDMACapable for RDMA" },
     { ENOENT, "not found" },
     { EBADF, "bad file descriptor" },
-    { EIO, "the CUDA driver returned an error" },
+    { EIO, "an I/O error from the CUDA driver or the RDMA device: run `drc doctor`, and check dmesg for the NIC" },
+    { ESTALE, "the cache was created before fork(): in the child it is inert (nothing is registered or "
+              "deregistered for it); create a new cache in the child" },
 };
 
 const char *drc_strerror(int err)
 {
+    const char *msg;
     size_t i;
 
     if (err == 0)
@@ -39,7 +46,9 @@ const char *drc_strerror(int err)
     for (i = 0; i < sizeof(messages) / sizeof(messages[0]); i++)
         if (err == -messages[i].err)
             return messages[i].msg;
-    if (err == INT_MIN)
-        return "unknown error";
-    return err < 0 ? strerror(-err) : "not an error code: drc errors are negative errno values";
+    if (err > 0)
+        return "not an error code: drc errors are negative errno values";
+    if (err != INT_MIN && (msg = strerrordesc_np(-err)))
+        return msg;     /* glibc's constant text, the same as strerror's for a known value */
+    return "unknown error";
 }

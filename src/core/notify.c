@@ -54,6 +54,15 @@
  * close the store-buffering case where the cache's hull check lets the
  * invalidation skip the lock.
  *
+ * fork(). The child has one thread and a copy of every cache, whose locks
+ * other parent threads may have held and whose registrations (and backend
+ * context) are the parent's. The atfork child handler makes each subscribed
+ * cache inert (cache.c, drc__cache_forked) and empties the table, the
+ * frees in flight and the users counts, as UCX purges its caches on fork:
+ * in the child the hooks and drc_notify_free see no cache and do nothing,
+ * and no backend call is ever made for an inherited cache. A cache created
+ * in the child afterwards works as usual.
+ *
  * The hook library (hook_preload.c, LD_PRELOADed) is told where drc lives on
  * the first subscribe: it calls drc_notify_free through the pointer it is
  * given, so a program that preloads the hook but never creates a cache never
@@ -61,11 +70,16 @@
  */
 #include "core/notify.h"
 
+#include "cache.h"
+
 #include <dlfcn.h>
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* TSan does not model fences and gcc warns about them (-Wtsan); they are needed all the same. */
 #if defined(__SANITIZE_THREAD__) && !defined(__clang__)
@@ -92,6 +106,8 @@ struct freeing {
 static struct freeing freeing[FREEING];
 static unsigned freeing_used;   /* atomic: 1 + the highest entry ever claimed; only grows */
 static unsigned freeing_wide;   /* atomic: frees in flight that found no entry: they overlap everything */
+static unsigned freeing_gen;    /* atomic: bumped when an entry ends or is published; a futex */
+static unsigned freeing_sleepers; /* atomic: getters asleep on freeing_gen */
 static unsigned subscribed; /* atomic: caches in the table, for the early out */
 static unsigned used;       /* atomic: 1 + the highest slot ever filled; only grows */
 
@@ -108,13 +124,39 @@ static void attach_hooks(void)
         attach(&ops);
 }
 
+/* pthread_atfork child handler: see "fork()" above. Only this thread exists. */
+static void forked_child(void)
+{
+    unsigned i;
+    drc_cache_t *c;
+
+    for (i = 0; i < SLOTS; i++) {
+        c = __atomic_load_n(&slots[i].cache, __ATOMIC_RELAXED);
+        if (c)
+            drc__cache_forked(c);
+        __atomic_store_n(&slots[i].cache, NULL, __ATOMIC_RELAXED);
+        __atomic_store_n(&slots[i].users, 0, __ATOMIC_RELAXED);
+    }
+    for (i = 0; i < FREEING; i++)
+        __atomic_store_n(&freeing[i].state, F_EMPTY, __ATOMIC_RELAXED);
+    __atomic_store_n(&freeing_wide, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&freeing_sleepers, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&subscribed, 0, __ATOMIC_SEQ_CST);
+}
+
+static void notify_init(void)
+{
+    attach_hooks();
+    pthread_atfork(NULL, NULL, forked_child);
+}
+
 int drc__notify_subscribe(drc_cache_t *c)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     unsigned i, u;
 
     /* Before the cache can register anything, so the hooks miss no free of what it registers. */
-    pthread_once(&once, attach_hooks);
+    pthread_once(&once, notify_init);
     for (i = 0; i < SLOTS; i++) {
         drc_cache_t *empty = NULL;
 
@@ -178,6 +220,28 @@ int drc_notify_free(const void *addr, size_t len)
     return total;
 }
 
+/*
+ * Getters sleep on freeing_gen instead of spinning through a whole free
+ * (a cudaFree can synchronise the device for milliseconds). No lock: a
+ * futex word and a sleeper count, all sequentially consistent.
+ *   freer (end)                       getter (wait_frees)
+ *   entry state = EMPTY               sleepers++
+ *   gen++                             g = gen
+ *   sleepers ? wake all : skip        overlaps ? futex_wait(gen, g) : done
+ *                                     sleepers--
+ * If the freer reads sleepers == 0, the getter's sleepers++ is later, so
+ * its overlap check is later than the EMPTY store and sees it. Otherwise
+ * the wake comes after gen++: either the getter read the old gen and
+ * futex_wait returns at once (the word changed) or is woken, or it read the
+ * new gen, and then its check sees EMPTY.
+ */
+static void freeing_changed(void)
+{
+    __atomic_fetch_add(&freeing_gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&freeing_sleepers, __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, &freeing_gen, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
 int drc__notify_begin(const void *addr, size_t len)
 {
     uintptr_t s = (uintptr_t)addr;
@@ -193,6 +257,7 @@ int drc__notify_begin(const void *addr, size_t len)
         __atomic_store_n(&freeing[i].start, s, __ATOMIC_RELAXED);
         __atomic_store_n(&freeing[i].last, s + (len - 1), __ATOMIC_RELAXED);
         __atomic_store_n(&freeing[i].state, F_PUBLISHED, __ATOMIC_SEQ_CST);
+        freeing_changed();  /* a getter asleep on a claimed entry may now see it does not overlap */
         u = __atomic_load_n(&freeing_used, __ATOMIC_RELAXED);
         while (u < i + 1 &&
                !__atomic_compare_exchange_n(&freeing_used, &u, i + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
@@ -213,7 +278,8 @@ void drc__notify_end(int ticket)
     if (ticket == FREEING)
         __atomic_fetch_sub(&freeing_wide, 1, __ATOMIC_SEQ_CST);
     else
-        __atomic_store_n(&freeing[ticket].state, F_EMPTY, __ATOMIC_RELEASE);
+        __atomic_store_n(&freeing[ticket].state, F_EMPTY, __ATOMIC_SEQ_CST);
+    freeing_changed();
 }
 
 /* 1 if a free overlapping [s, last] is in flight. */
@@ -236,7 +302,17 @@ static int freeing_overlaps(uintptr_t s, uintptr_t last)
 
 void drc__notify_wait_frees(uintptr_t s, uintptr_t last)
 {
+    unsigned g;
+
     __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* the pending registration before the entries are read */
-    while (freeing_overlaps(s, last))
-        sched_yield();
+    if (!freeing_overlaps(s, last))
+        return;
+    __atomic_fetch_add(&freeing_sleepers, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        g = __atomic_load_n(&freeing_gen, __ATOMIC_SEQ_CST);
+        if (!freeing_overlaps(s, last))
+            break;
+        syscall(SYS_futex, &freeing_gen, FUTEX_WAIT_PRIVATE, g, NULL, NULL, 0);
+    }
+    __atomic_fetch_sub(&freeing_sleepers, 1, __ATOMIC_SEQ_CST);
 }

@@ -11,7 +11,10 @@
 #include <sched.h>
 #include <signal.h>
 
+#include <time.h>
+
 #include "cachetest.h"
+#include "notify.h"
 
 #define LW IBV_ACCESS_LOCAL_WRITE
 #define RW IBV_ACCESS_REMOTE_WRITE
@@ -378,6 +381,111 @@ static void same_race_with_eviction(void **state)
     race_invalidations(&cfg);
 }
 
+/* ---- stats while other threads take and drop references ---------------- */
+
+struct refs {
+    drc_cache_t *c;
+    int me;
+};
+
+static void *refs_thread(void *p)
+{
+    struct refs *a = p;
+    drc_region_t *r1, *r2;
+    int k;
+
+    for (k = 0; k < 20000; k++) {
+        const void *addr = at(16 * (size_t)a->me + (size_t)k % 8, 0);
+
+        if (drc_get(a->c, addr, 1, LW, &r1) || drc_get(a->c, addr, 1, LW, &r2))
+            abort();
+        drc_put(a->c, r2);
+        drc_put(a->c, r1);
+    }
+    return NULL;
+}
+
+/* stats takes no lock and walks nothing, and in_use (kept per thread) never overcounts and is exact at rest */
+static void stats_are_kept_as_they_change(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct refs args[2] = { { c, 0 }, { c, 1 } };
+    struct drc_stats st;
+    pthread_t th[2];
+    int i;
+
+    (void)state;
+    for (i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, refs_thread, &args[i]);
+    for (i = 0; i < 2000; i++) {
+        drc_cache_stats(c, &st);
+        assert_true(st.in_use <= 2);        /* each thread holds at most one region at a time */
+        assert_true(st.regions <= 16);
+        assert_true(st.bytes <= 16 * pg());     /* each field is exact, the set is not one instant */
+    }
+    for (i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    EXPECT_STATS(c, .hits = 2 * 20000 * 2 - 16, .misses = 16, .regs = 16, .regions = 16, .bytes = 16 * pg());
+    done(b, c);
+}
+
+/* ---- a getter meeting a free in flight sleeps until it ends ------------- */
+
+struct freewait {
+    drc_cache_t *c;
+    drc_region_t *r;
+    int err;
+    long cpu_us;        /* CPU time the getter used */
+};
+
+static long thread_cpu_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1000000L + ts.tv_nsec / 1000;
+}
+
+static void *freewait_thread(void *p)
+{
+    struct freewait *f = p;
+    long t0 = thread_cpu_us();
+
+    f->err = drc_get(f->c, at(41, 0), pg(), LW, &f->r);
+    f->cpu_us = thread_cpu_us() - t0;
+    return NULL;
+}
+
+/*
+ * The free bracket's guarantee (no registration of memory being freed) with a
+ * getter that blocks: a cudaFree may synchronise the device for a long time,
+ * and a getter used to spin on sched_yield for all of it.
+ */
+static void getter_sleeps_through_a_free_in_flight(void **state)
+{
+    struct tb *b = tb_new();
+    struct freewait f = { .c = mk(b, NULL) };
+    pthread_t th;
+    int ticket;
+
+    (void)state;
+    ticket = drc__notify_begin(at(40, 0), 4 * pg());
+    assert_true(ticket >= 0);
+    pthread_create(&th, NULL, freewait_thread, &f);
+    usleep(300 * 1000);                 /* the free takes its time */
+    assert_int_equal(tb_nreg(b), 0);    /* nothing registered while it is in flight */
+    drc__notify_end(ticket);
+    pthread_join(th, NULL);
+    assert_int_equal(f.err, 0);
+    assert_int_equal(tb_nreg(b), 1);
+    /* asleep, not spinning: a spin used about all of the 300 ms */
+    if (f.cpu_us > 60 * 1000)
+        fail_msg("the getter used %ld us of CPU while it waited", f.cpu_us);
+    assert_int_equal(drc_put(f.c, f.r), 0);
+    done(b, f.c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +495,8 @@ int main(void)
         cmocka_unit_test_setup(gets_after_invalidate_never_return_old_regions, setup_alarm),
         cmocka_unit_test_setup(same_race_without_merging, setup_alarm),
         cmocka_unit_test_setup(same_race_with_eviction, setup_alarm),
+        cmocka_unit_test_setup(stats_are_kept_as_they_change, setup_alarm),
+        cmocka_unit_test_setup(getter_sleeps_through_a_free_in_flight, setup_alarm),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

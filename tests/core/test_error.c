@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -66,12 +67,42 @@ static void other_errors_fall_back_to_strerror(void **state)
     assert_non_null(drc_strerror(INT_MIN + 1));
 }
 
+/*
+ * Thread-safe: every text is constant, also for values the C library does
+ * not know (strerror writes those into one shared buffer, so a later call
+ * changed the text an earlier caller still held).
+ */
+static void texts_are_constant(void **state)
+{
+    const char *a = drc_strerror(-4095), *b;
+    char copy[128];
+
+    (void)state;
+    snprintf(copy, sizeof(copy), "%s", a);
+    b = drc_strerror(-4094);
+    assert_string_equal(a, copy);
+    assert_ptr_equal(drc_strerror(-4095), a);
+    (void)b;
+}
+
+/* -EIO comes from the CUDA layer or from the backend: the advice must not blame only one. */
+static void eio_advice_names_both_sources(void **state)
+{
+    const char *m = drc_strerror(-EIO);
+
+    (void)state;
+    assert_non_null(strstr(m, "CUDA"));
+    assert_non_null(strstr(m, "RDMA"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(success_and_non_errors),
         cmocka_unit_test(documented_errors_have_advice),
         cmocka_unit_test(other_errors_fall_back_to_strerror),
+        cmocka_unit_test(texts_are_constant),
+        cmocka_unit_test(eio_advice_names_both_sources),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
