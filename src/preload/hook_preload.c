@@ -55,12 +55,15 @@
 typedef unsigned long long cuptr;
 typedef void *dlsym_fn(void *, const char *);
 
-/* What drc hands over in drc_hook_attach(): notify.h's struct drc__hook_ops, version 1. */
+/* What drc hands over in drc_hook_attach(): notify.h's struct drc__hook_ops, version 2. */
 struct hook_ops {
     int version;
     int (*begin)(const void *addr, size_t len);
     void (*end)(int ticket);
     const unsigned *caches;
+    int (*begin_free)(unsigned long long ptr);
+    int (*begin_teardown)(int device);
+    int (*ctx_device)(void *ctx);
 };
 
 enum mode { MODE_UNSET = 0, MODE_HOOK = 1, MODE_CUPTI = 2, MODE_OFF = 3 };
@@ -129,7 +132,7 @@ __attribute__((constructor)) static void hook_init(void)
  */
 EXPORT void drc_hook_attach(const struct hook_ops *o)
 {
-    if (!o || o->version != 1)
+    if (!o || o->version < 2)
         return;
     __atomic_store_n(&ops, o, __ATOMIC_RELEASE);
     if (debug)
@@ -153,6 +156,8 @@ int drc__hook_begin_free(cuptr dptr)
 
     if (!o || !dptr)
         return -1;
+    if (o->begin_free)
+        return o->begin_free(dptr);     /* drc's one begin-free routine (src/cuda/free.c) */
     if (!__atomic_load_n(&range, __ATOMIC_ACQUIRE))
         __atomic_store_n((void **)&range, driver_sym("cuMemGetAddressRange_v2"), __ATOMIC_RELEASE);
     /* the bounds while the pointer is still valid: a region may cover any part of the allocation */
