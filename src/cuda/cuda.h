@@ -207,6 +207,7 @@ void *drc__cuda_primary_ctx(const struct drc__cuda_driver *d, int device);
  * retried, and where that fails cuPointerGetAttribute(RANGE_START_ADDR,
  * RANGE_SIZE) is asked, which needs no context. Allocates nothing.
  */
+__attribute__((visibility("default")))    /* the preload's verbs front uses it (drc.map, DRC_PRIVATE_0) */
 int drc__cuda_alloc_range(uintptr_t addr, uintptr_t *base, size_t *len);
 
 /* CU_DEVICE_ATTRIBUTE_* @attr of CUDA ordinal @device: 0 with *value, or -ENODEV / -EIO. */
