@@ -149,16 +149,35 @@ bench_cache_LDFLAGS := -lucs -lucm
 bench: $(addprefix $B/bench/,$(BENCHES))
 	@set -e; for b in $^; do echo "== $$b"; $$b; done
 
-# ---- invalidation hooks (issue 4): libdrc_hook.so and the doubles its test runs against ----
-# The hook library is built at -O2 with sibling calls whatever CFLAGS say: its dlsym must
-# tail-call libc's, which resolves RTLD_NEXT from the caller's return address.
-HOOK_OBJS := $B/hook/preload/hook_preload.o $B/hook/preload/hook_cupti.o
-$B/hook/%.o: src/%.c $(HDRS)
+# ---- the preload library (src/preload/): libdrc_preload.so, linking libdrc.so.0 ----
+# One library, its parts chosen by DRC_PRELOAD (cuda, host, verbs; preload.c); it brings libdrc_host
+# (drc_host_alloc) too. libdrc_hook.so and libdrc_verbs.so are links to it: preloading both loads it
+# once (an interposer must be the preloaded object itself, not a dependency of it). The same library is also built at -O0 without sibling calls
+# (build/O0/), and the preload test runs against both: RTLD_NEXT must not depend on tail calls.
+PRELOAD_SRCS := $(wildcard src/preload/*.c)
+PRELOAD_LINK  = -shared $(LDFLAGS) -Wl,-soname,libdrc_preload.so -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
+$B/libdrc.so.0: $B/libdrc.so
+	ln -sf libdrc.so $@
+$B/libdrc_host.so.0: $B/libdrc_host.so
+	ln -sf libdrc_host.so $@
+$B/libdrc_preload.so: $(call objs,$B,$(PRELOAD_SRCS)) $B/libdrc.so.0 $B/libdrc_host.so.0
+	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B -l:libdrc.so.0 -l:libdrc_host.so.0 $(LDLIBS)
+$B/libdrc_hook.so $B/libdrc_verbs.so: $B/libdrc_preload.so
+	ln -sf libdrc_preload.so $@
+$B/O0/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -O2 -g -foptimize-sibling-calls $(WARN) $(PICFLAGS) -c $< -o $@
-$B/libdrc_hook.so: $(HOOK_OBJS)
-	$(CC) -shared $(LDFLAGS) -o $@ $(HOOK_OBJS) -ldl
-all: $B/libdrc_hook.so
+	$(CC) $(CPPFLAGS) -O0 -g -fno-optimize-sibling-calls $(WARN) $(PICFLAGS) -c $< -o $@
+$B/O0/libdrc.so.0: $B/libdrc.so
+	@mkdir -p $(@D)
+	ln -sf ../libdrc.so $@
+$B/O0/libdrc_host.so.0: $B/libdrc_host.so
+	@mkdir -p $(@D)
+	ln -sf ../libdrc_host.so $@
+$B/O0/libdrc_preload.so: $(call objs,$B/O0,$(PRELOAD_SRCS)) $B/O0/libdrc.so.0 $B/O0/libdrc_host.so.0
+	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B/O0 -l:libdrc.so.0 -l:libdrc_host.so.0 $(LDLIBS)
+$B/O0/libdrc_hook.so: $B/O0/libdrc_preload.so
+	ln -sf libdrc_preload.so $@
+all: $B/libdrc_preload.so $B/libdrc_hook.so $B/libdrc_verbs.so $B/O0/libdrc_hook.so
 # A double of libcuda.so.1 (there is no GPU in CI) and the programs the preload test runs under
 # LD_PRELOAD, all without sanitizers (ASan does not mix with preloading another library).
 $B/fakecuda/libcuda.so.1: tests/hooks/fake_cuda.c tests/hooks/fake_cuda.h
@@ -168,15 +187,18 @@ $B/hooktest/hook_child: tests/hooks/hook_child.c tests/hooks/fake_cuda.h $B/libd
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/hooks -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/fakecuda -l:libcuda.so.1 \
 	  -Wl,-rpath,'$$ORIGIN/../fakecuda' $(LDLIBS)
-$B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child
+# The verbs front's seam (drc__preload_verbs_symbol), stood in for: the preload without
+# verbs_preload.c, plus tests/hooks/verbs_standin.c, which serves ibv_dereg_mr.
+$B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/verbs_preload.c,$(PRELOAD_SRCS))) \
+                                       tests/hooks/verbs_standin.c $B/libdrc.so
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) -c tests/hooks/verbs_standin.c -o $(@D)/verbs_standin.o
+	ln -sf ../../libdrc.so $(@D)/libdrc.so.0
+	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/verbs_standin.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
+$B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child \
+  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/engine/libibverbs.so.1
 
-# ---- transfer-engine interposer (issue 5): libdrc_verbs.so, its doubles and test programs ----
-# libdrc_verbs.so is the whole library plus the ibv_reg_mr interposer, the host-memory hooks
-# (hook_host.c) and the CUDA free hooks of libdrc_hook.so: one LD_PRELOAD does everything.
-VERBS_PRELOAD_OBJS := $B/obj/preload/verbs_preload.o $B/obj/preload/hook_host.o
-$B/libdrc_verbs.so: $(VERBS_PRELOAD_OBJS) $(HOOK_OBJS) $(LIB_OBJS) $(HOST_OBJS)
-	$(CC) -shared $(LDFLAGS) -Wl,-soname,libdrc_verbs.so -o $@ $^ -ljemalloc $(LDLIBS)
-all: $B/libdrc_verbs.so
+# ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
 # DOUBLES (no NIC, no GPU in CI): a recording libibverbs.so.1 and a libcuda.so.1 that exports
 # dmabufs, both found by the test through LD_LIBRARY_PATH; and the program run under the preload.
 $B/engine/libibverbs.so.1: tests/engine/ibverbs_double.c tests/engine/ibverbs_double.h tests/engine/ibverbs_double.map
@@ -217,7 +239,9 @@ install: all
 	install -m 755 $B/drc $(DESTDIR)$(PREFIX)/bin/
 	install -m 755 $B/libdrc_host.so $(DESTDIR)$(LIBDIR)/libdrc_host.so.0
 	ln -sf libdrc_host.so.0 $(DESTDIR)$(LIBDIR)/libdrc_host.so
-	install -m 755 $B/libdrc_hook.so $B/libdrc_verbs.so $(DESTDIR)$(LIBDIR)/
+	install -m 755 $B/libdrc_preload.so $(DESTDIR)$(LIBDIR)/
+	ln -sf libdrc_preload.so $(DESTDIR)$(LIBDIR)/libdrc_hook.so
+	ln -sf libdrc_preload.so $(DESTDIR)$(LIBDIR)/libdrc_verbs.so
 	install -d $(DESTDIR)$(PREFIX)/share/drc/python
 	install -m 644 src/python/drc_torch.py $(DESTDIR)$(PREFIX)/share/drc/python/
 

@@ -13,16 +13,41 @@ extern "C" {
 #endif
 
 /*
- * Wrappers for the CUDA frees: each looks up the whole allocation, calls
- * drc_notify_free() on it, then calls the real function and returns its
- * result (a CUresult, or a cudaError_t for the runtime ones).
+ * Wrappers for the CUDA calls that take memory away: each tells drc before
+ * the memory goes, then calls the real function and returns its result
+ * unchanged (a CUresult, or a cudaError_t for the runtime ones).
+ *
+ * The frees (cuMemFree, cuMemFreeAsync, cudaFree, cudaFreeAsync) and the
+ * pinned host frees (cuMemFreeHost, cudaFreeHost, cuMemHostUnregister,
+ * cudaHostUnregister) invalidate the whole allocation containing the
+ * pointer, whatever CUDA context the calling thread has (or none).
+ * cuMemUnmap invalidates exactly the range given; cuMemRelease nothing (the
+ * memory goes at the last unmap). The teardowns (cuDevicePrimaryCtxReset,
+ * cuCtxDestroy, cudaDeviceReset) free every allocation of the context
+ * without a free call: they invalidate every CUDA allocation of that device
+ * that drc has registered (all devices when the device is unknown).
+ * The invalidated range is marked as being freed until the real call
+ * returns, so no registration can be made of it meanwhile.
+ *
+ * drc_cudaFree and company use the shared libcudart the dynamic linker
+ * sees; in a program with a static runtime they do what the runtime does
+ * through the driver (drc_cudaFree: synchronise the allocation's context,
+ * then cuMemFree). Thread-safe; no driver: CUDA_ERROR_NOT_INITIALIZED (3) or
+ * cudaErrorInitializationError (3).
  */
 DRC_API int drc_cuMemFree(unsigned long long dptr);
 DRC_API int drc_cuMemFreeAsync(unsigned long long dptr, void *stream);
 DRC_API int drc_cuMemUnmap(unsigned long long ptr, size_t size);
 DRC_API int drc_cuMemRelease(unsigned long long handle);
+DRC_API int drc_cuMemFreeHost(void *p);
+DRC_API int drc_cuMemHostUnregister(void *p);
+DRC_API int drc_cuDevicePrimaryCtxReset(int dev);  /* dev: a CUdevice */
+DRC_API int drc_cuCtxDestroy(void *ctx);           /* ctx: a CUcontext */
 DRC_API int drc_cudaFree(void *ptr);
 DRC_API int drc_cudaFreeAsync(void *ptr, void *stream);
+DRC_API int drc_cudaFreeHost(void *ptr);
+DRC_API int drc_cudaHostUnregister(void *ptr);
+DRC_API int drc_cudaDeviceReset(void);
 
 /* PyTorch CUDAPluggableAllocator entry points (stream is a cudaStream_t). */
 DRC_API void *drc_torch_malloc(ssize_t size, int device, void *stream);

@@ -50,6 +50,8 @@ struct fake_cuda {
     int nexports;
     void *range_ctx;            /* current context at the last cuMemGetAddressRange */
     int set_calls, retains, releases, primary_retains;
+    int frees, resets, destroys;        /* cuMemFree/FreeHost/HostUnregister; PrimaryCtxReset; CtxDestroy */
+    int reset_dev;                      /* the device last reset */
 };
 
 static struct fake_cuda fc;
@@ -110,8 +112,8 @@ static int fc_range(unsigned long long *base, size_t *size, unsigned long long p
     fc.range_ctx = fc_current;
     if (fc.range_needs_ctx && !fc_current)
         return DRC__CUDA_ERROR_INVALID_CONTEXT;
-    if (!a || a->type != DRC__CU_MEMORYTYPE_DEVICE)
-        return DRC__CUDA_ERROR_INVALID_VALUE;
+    if (!a || a->managed)
+        return DRC__CUDA_ERROR_INVALID_VALUE;   /* device memory and pinned host memory have bounds */
     *base = a->base;
     *size = a->size;
     return 0;
@@ -195,6 +197,51 @@ static int fc_primary_retain(void **ctx, int dev)
     return 0;
 }
 
+/* Forget the allocation that starts at @p (a free of any kind). */
+static int fc_drop(unsigned long long p)
+{
+    struct fc_alloc *a = fc_find(p);
+
+    if (!a || a->base != p)
+        return DRC__CUDA_ERROR_INVALID_VALUE;
+    *a = fc.a[--fc.n];
+    fc.frees++;
+    return 0;
+}
+
+static int fc_free(unsigned long long p)
+{
+    return fc_drop(p);
+}
+
+static int fc_free_host(void *p)
+{
+    return fc_drop((uintptr_t)p);
+}
+
+static int fc_primary_reset(int dev)
+{
+    fc.resets++;
+    fc.reset_dev = dev;
+    return 0;
+}
+
+static int fc_ctx_destroy(void *ctx)
+{
+    (void)ctx;
+    fc.destroys++;
+    return 0;
+}
+
+/* FC_CTX0 is device 0's; FC_PRIMARY(dev) is dev's. */
+static int fc_ctx_device(int *dev)
+{
+    if (!fc_current)
+        return DRC__CUDA_ERROR_INVALID_CONTEXT;
+    *dev = fc_current == FC_CTX0 ? 0 : (int)((uintptr_t)fc_current - 0xd00);
+    return 0;
+}
+
 static const struct drc__cuda_driver fc_driver = {
     .cuPointerGetAttributes = fc_attrs,
     .cuMemGetAddressRange = fc_range,
@@ -207,6 +254,12 @@ static const struct drc__cuda_driver fc_driver = {
     .cuDeviceGet = fc_device_get,
     .cuDeviceGetAttribute = fc_device_attr,
     .cuDevicePrimaryCtxRetain = fc_primary_retain,
+    .cuDevicePrimaryCtxReset = fc_primary_reset,
+    .cuCtxDestroy = fc_ctx_destroy,
+    .cuCtxGetDevice = fc_ctx_device,
+    .cuMemFree = fc_free,
+    .cuMemFreeHost = fc_free_host,
+    .cuMemHostUnregister = fc_free_host,
 };
 
 /* Forget every allocation and record, install the fake, all devices export dmabuf. */
@@ -235,6 +288,15 @@ static inline struct fc_alloc *fc_add_vmm(uintptr_t base, size_t size, int devic
     a->vmm = 1;
     a->gdr = gdr;
     a->ctx = NULL;
+    return a;
+}
+
+/* Pinned host memory (cuMemAllocHost / cuMemHostRegister): host type, no device. */
+static inline struct fc_alloc *fc_add_host(uintptr_t base, size_t size, uint64_t id)
+{
+    struct fc_alloc *a = fc_add(base, size, -1, id);
+
+    a->type = DRC__CU_MEMORYTYPE_HOST;
     return a;
 }
 

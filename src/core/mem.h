@@ -20,14 +20,23 @@
 
 #include "drc.h"
 
+enum { DRC__MEM_CHUNKS = 8 };  /* VMM chunks whose buffer ids a classification records */
+
+/* A mapped VMM chunk [base, end) and its CU_POINTER_ATTRIBUTE_BUFFER_ID at classification. */
+struct drc__mem_chunk {
+    uintptr_t base, end;
+    uint64_t id;
+};
+
 struct drc__mem {
     enum drc_mem_type type;
     int device;             /* CUDA ordinal, -1 for host memory */
     uintptr_t lo, hi;       /* a region of this memory stays inside [lo, hi): the allocation, or
                              * the run of contiguous compatible VMM chunks; [0, UINTPTR_MAX] for host */
     uint64_t buffer_id;     /* CUDA: CU_POINTER_ATTRIBUTE_BUFFER_ID at the first byte asked for */
-    uint64_t buffer_id_end; /* and at the last byte asked for (differs across VMM chunks) */
     void *ctx;              /* CUDA: the allocation's context, made current for the export */
+    unsigned nchunks;       /* VMM: the chunks of [lo, hi) recorded below, by address; 0 otherwise */
+    struct drc__mem_chunk chunk[DRC__MEM_CHUNKS];
 };
 
 /*
@@ -47,8 +56,10 @@ int drc__mem_export(const struct drc__mem *m, uintptr_t start, size_t len, unsig
                     uint64_t *offset);
 
 /*
- * 1 if [addr, addr+len) is still the CUDA buffer that @m was classified from
- * (buffer ids at both ends unchanged), 0 if it was freed or replaced.
+ * 1 if [addr, addr+len) is still the CUDA buffer that @m was classified from,
+ * 0 if it was freed or replaced: the buffer id at each end equals the one
+ * recorded at classification for the allocation, or for a VMM region for the
+ * chunk that end falls in (a chunk not recorded fails the check).
  */
 int drc__mem_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len);
 

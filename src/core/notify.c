@@ -63,14 +63,14 @@
  * and no backend call is ever made for an inherited cache. A cache created
  * in the child afterwards works as usual.
  *
- * The hook library (hook_preload.c, LD_PRELOADed) is told where drc lives on
- * the first subscribe: it calls drc_notify_free through the pointer it is
- * given, so a program that preloads the hook but never creates a cache never
- * enters drc at all.
+ * The preload library (src/preload/, LD_PRELOADed) is told where drc lives on
+ * the first subscribe (the hook ABI, notify.h): it begins and ends frees
+ * through the pointers it is given, so a program that preloads it but never
+ * creates a cache never enters drc at all.
  */
 #include "core/notify.h"
 
-#include "cache.h"
+#include "core/cache.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -111,17 +111,27 @@ static unsigned freeing_sleepers; /* atomic: getters asleep on freeing_gen */
 static unsigned subscribed; /* atomic: caches in the table, for the early out */
 static unsigned used;       /* atomic: 1 + the highest slot ever filled; only grows */
 
-/* The hook library's entry point, if it is loaded: see hook_preload.c. */
+/* What the preload library is handed (notify.h, the hook ABI). */
+static struct drc__hook_ops hook_ops = {
+    .version = 2, .begin = drc__notify_begin, .end = drc__notify_end, .caches = &subscribed,
+};
+
+void drc__notify_set_cuda_hooks(int (*begin_free)(unsigned long long), int (*begin_teardown)(int),
+                                int (*ctx_device)(void *))
+{
+    hook_ops.begin_free = begin_free;
+    hook_ops.begin_teardown = begin_teardown;
+    hook_ops.ctx_device = ctx_device;
+}
+
+/* The preload library's entry point, if it is loaded: see src/preload/hook_preload.c. */
 static void attach_hooks(void)
 {
-    static const struct drc__hook_ops ops = {
-        .version = 1, .begin = drc__notify_begin, .end = drc__notify_end, .caches = &subscribed,
-    };
     void (*attach)(const struct drc__hook_ops *);
 
     *(void **)&attach = dlsym(RTLD_DEFAULT, "drc_hook_attach");
     if (attach)
-        attach(&ops);
+        attach(&hook_ops);
 }
 
 /* pthread_atfork child handler: see "fork()" above. Only this thread exists. */

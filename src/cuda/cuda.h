@@ -1,15 +1,26 @@
 /*
- * The CUDA driver as drc sees it (cuda.c). libcuda.so.1 is opened with
- * dlopen on first use; nothing links against it. Tests install a fake table
- * with drc__cuda_set_driver() — the same table the real driver fills in.
+ * The CUDA layer as the rest of drc sees it: the one table of driver entry
+ * points (driver.c), memory (memory.c: classify, export, validate, the bounds
+ * of an allocation), and the one routine that turns a free, an unmap or a
+ * context teardown into drc__notify_begin/end (free.c).
  *
- * Contract of the table: each entry has the driver ABI of the function it is
- * named after (CUresult is an int, CUdeviceptr an unsigned long long, CUdevice
- * an int, CUcontext/CUstream a pointer), returns 0 (CUDA_SUCCESS) or a
- * CUresult, and may be called from any thread. cuMemAlloc, cuMemFree,
- * cuMemGetAddressRange and cuDevicePrimaryCtxRelease are the _v2 entry points.
- * An entry may be NULL where the driver lacks it; drc then does without (the
- * columns marked "required" must be set for the driver to be used at all).
+ * The table. libcuda.so.1 is opened with dlopen once, by driver.c, on the
+ * first call of drc__cuda_driver(); nothing links against it and no other
+ * file of drc opens it. Tests install a fake with drc__cuda_set_driver() —
+ * the same table the real driver fills in.
+ *
+ * Contract of the table: each driver entry has the ABI of the driver function
+ * it is named after (CUresult is an int, CUdeviceptr an unsigned long long,
+ * CUdevice an int, CUcontext/CUstream a pointer), returns 0 (CUDA_SUCCESS) or
+ * a CUresult, and may be called from any thread. cuMemAlloc, cuMemFree,
+ * cuMemGetAddressRange, cuMemFreeHost, cuMemHostUnregister, cuCtxDestroy,
+ * cuDevicePrimaryCtxRelease/Reset and cuDevicePrimaryCtxRetain are the
+ * entry points of CUDA 12 (the _v2 ones where a _v2 exists). ANY entry may
+ * be NULL where the driver lacks it: every caller checks the entries it
+ * uses; drc__cuda_can_export() says whether the ones classification and
+ * export need are all there. The runtime entries (cudaFree ...) return a
+ * cudaError_t; the real table finds them with dlsym(RTLD_DEFAULT) on use
+ * (drc__cuda_runtime()), so they stay NULL under a static runtime.
  */
 #ifndef DRC_CUDA_LAYER_H
 #define DRC_CUDA_LAYER_H
@@ -17,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The CUDA constants drc uses, from cuda.h (CUDA 11.7 - 13), so that drc builds without CUDA. */
+/* The CUDA constants drc uses, from cuda.h and cuda_runtime_api.h (CUDA 11.7 - 13): here and nowhere else. */
 enum {
     DRC__CUDA_SUCCESS = 0,
     DRC__CUDA_ERROR_INVALID_VALUE = 1,
@@ -27,27 +38,43 @@ enum {
     DRC__CUDA_ERROR_STUB_LIBRARY = 34,
     DRC__CUDA_ERROR_NO_DEVICE = 100,
     DRC__CUDA_ERROR_INVALID_CONTEXT = 201,
+    DRC__CUDA_ERROR_NOT_FOUND = 500,
     DRC__CUDA_ERROR_NOT_PERMITTED = 800,
     DRC__CUDA_ERROR_NOT_SUPPORTED = 801,
+
+    /* cudaError_t */
+    DRC__CUDART_SUCCESS = 0,
+    DRC__CUDART_INVALID_VALUE = 1,
+    DRC__CUDART_INITIALIZATION_ERROR = 3,
+    DRC__CUDART_UNLOADING = 4,
+    DRC__CUDART_UNKNOWN = 999,
 
     DRC__CU_POINTER_ATTRIBUTE_CONTEXT = 1,
     DRC__CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
     DRC__CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
     DRC__CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
     DRC__CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    DRC__CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    DRC__CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
     DRC__CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
 
     DRC__CU_MEMORYTYPE_HOST = 1,
     DRC__CU_MEMORYTYPE_DEVICE = 2,
     DRC__CU_MEMORYTYPE_UNIFIED = 4,
 
+    DRC__CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
     DRC__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110,
     DRC__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116,
     DRC__CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124,
 
+    DRC__CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
     DRC__CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
     DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE = 1,
+
+    DRC__CUDA_MAX_DEVICES = 64,     /* the per-device tables of drc (ordinals 0..63) */
 };
+
+typedef unsigned long long drc__cuptr;     /* CUdeviceptr */
 
 /* CUmemLocation: id is the device ordinal for type CU_MEM_LOCATION_TYPE_DEVICE (1). */
 struct drc__cuda_location {
@@ -69,19 +96,36 @@ struct drc__cuda_alloc_prop {
     unsigned char reserved[4];
 };
 
+/* CUmemAccessDesc, laid out as in cuda.h. */
+struct drc__cuda_access_desc {
+    struct drc__cuda_location location;
+    int flags;                      /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
+};
+
 struct drc__cuda_driver {
-    /* required */
-    int (*cuPointerGetAttributes)(unsigned n, const int *attrs, void **data, unsigned long long ptr);
-    int (*cuMemGetAddressRange)(unsigned long long *base, size_t *size, unsigned long long ptr);
-    int (*cuMemGetHandleForAddressRange)(void *handle, unsigned long long ptr, size_t size, int type,
+    /* classification and export (drc__cuda_can_export: all five present) */
+    int (*cuPointerGetAttributes)(unsigned n, const int *attrs, void **data, drc__cuptr ptr);
+    int (*cuMemGetAddressRange)(drc__cuptr *base, size_t *size, drc__cuptr ptr);
+    int (*cuMemGetHandleForAddressRange)(void *handle, drc__cuptr ptr, size_t size, int type,
                                          unsigned long long flags);
     int (*cuCtxGetCurrent)(void **ctx);
     int (*cuCtxSetCurrent)(void *ctx);
-    /* VMM: chunk walk and properties */
+    /* one attribute: RANGE_START_ADDR/RANGE_SIZE answer in a thread with no context */
+    int (*cuPointerGetAttribute)(void *data, int attr, drc__cuptr ptr);
+    /* VMM: chunk walk and properties, and what torch.c builds segments with */
     int (*cuMemRetainAllocationHandle)(unsigned long long *handle, void *addr);
     int (*cuMemGetAllocationPropertiesFromHandle)(struct drc__cuda_alloc_prop *prop, unsigned long long handle);
     int (*cuMemRelease)(unsigned long long handle);
-    /* devices: the doctor, the verbs fallback decision, VMM memory's context */
+    int (*cuMemGetAllocationGranularity)(size_t *g, const struct drc__cuda_alloc_prop *p, int option);
+    int (*cuMemCreate)(unsigned long long *handle, size_t size, const struct drc__cuda_alloc_prop *p,
+                       unsigned long long flags);
+    int (*cuMemAddressReserve)(drc__cuptr *ptr, size_t size, size_t align, drc__cuptr addr,
+                               unsigned long long flags);
+    int (*cuMemAddressFree)(drc__cuptr ptr, size_t size);
+    int (*cuMemMap)(drc__cuptr ptr, size_t size, size_t offset, unsigned long long handle,
+                    unsigned long long flags);
+    int (*cuMemSetAccess)(drc__cuptr ptr, size_t size, const struct drc__cuda_access_desc *d, size_t count);
+    /* devices and contexts */
     int (*cuInit)(unsigned flags);
     int (*cuDriverGetVersion)(int *version);
     int (*cuDeviceGetCount)(int *count);
@@ -90,38 +134,126 @@ struct drc__cuda_driver {
     int (*cuDeviceGetAttribute)(int *value, int attr, int dev);
     int (*cuDevicePrimaryCtxRetain)(void **ctx, int dev);
     int (*cuDevicePrimaryCtxRelease)(int dev);
-    /* allocation and the frees the hooks wrap (the real functions, never a wrapper) */
-    int (*cuMemAlloc)(unsigned long long *dptr, size_t size);
-    int (*cuMemFree)(unsigned long long dptr);
-    int (*cuMemFreeAsync)(unsigned long long dptr, void *stream);
-    int (*cuMemUnmap)(unsigned long long ptr, size_t size);
+    int (*cuDevicePrimaryCtxReset)(int dev);
+    int (*cuCtxDestroy)(void *ctx);
+    int (*cuCtxGetDevice)(int *dev);
+    int (*cuCtxSynchronize)(void);
+    int (*cuStreamSynchronize)(void *stream);
+    /* allocation and the frees the wrappers wrap (the real functions, never a wrapper) */
+    int (*cuMemAlloc)(drc__cuptr *dptr, size_t size);
+    int (*cuMemFree)(drc__cuptr dptr);
+    int (*cuMemFreeAsync)(drc__cuptr dptr, void *stream);
+    int (*cuMemUnmap)(drc__cuptr ptr, size_t size);
+    int (*cuMemFreeHost)(void *p);
+    int (*cuMemHostUnregister)(void *p);
+    /* the runtime (cudaError_t): read them through drc__cuda_runtime() */
+    int (*cudaFree)(void *ptr);
+    int (*cudaFreeAsync)(void *ptr, void *stream);
+    int (*cudaFreeHost)(void *ptr);
+    int (*cudaHostUnregister)(void *ptr);
+    int (*cudaDeviceReset)(void);
 };
 
 /*
  * The driver table: the fake installed by drc__cuda_set_driver(), else the
  * real driver (loaded on the first call, once, thread-safe), else NULL when
- * libcuda.so.1 cannot be loaded or lacks a required entry.
+ * libcuda.so.1 cannot be loaded.
  */
 const struct drc__cuda_driver *drc__cuda_driver(void);
 
+/* 1 if @d has every entry that classification and export need (CUDA 11.7 or later). */
+int drc__cuda_can_export(const struct drc__cuda_driver *d);
+
 /*
  * Tests: use @fake (NULL: behave as with no driver) from now on instead of
- * libcuda. Also forgets what cuda.c learnt per device (PCIe mapping support,
- * primary contexts). Not thread-safe: call it before any cache is in use.
+ * libcuda. Also forgets what the layer learnt (PCIe mapping support, primary
+ * contexts, the allocations of each device). Not thread-safe: call it before
+ * any cache is in use.
  */
 void drc__cuda_set_driver(const struct drc__cuda_driver *fake);
 
 /*
- * The allocation containing @addr (cuMemGetAddressRange): 0 with *base and
- * *len, or -ENOENT when @addr is not CUDA device memory or no driver is
- * loaded. Safe from any thread; allocates nothing after the first call.
+ * A runtime entry of @d: the field itself for a fake; for the real driver the
+ * function the dynamic linker sees under @name (a shared libcudart), looked
+ * up again on each use until found. E.g. drc__cuda_runtime(d, &d->cudaFree, "cudaFree").
  */
+void *drc__cuda_runtime(const struct drc__cuda_driver *d, void *const *field, const char *name);
+#define DRC__CUDA_RT(d, f) drc__cuda_runtime((d), (void *const *)&(d)->f, #f)
+
+/* A CUresult as a negative errno (NOT_SUPPORTED: -EOPNOTSUPP, INVALID_VALUE: -EINVAL, ...). */
+int drc__cuda_errno(int cuda_result);
+
+/* A CUresult as the nearest cudaError_t, for the runtime calls done through the driver. */
+int drc__cuda_rt_error(int cuda_result);
+
+/*
+ * Make @ctx current on this thread (nothing for NULL or when it already is);
+ * *saved and *switched say what drc__cuda_ctx_pop restores. 0 or -errno.
+ */
+int drc__cuda_ctx_push(const struct drc__cuda_driver *d, void *ctx, void **saved, int *switched);
+void drc__cuda_ctx_pop(const struct drc__cuda_driver *d, void *saved, int switched);
+
+/* The device's primary context, retained once for the life of the process; NULL if none. */
+void *drc__cuda_primary_ctx(const struct drc__cuda_driver *d, int device);
+
+/* ---- memory (memory.c) ----------------------------------------------------- */
+
+/*
+ * The allocation containing @addr: 0 with *base and *len, or -ENOENT when
+ * @addr is not memory CUDA allocated (device or pinned host) or no driver is
+ * loaded. Works whatever context the calling thread has, or none:
+ * cuMemGetAddressRange answers CUDA_ERROR_INVALID_CONTEXT in a thread with
+ * no current context, so the pointer's own context is pushed and the call
+ * retried, and where that fails cuPointerGetAttribute(RANGE_START_ADDR,
+ * RANGE_SIZE) is asked, which needs no context. Allocates nothing.
+ */
+__attribute__((visibility("default")))    /* the preload's verbs front uses it (drc.map, DRC_PRIVATE_0) */
 int drc__cuda_alloc_range(uintptr_t addr, uintptr_t *base, size_t *len);
 
 /* CU_DEVICE_ATTRIBUTE_* @attr of CUDA ordinal @device: 0 with *value, or -ENODEV / -EIO. */
 int drc__cuda_device_attr(int device, int attr, int *value);
 
-/* A CUresult as a negative errno (NOT_SUPPORTED: -EOPNOTSUPP, INVALID_VALUE: -EINVAL, ...). */
-int drc__cuda_errno(int cuda_result);
+/*
+ * The CUDA allocations drc has classified, by device (memory.c records the
+ * bounds of each successful CUDA classification; free.c forgets them when
+ * the allocation is freed). A teardown invalidates them. [*lo, *hi): the
+ * hull of those of @device (-1: of every device); 0, or -ENOENT when there
+ * are none. When the record overflowed, the hull is the whole address space.
+ */
+void drc__cuda_track(int device, uintptr_t lo, uintptr_t hi);
+void drc__cuda_untrack(int device, uintptr_t lo, uintptr_t hi);   /* those inside [lo, hi) */
+int drc__cuda_tracked_hull(int device, uintptr_t *lo, uintptr_t *hi);
+
+/* ---- the begin-free routine (free.c) ----------------------------------------- */
+
+/*
+ * THE routine every free path of drc goes through: the wrappers (wrappers.c),
+ * the PyTorch allocator (torch.c), and through the hook ABI the preload
+ * interposer and the CUPTI monitor (src/preload/). Each begins a free and
+ * returns a ticket for drc__notify_end(), to call once the real call
+ * returned (-1: nothing to end; no cache exists).
+ *
+ * begin_free: the whole allocation containing @ptr (device memory, pinned or
+ *   registered host memory), looked up with drc__cuda_alloc_range() while it
+ *   is still valid; when its bounds cannot be found, the first byte.
+ * begin_unmap: exactly [ptr, ptr+size) (a VMM mapping).
+ * begin_teardown: every CUDA allocation of @device (-1: of every device)
+ *   that drc classified: a context reset or destroy frees them without any
+ *   free call.
+ */
+int drc__cuda_begin_free(drc__cuptr ptr);
+int drc__cuda_begin_unmap(drc__cuptr ptr, size_t size);
+int drc__cuda_begin_teardown(int device);
+
+/* The device of @ctx (-1: unknown), asked with @ctx made current for a moment. */
+int drc__cuda_ctx_device(void *ctx);
+
+/*
+ * What cudaFree does for cudaMalloc memory, for a program whose runtime is
+ * static (no cudaFree visible to the dynamic linker): synchronise the
+ * allocation's own context (the thread may have none current), then
+ * cuMemFree. Returns a cudaError_t. Notifies nothing: the caller brackets.
+ */
+int drc__cuda_free_emulated(void *ptr);
 
 #endif

@@ -20,10 +20,8 @@
 
 #include "drc.h"
 #include "drc_cuda.h"
-#include "cuda/hooks.h"
+#include "cuda/cuda.h"
 #include "core/notify.h"
-
-enum { MAX_DEVICES = 64 };
 
 enum seg_kind { UNKNOWN = 0, VMM = 1, PLAIN = 2 };
 
@@ -32,7 +30,7 @@ struct dev_info {
     size_t granularity;         /* VMM: the recommended granularity, set before kind */
 };
 
-static struct dev_info devs[MAX_DEVICES];
+static struct dev_info devs[DRC__CUDA_MAX_DEVICES];
 
 static struct drc__cuda_alloc_prop vmm_prop(int device)
 {
@@ -47,76 +45,76 @@ static struct drc__cuda_alloc_prop vmm_prop(int device)
 }
 
 /* Make sure a context is current: PyTorch has one, a bare caller may not. */
-static int ensure_context(const struct drc__hook_driver *d, int device)
+static int ensure_context(const struct drc__cuda_driver *d, int device)
 {
     void *ctx = NULL;
     int dev;
 
-    if (!d->ctx_get_current)
+    if (!d->cuCtxGetCurrent)
         return -1;
-    if (d->ctx_get_current(&ctx) == 0 && ctx)
+    if (d->cuCtxGetCurrent(&ctx) == 0 && ctx)
         return 0;
-    if (!d->ctx_set_current || !d->device_get || !d->primary_ctx_retain || d->device_get(&dev, device) || d->primary_ctx_retain(&ctx, dev) || d->ctx_set_current(ctx))
+    if (!d->cuCtxSetCurrent || !d->cuDeviceGet || !d->cuDevicePrimaryCtxRetain || d->cuDeviceGet(&dev, device) || d->cuDevicePrimaryCtxRetain(&ctx, dev) || d->cuCtxSetCurrent(ctx))
         return -1;
     return 0;       /* the primary context is retained for the life of the process */
 }
 
-static int decide_kind(const struct drc__hook_driver *d, int device, struct dev_info *di)
+static int decide_kind(const struct drc__cuda_driver *d, int device, struct dev_info *di)
 {
     struct drc__cuda_alloc_prop p = vmm_prop(device);
     const char *env = getenv("DRC_TORCH_VMM");
     int dev, vmm = 0, rdma = 0;
     size_t g = 0;
 
-    if ((env && env[0] == '0') || !d->mem_create || !d->mem_address_reserve || !d->mem_map ||
-        !d->mem_set_access || !d->mem_unmap || !d->mem_address_free || !d->mem_release ||
-        !d->mem_get_granularity || !d->device_get_attribute || d->device_get(&dev, device) ||
-        d->device_get_attribute(&vmm, DRC__CU_ATTR_VMM_SUPPORTED, dev) ||
-        d->device_get_attribute(&rdma, DRC__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) || !vmm || !rdma ||
-        d->mem_get_granularity(&g, &p, DRC__CU_GRANULARITY_RECOMMENDED) || !g)
+    if ((env && env[0] == '0') || !d->cuMemCreate || !d->cuMemAddressReserve || !d->cuMemMap ||
+        !d->cuMemSetAccess || !d->cuMemUnmap || !d->cuMemAddressFree || !d->cuMemRelease ||
+        !d->cuMemGetAllocationGranularity || !d->cuDeviceGetAttribute || !d->cuDeviceGet || d->cuDeviceGet(&dev, device) ||
+        d->cuDeviceGetAttribute(&vmm, DRC__CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) ||
+        d->cuDeviceGetAttribute(&rdma, DRC__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) || !vmm || !rdma ||
+        d->cuMemGetAllocationGranularity(&g, &p, DRC__CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) || !g)
         return PLAIN;
     di->granularity = g;
     return VMM;
 }
 
-static void *vmm_alloc(const struct drc__hook_driver *d, int device, size_t size, size_t g)
+static void *vmm_alloc(const struct drc__cuda_driver *d, int device, size_t size, size_t g)
 {
     struct drc__cuda_alloc_prop p = vmm_prop(device);
-    struct drc__cu_access_desc acc = { .location = { .type = 1, .id = device }, .flags = 3 };
+    struct drc__cuda_access_desc acc = { .location = { .type = 1, .id = device }, .flags = 3 };
     unsigned long long h;
     drc__cuptr ptr = 0;
     size_t len = (size + g - 1) / g * g;
 
-    if (d->mem_create(&h, len, &p, 0))
+    if (d->cuMemCreate(&h, len, &p, 0))
         return NULL;
-    if (d->mem_address_reserve(&ptr, len, g, 0, 0))
+    if (d->cuMemAddressReserve(&ptr, len, g, 0, 0))
         goto err_release;
-    if (d->mem_map(ptr, len, 0, h, 0))
+    if (d->cuMemMap(ptr, len, 0, h, 0))
         goto err_reserve;
-    if (d->mem_set_access(ptr, len, &acc, 1))
+    if (d->cuMemSetAccess(ptr, len, &acc, 1))
         goto err_map;
-    d->mem_release(h);          /* the mapping keeps the memory; the unmap frees it */
+    d->cuMemRelease(h);          /* the mapping keeps the memory; the unmap frees it */
     return (void *)(uintptr_t)ptr;
 
 err_map:
-    d->mem_unmap(ptr, len);
+    d->cuMemUnmap(ptr, len);
 err_reserve:
-    d->mem_address_free(ptr, len);
+    d->cuMemAddressFree(ptr, len);
 err_release:
-    d->mem_release(h);
+    d->cuMemRelease(h);
     return NULL;
 }
 
 void *drc_torch_malloc(ssize_t size, int device, void *stream)
 {
-    const struct drc__hook_driver *d = drc__hooks_driver();
+    const struct drc__cuda_driver *d = drc__cuda_driver();
     struct dev_info *di;
     drc__cuptr ptr = 0;
     int kind;
     void *p;
 
     (void)stream;       /* segments belong to no stream: PyTorch tracks stream use itself */
-    if (size <= 0 || device < 0 || device >= MAX_DEVICES || ensure_context(d, device))
+    if (!d || size <= 0 || device < 0 || device >= DRC__CUDA_MAX_DEVICES || ensure_context(d, device))
         return NULL;
     di = &devs[device];
     kind = __atomic_load_n(&di->kind, __ATOMIC_ACQUIRE);
@@ -127,38 +125,38 @@ void *drc_torch_malloc(ssize_t size, int device, void *stream)
     if (kind == VMM && (p = vmm_alloc(d, device, (size_t)size, di->granularity)))
         return p;
     /* no VMM, or the VMM path failed (e.g. out of memory at this granularity): plain memory exports too */
-    if (!d->mem_alloc || d->mem_alloc(&ptr, (size_t)size))
+    if (!d->cuMemAlloc || d->cuMemAlloc(&ptr, (size_t)size))
         return NULL;
     return (void *)(uintptr_t)ptr;
 }
 
 void drc_torch_free(void *ptr, ssize_t size, int device, void *stream)
 {
-    const struct drc__hook_driver *d = drc__hooks_driver();
+    const struct drc__cuda_driver *d = drc__cuda_driver();
     unsigned long long h;
     drc__cuptr p = (drc__cuptr)(uintptr_t)ptr;
     size_t len, g;
     int t;
 
     (void)stream;
-    if (!ptr || size <= 0 || device < 0 || device >= MAX_DEVICES)
+    if (!d || !ptr || size <= 0 || device < 0 || device >= DRC__CUDA_MAX_DEVICES)
         return;
     g = devs[device].granularity;
     /* A VMM segment has an allocation handle behind its address; cuMemAlloc memory has none. */
-    if (g && d->mem_retain_allocation_handle && d->mem_retain_allocation_handle(&h, ptr) == 0) {
-        d->mem_release(h);      /* drop the reference the lookup took */
+    if (g && d->cuMemRetainAllocationHandle && d->cuMemRetainAllocationHandle(&h, ptr) == 0) {
+        d->cuMemRelease(h);      /* drop the reference the lookup took */
         len = ((size_t)size + g - 1) / g * g;
-        t = drc__notify_begin(ptr, len);
+        t = drc__cuda_begin_unmap(p, len);
         /* the segment's last kernels must be done before its pages go */
-        if (d->ctx_synchronize)
-            d->ctx_synchronize();
-        d->mem_unmap(p, len);
+        if (d->cuCtxSynchronize)
+            d->cuCtxSynchronize();
+        d->cuMemUnmap(p, len);
         drc__notify_end(t);
-        d->mem_address_free(p, len);
+        d->cuMemAddressFree(p, len);
         return;
     }
-    t = drc__hooks_begin_free(d, p);
-    if (d->mem_free)
-        d->mem_free(p);     /* cuMemFree waits for the device itself */
+    t = drc__cuda_begin_free(p);
+    if (d->cuMemFree)
+        d->cuMemFree(p);     /* cuMemFree waits for the device itself */
     drc__notify_end(t);
 }

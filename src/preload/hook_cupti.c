@@ -1,12 +1,16 @@
 /*
- * The CUPTI monitor of build/libdrc_hook.so (DRC_MONITOR=cupti): the frees
- * reported by the CUDA profiling interface instead of interposed symbols.
+ * The CUPTI monitor of the preload library's CUDA part (DRC_MONITOR=cupti):
+ * the frees reported by the CUDA profiling interface instead of interposed
+ * symbols.
  *
  * libcupti is loaded with dlopen (DRC_CUPTI_LIB names it, else the usual
  * places), a callback subscriber is registered, and the enter callbacks of
- * cuMemFree_v2, cuMemFreeAsync(_ptsz), cuMemUnmap, cudaFree and
- * cudaFreeAsync(_ptsz) are enabled: each enter invalidates the range and
- * marks it as being freed, the matching exit withdraws the mark. The driver runs these callbacks however the program reached the
+ * cuMemFree_v2, cuMemFreeAsync(_ptsz), cuMemUnmap, cuMemFreeHost,
+ * cuMemHostUnregister, cuDevicePrimaryCtxReset(_v2), cuCtxDestroy(_v2),
+ * cudaFree, cudaFreeAsync(_ptsz), cudaFreeHost, cudaHostUnregister and
+ * cudaDeviceReset are enabled: each enter begins the free in drc (the
+ * whole allocation, or every allocation of the device for a teardown) and
+ * the matching exit ends it. The driver runs these callbacks however the program reached the
  * entry point, runtime included.
  *
  * The limit: CUPTI allows one callback subscriber per process, so this
@@ -50,7 +54,7 @@ typedef int enable_domain_fn(uint32_t enable, void *subscriber, int domain);
 typedef int name_fn(int domain, uint32_t cbid, const char **name);
 typedef int result_string_fn(int result, const char **str);
 
-enum what { NONE = 0, FREE = 1, UNMAP = 2 };
+enum what { NONE = 0, FREE = 1, UNMAP = 2, RESET = 3, DESTROY = 4, DEVICE_RESET = 5 };
 
 /* written before the subscriber is enabled, read-only after */
 static unsigned char driver_what[MAX_CBID], runtime_what[MAX_CBID];
@@ -70,22 +74,32 @@ static size_t base_len(const char *name)
 
 static enum what classify(int domain, const char *name)
 {
-    static const char *const driver_free[] = { "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz" };
-    static const char *const runtime_free[] = { "cudaFree", "cudaFreeAsync", "cudaFreeAsync_ptsz" };
+    static const struct {
+        const char *name;
+        enum what w;
+    } driver[] = {
+        { "cuMemFree_v2", FREE }, { "cuMemFreeAsync", FREE }, { "cuMemFreeAsync_ptsz", FREE },
+        { "cuMemFreeHost", FREE }, { "cuMemHostUnregister", FREE }, { "cuMemUnmap", UNMAP },
+        { "cuDevicePrimaryCtxReset", RESET }, { "cuDevicePrimaryCtxReset_v2", RESET },
+        { "cuCtxDestroy", DESTROY }, { "cuCtxDestroy_v2", DESTROY },
+    }, runtime[] = {
+        { "cudaFree", FREE }, { "cudaFreeAsync", FREE }, { "cudaFreeAsync_ptsz", FREE }, { "cudaFreeHost", FREE },
+        { "cudaHostUnregister", FREE }, { "cudaDeviceReset", DEVICE_RESET },
+    };
     size_t i, n;
 
     if (!name)
         return NONE;
     if (domain == DOMAIN_DRIVER) {
-        for (i = 0; i < 3; i++)
-            if (!strcmp(name, driver_free[i]))
-                return FREE;
-        return strcmp(name, "cuMemUnmap") ? NONE : UNMAP;
+        for (i = 0; i < sizeof(driver) / sizeof(driver[0]); i++)
+            if (!strcmp(name, driver[i].name))
+                return driver[i].w;
+        return NONE;
     }
     n = base_len(name);
-    for (i = 0; i < 3; i++)
-        if (strlen(runtime_free[i]) == n && !strncmp(name, runtime_free[i], n))
-            return FREE;
+    for (i = 0; i < sizeof(runtime) / sizeof(runtime[0]); i++)
+        if (strlen(runtime[i].name) == n && !strncmp(name, runtime[i].name, n))
+            return runtime[i].w;
     return NONE;
 }
 
@@ -96,30 +110,45 @@ static void on_callback(void *userdata, int domain, uint32_t cbid, const void *d
     int t = -1;
 
     (void)userdata;
-    if (!cb || !cb->params)
+    if (!cb)
         return;
     if (by_name)
         w = classify(domain, cb->function_name);
     else if (cbid < MAX_CBID)
         w = domain == DOMAIN_DRIVER ? driver_what[cbid] : domain == DOMAIN_RUNTIME ? runtime_what[cbid] : NONE;
-    if (w == NONE)
+    if (w == NONE || (!cb->params && w != DEVICE_RESET))
         return;
     if (cb->site != SITE_ENTER) {
-        /* the exit callback: the memory is gone, withdraw the mark the enter set (its ticket + 1) */
+        /* the exit callback: the memory is gone, end what the enter began (its tickets + 1) */
         if (cb->correlation_data && *cb->correlation_data)
-            drc__hook_end((int)*cb->correlation_data - 1);
+            drc__hook_end((int)(*cb->correlation_data - 1));
         return;
     }
-    /* every one of these takes the pointer first; cuMemUnmap's size follows it */
-    if (w == FREE) {
+    /* each takes the pointer (device, context) first; cuMemUnmap's size follows it */
+    switch (w) {
+    case FREE:
         t = drc__hook_begin_free(*(const unsigned long long *)cb->params);
-    } else {
+        break;
+    case UNMAP: {
         const struct { unsigned long long ptr; size_t size; } *p = cb->params;
 
         t = drc__hook_begin_unmap(p->ptr, p->size);
+        break;
+    }
+    case RESET:
+        t = drc__hook_begin_teardown(*(const int *)cb->params);
+        break;
+    case DESTROY:
+        t = drc__hook_begin_teardown(drc__hook_ctx_device(*(void *const *)cb->params));
+        break;
+    case DEVICE_RESET:
+        t = drc__hook_begin_teardown(-1);
+        break;
+    case NONE:
+        return;
     }
     if (cb->correlation_data)
-        *cb->correlation_data = (uint64_t)(t + 1);  /* CUPTI's scratch word from enter to exit */
+        *cb->correlation_data = t >= 0 ? (uint64_t)t + 1 : 0;  /* CUPTI's scratch word from enter to exit */
     else
         drc__hook_end(t);
 }

@@ -1,7 +1,9 @@
 /*
- * Host-memory invalidation for preloaded drc: the libc calls that take pages
- * away from a range of the address space call drc_notify_free() on the range
- * first, then do what was asked.
+ * The host part of the preload library (preload.c): the libc calls that take
+ * pages away from a range of the address space begin the free of the range
+ * in every attached drc first (drc__hook_begin_unmap: invalidated and marked
+ * as being freed), then do what was asked, then end it. With the host part
+ * off (DRC_PRELOAD without host) they only do what was asked.
  *
  * A registered host MR pins the pages it was registered on. Once the range
  * is unmapped (munmap, mremap moving or shrinking it, brk/sbrk shrinking the
@@ -37,8 +39,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "drc.h"
-#include "drc_host.h"
+#include "preload/hook_preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -54,13 +55,20 @@ static int (*next_shmdt)(const void *);
 __attribute__((constructor)) static void hook_host_init(void)
 {
     /* each store is atomic so that a thread racing the constructor sees NULL or the function */
-    __atomic_store_n(&next_munmap, (int (*)(void *, size_t))dlsym(RTLD_NEXT, "munmap"), __ATOMIC_RELEASE);
-    __atomic_store_n(&next_mremap, (void *(*)(void *, size_t, size_t, int, ...))dlsym(RTLD_NEXT, "mremap"),
-                     __ATOMIC_RELEASE);
-    __atomic_store_n(&next_madvise, (int (*)(void *, size_t, int))dlsym(RTLD_NEXT, "madvise"), __ATOMIC_RELEASE);
-    __atomic_store_n(&next_brk, (int (*)(void *))dlsym(RTLD_NEXT, "brk"), __ATOMIC_RELEASE);
-    __atomic_store_n(&next_sbrk, (void *(*)(intptr_t))dlsym(RTLD_NEXT, "sbrk"), __ATOMIC_RELEASE);
-    __atomic_store_n(&next_shmdt, (int (*)(const void *))dlsym(RTLD_NEXT, "shmdt"), __ATOMIC_RELEASE);
+#define NEXT(name) drc__hook_real_dlsym(RTLD_NEXT, name)
+    __atomic_store_n(&next_munmap, (int (*)(void *, size_t))NEXT("munmap"), __ATOMIC_RELEASE);
+    __atomic_store_n(&next_mremap, (void *(*)(void *, size_t, size_t, int, ...))NEXT("mremap"), __ATOMIC_RELEASE);
+    __atomic_store_n(&next_madvise, (int (*)(void *, size_t, int))NEXT("madvise"), __ATOMIC_RELEASE);
+    __atomic_store_n(&next_brk, (int (*)(void *))NEXT("brk"), __ATOMIC_RELEASE);
+    __atomic_store_n(&next_sbrk, (void *(*)(intptr_t))NEXT("sbrk"), __ATOMIC_RELEASE);
+    __atomic_store_n(&next_shmdt, (int (*)(const void *))NEXT("shmdt"), __ATOMIC_RELEASE);
+#undef NEXT
+}
+
+/* Begin the free of [addr, addr+len) in every attached drc, if the host part is on: tickets or -1. */
+static int begin(const void *addr, size_t len)
+{
+    return drc__preload_part(DRC__PRELOAD_HOST) ? drc__hook_begin_unmap((uintptr_t)addr, len) : -1;
 }
 
 static uintptr_t page_size(void)
@@ -75,14 +83,14 @@ static uintptr_t page_size(void)
     return p;
 }
 
-/* [addr, addr+len) as the kernel treats it: len rounded up to whole pages. */
-static void notify_pages(const void *addr, size_t len)
+/* [addr, addr+len) as the kernel treats it: len rounded up to whole pages. Tickets or -1. */
+static int notify_pages(const void *addr, size_t len)
 {
     uintptr_t p = page_size(), a = (uintptr_t)addr;
 
     if (!len || len > UINTPTR_MAX - a - p)
-        return;     /* the kernel will refuse the call (EINVAL); nothing goes */
-    drc_notify_free(addr, (len + p - 1) & ~(p - 1));
+        return -1;  /* the kernel will refuse the call (EINVAL); nothing goes */
+    return begin(addr, (len + p - 1) & ~(p - 1));
 }
 
 /* Return a libc-style result for a raw system call. */
@@ -98,37 +106,40 @@ static long sys_result(long r)
 EXPORT int munmap(void *addr, size_t len)
 {
     int (*f)(void *, size_t) = __atomic_load_n(&next_munmap, __ATOMIC_ACQUIRE);
+    int t = notify_pages(addr, len), r;
 
-    notify_pages(addr, len);
-    if (f)
-        return f(addr, len);
-    return (int)sys_result(syscall(SYS_munmap, addr, len));
+    r = f ? f(addr, len) : (int)sys_result(syscall(SYS_munmap, addr, len));
+    drc__hook_end(t);
+    return r;
 }
 
 EXPORT void *mremap(void *old, size_t old_size, size_t new_size, int flags, ...)
 {
     void *(*f)(void *, size_t, size_t, int, ...) = __atomic_load_n(&next_mremap, __ATOMIC_ACQUIRE);
-    void *new_addr = NULL;
+    void *new_addr = NULL, *r;
+    int t1 = -1, t2 = -1;
     va_list ap;
 
     if (flags & MREMAP_FIXED) {
         va_start(ap, flags);
         new_addr = va_arg(ap, void *);
         va_end(ap);
-        notify_pages(new_addr, new_size);   /* whatever was mapped at the target goes */
+        t1 = notify_pages(new_addr, new_size);      /* whatever was mapped at the target goes */
     }
     if (flags & (MREMAP_MAYMOVE | MREMAP_FIXED))
-        notify_pages(old, old_size);        /* the pages may leave these addresses */
+        t2 = notify_pages(old, old_size);           /* the pages may leave these addresses */
     else if (new_size < old_size)
-        notify_pages((char *)old + new_size, old_size - new_size);
-    if (f)
-        return (flags & MREMAP_FIXED) ? f(old, old_size, new_size, flags, new_addr)
-                                      : f(old, old_size, new_size, flags);
-    {
-        long r = syscall(SYS_mremap, old, old_size, new_size, flags, new_addr);
+        t2 = notify_pages((char *)old + new_size, old_size - new_size);
+    if (f) {
+        r = (flags & MREMAP_FIXED) ? f(old, old_size, new_size, flags, new_addr) : f(old, old_size, new_size, flags);
+    } else {
+        long s = syscall(SYS_mremap, old, old_size, new_size, flags, new_addr);
 
-        return sys_result(r) == -1 ? MAP_FAILED : (void *)r;
+        r = sys_result(s) == -1 ? MAP_FAILED : (void *)s;
     }
+    drc__hook_end(t2);
+    drc__hook_end(t1);
+    return r;
 }
 
 static int drops_pages(int advice)
@@ -149,21 +160,19 @@ static int drops_pages(int advice)
 EXPORT int madvise(void *addr, size_t len, int advice)
 {
     int (*f)(void *, size_t, int) = __atomic_load_n(&next_madvise, __ATOMIC_ACQUIRE);
+    int t = drops_pages(advice) ? notify_pages(addr, len) : -1, r;
 
-    if (drops_pages(advice))
-        notify_pages(addr, len);
-    if (f)
-        return f(addr, len, advice);
-    return (int)sys_result(syscall(SYS_madvise, addr, len, advice));
+    r = f ? f(addr, len, advice) : (int)sys_result(syscall(SYS_madvise, addr, len, advice));
+    drc__hook_end(t);
+    return r;
 }
 
-/* The heap shrinks from @cur down to @to: notify the whole pages that leave it. */
-static void heap_shrinks(uintptr_t to, uintptr_t cur)
+/* The heap shrinks from @cur down to @to: begin the free of the whole pages that leave it. */
+static int heap_shrinks(uintptr_t to, uintptr_t cur)
 {
     uintptr_t p = page_size(), lo = (to + p - 1) & ~(p - 1), hi = (cur + p - 1) & ~(p - 1);
 
-    if (to < cur && lo < hi)
-        drc_notify_free((const void *)lo, hi - lo);
+    return to < cur && lo < hi ? begin((const void *)lo, hi - lo) : -1;
 }
 
 static void *current_break(void)
@@ -178,24 +187,28 @@ EXPORT int brk(void *addr)
     int (*f)(void *) = __atomic_load_n(&next_brk, __ATOMIC_ACQUIRE);
 
     uintptr_t cur = (uintptr_t)current_break();
+    int t = heap_shrinks((uintptr_t)addr, cur), r;
 
-    heap_shrinks((uintptr_t)addr, cur);
-    if (f)
-        return f(addr);
-    return __sbrk((intptr_t)((uintptr_t)addr - cur)) == (void *)-1 ? -1 : 0;
+    r = f ? f(addr) : __sbrk((intptr_t)((uintptr_t)addr - cur)) == (void *)-1 ? -1 : 0;
+    drc__hook_end(t);
+    return r;
 }
 
 EXPORT void *sbrk(intptr_t increment)
 {
     void *(*f)(intptr_t) = __atomic_load_n(&next_sbrk, __ATOMIC_ACQUIRE);
     uintptr_t cur;
+    int t = -1;
+    void *r;
 
     if (increment < 0) {
         cur = (uintptr_t)current_break();
         if ((uintptr_t)-increment <= cur)
-            heap_shrinks(cur - (uintptr_t)-increment, cur);
+            t = heap_shrinks(cur - (uintptr_t)-increment, cur);
     }
-    return f ? f(increment) : __sbrk(increment);
+    r = f ? f(increment) : __sbrk(increment);
+    drc__hook_end(t);
+    return r;
 }
 
 /* Parse one hexadecimal digit; -1 if @ch is not one. */
@@ -253,11 +266,10 @@ static uintptr_t mapping_end(uintptr_t addr)
 EXPORT int shmdt(const void *addr)
 {
     int (*f)(const void *) = __atomic_load_n(&next_shmdt, __ATOMIC_ACQUIRE);
-    uintptr_t end = mapping_end((uintptr_t)addr);
+    uintptr_t end = drc__preload_part(DRC__PRELOAD_HOST) ? mapping_end((uintptr_t)addr) : 0;
+    int t = end > (uintptr_t)addr ? begin(addr, end - (uintptr_t)addr) : -1, r;
 
-    if (end > (uintptr_t)addr)
-        drc_notify_free(addr, end - (uintptr_t)addr);
-    if (f)
-        return f(addr);
-    return (int)sys_result(syscall(SYS_shmdt, addr));
+    r = f ? f(addr) : (int)sys_result(syscall(SYS_shmdt, addr));
+    drc__hook_end(t);
+    return r;
 }

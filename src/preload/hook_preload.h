@@ -1,6 +1,9 @@
 /*
- * What the two halves of build/libdrc_hook.so share: the interposer
- * (hook_preload.c) and the CUPTI monitor (hook_cupti.c). Hidden symbols.
+ * What the files of build/libdrc_preload.so share (hidden symbols):
+ * preload.c (the parts, the attached drcs, dlsym/dlvsym and the next-symbol
+ * lookup), hook_preload.c (the CUDA free hooks), hook_cupti.c (the CUPTI
+ * monitor), hook_host.c (the libc unmap hooks) and verbs_preload.c (the
+ * ibv_* front).
  */
 #ifndef DRC_HOOK_PRELOAD_H
 #define DRC_HOOK_PRELOAD_H
@@ -9,17 +12,50 @@
 #include <stdint.h>
 
 /*
- * Begin the free of the allocation containing @dptr (its whole bounds looked
- * up first) or of the mapping [ptr, ptr+size): drc invalidates it and marks
- * it as being freed. Returns a ticket for drc__hook_end(), to call once the
- * real free returned (-1: drc is not attached or has no cache).
+ * The parts of the library, chosen once at load (preload.c): DRC_PRELOAD is
+ * a comma list of cuda, host, verbs (or all, none). Unset, the names in
+ * LD_PRELOAD choose: libdrc_hook.so the CUDA part, libdrc_verbs.so and
+ * libdrc_preload.so all three; loaded some other way, all three.
  */
-int drc__hook_begin_free(unsigned long long dptr);
-int drc__hook_begin_unmap(unsigned long long ptr, size_t size);
-void drc__hook_end(int ticket);
+enum { DRC__PRELOAD_CUDA = 1, DRC__PRELOAD_HOST = 2, DRC__PRELOAD_VERBS = 4 };
+int drc__preload_part(int part);
 
-/* The real dlsym (libc's), for code of the hook library that must not see its own interposer. */
+/*
+ * Begin a free in every drc that attached (notify.h, the hook ABI), through
+ * its own begin-free routine: the allocation containing @ptr; the mapping
+ * [ptr, ptr+size) (also a host range for hook_host.c); every allocation of
+ * @device (-1: every device). Returns the tickets for drc__hook_end(), to
+ * call once the real call returned (-1: no drc with a cache).
+ */
+int drc__hook_begin_free(unsigned long long ptr);
+int drc__hook_begin_unmap(unsigned long long ptr, size_t size);
+int drc__hook_begin_teardown(int device);
+int drc__hook_ctx_device(void *ctx);     /* the device of a CUcontext, -1 if unknown */
+void drc__hook_end(int tickets);
+
+/*
+ * libc's dlsym and dlvsym, found without naming a version string (preload.c
+ * reads libc's symbol table), for code of this library that must not see its
+ * own interposers. RTLD_NEXT passed to them means "after this library".
+ */
 void *drc__hook_real_dlsym(void *handle, const char *name);
+void *drc__hook_real_dlvsym(void *handle, const char *name, const char *version);
+
+/*
+ * The CUDA part's answer to dlsym(name) whose real answer is @p
+ * (hook_preload.c): for a program, a wrapper of @p where the name is a free,
+ * else @p; for drc's own lookups (@for_drc), the real function: the next
+ * definition when @p is one of this library's own.
+ */
+void *drc__hook_cuda_symbol(const char *name, void *p, int for_drc);
+
+/*
+ * The verbs front's seam (verbs_preload.c; weak defaults in preload.c):
+ * drc's definition of an ibv_* name it serves (@version may be NULL), or
+ * NULL; and whether the front is on.
+ */
+void *drc__preload_verbs_symbol(const char *name, const char *version);
+int drc__preload_verbs_enabled(void);
 
 /*
  * Start the CUPTI monitor: dlopen libcupti, subscribe, enable the enter

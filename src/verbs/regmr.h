@@ -15,14 +15,14 @@
  * interposer sets it from the environment before any registration). NULL
  * restores the defaults. Not thread-safe against drc_reg_mr: call it first.
  */
-void drc__regmr_configure(const struct drc_config *cfg);
+DRC_API void drc__regmr_configure(const struct drc_config *cfg);   /* DRC_API: libdrc_preload.so uses it (drc.map, DRC_PRIVATE_0) */
 
 /*
  * drc_dereg_mr without the fallback: -ENOENT, touching nothing, when @mr
  * did not come from drc_reg_mr (the interposer then hands it to the next
  * ibv_dereg_mr); otherwise what drc_dereg_mr returns.
  */
-int drc__regmr_dereg(struct ibv_mr *mr);
+DRC_API int drc__regmr_dereg(struct ibv_mr *mr);
 
 /* 1 if @mr is a caller MR handed out by drc_reg_mr and not yet deregistered. */
 int drc__regmr_owns(const struct ibv_mr *mr);
@@ -36,6 +36,6 @@ struct drc__regmr_totals {
     struct drc_stats cache;  /* summed drc_cache_stats */
     uint64_t dmabuf, peermem;/* per-PD caches whose GPU 0 registers through dmabuf / peermem (only if GPU MRs were seen) */
 };
-void drc__regmr_totals(struct drc__regmr_totals *t);
+DRC_API void drc__regmr_totals(struct drc__regmr_totals *t);
 
 #endif

@@ -12,7 +12,7 @@
 
 #include "drc.h"
 #include "drc_cuda.h"
-#include "cuda/hooks.h"
+#include "cuda/cuda.h"
 #include "core/notify.h"
 
 enum { REGIONS = 10000, ITERS = 2000000 };
@@ -79,7 +79,7 @@ static int fake_free(drc__cuptr d)
 int main(void)
 {
     struct drc_backend be = { reg, dereg, NULL };
-    struct drc__hook_driver drv = { .mem_get_address_range = fake_range, .mem_free = fake_free };
+    struct drc__cuda_driver drv = { .cuMemGetAddressRange = fake_range, .cuMemFree = fake_free };
     const uintptr_t base = 0x10000000000ull, far = 0x30000000000ull;
     size_t pg = (size_t)sysconf(_SC_PAGESIZE);
     drc_region_t *r;
@@ -108,12 +108,12 @@ int main(void)
         b = now();
         printf("%-58s notify %6.1f ns\n", "10,000 regions, freed page in a gap inside the hull", (b - a) / (ITERS / 10));
     }
-    drc__hooks_set_driver(&drv);
+    drc__cuda_set_driver(&drv);
     t0 = now();
     for (i = 0; i < ITERS; i++)
         drc_cuMemFree(far + (uintptr_t)(i & 7) * (1 << 16));
     printf("%-58s %6.1f ns per free (fake driver: lookup and free cost ~0)\n",
            "drc_cuMemFree, 10,000 regions elsewhere", (now() - t0) / ITERS);
-    drc__hooks_set_driver(NULL);
+    drc__cuda_set_driver(NULL);
     return drc_cache_destroy(c) != 0;
 }

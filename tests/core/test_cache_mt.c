@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "cachetest.h"
-#include "notify.h"
+#include "core/notify.h"
 
 #define LW IBV_ACCESS_LOCAL_WRITE
 #define RW IBV_ACCESS_REMOTE_WRITE

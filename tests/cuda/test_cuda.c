@@ -111,7 +111,7 @@ static void device_memory_bounded_by_allocation(void **state)
     assert_int_equal(m.device, 1);
     assert_true(m.lo == GPU && m.hi == GPU + 64 * MiB);
     assert_int_equal(m.buffer_id, 42);
-    assert_int_equal(m.buffer_id_end, 42);
+    assert_int_equal(m.nchunks, 0);
     assert_ptr_equal(m.ctx, FC_CTX0);
     /* a request running past the allocation is refused, never registered across */
     assert_int_equal(drc__mem_classify(GPU + 63 * MiB, 2 * MiB, &m), -EFAULT);
@@ -262,7 +262,11 @@ static void vmm_walk_joins_compatible_chunks(void **state)
     assert_int_equal(m.type, DRC_MEM_CUDA);
     assert_true(m.lo == GPU && m.hi == GPU + 3 * g);
     assert_int_equal(m.buffer_id, 10);
-    assert_int_equal(m.buffer_id_end, 11);
+    /* every chunk of the run recorded with its buffer id, by address */
+    assert_int_equal(m.nchunks, 3);
+    assert_true(m.chunk[0].base == GPU && m.chunk[0].id == 10 && m.chunk[2].end == GPU + 3 * g);
+    assert_int_equal(m.chunk[1].id, 11);
+    assert_int_equal(m.chunk[2].id, 12);
     assert_ptr_equal(m.ctx, FC_PRIMARY(0));   /* VMM memory has no context: the primary one */
     assert_int_equal(fc.retains, fc.releases);
     /* the export spans the chunks, in the primary context */

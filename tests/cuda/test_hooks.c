@@ -3,7 +3,7 @@
  * (drc_notify_free) and src/torch.c (the PyTorch allocator entry points).
  *
  * The CUDA driver is a DOUBLE: a table of fake functions installed with
- * drc__hooks_set_driver(). Its "allocations" are fake page ranges (the cache
+ * drc__cuda_set_driver(). Its "allocations" are fake page ranges (the cache
  * never touches the memory). Each fake free looks, at the moment it is
  * called, at what drc did: a user checks that no region of the allocation
  * could still be returned once the memory is gone, so the fake records
@@ -14,7 +14,7 @@
 
 #include "cachetest.h"
 #include "drc_cuda.h"
-#include "cuda/hooks.h"
+#include "cuda/cuda.h"
 
 enum { ALLOC_PAGES = 8, FAKE_RESULT = 77 };
 
@@ -60,16 +60,16 @@ static int fake_sync(void) { fk.syncs++; return 0; }
 static int fake_rt_free(void *p) { look((drc__cuptr)(uintptr_t)p); return FAKE_RESULT; }
 static int fake_rt_free_async(void *p, void *s) { (void)s; look((drc__cuptr)(uintptr_t)p); return FAKE_RESULT; }
 
-static struct drc__hook_driver fake_driver(void)
+static struct drc__cuda_driver fake_driver(void)
 {
-    return (struct drc__hook_driver){
-        .mem_get_address_range = fake_range, .mem_free = fake_free, .mem_free_async = fake_free_async,
-        .mem_unmap = fake_unmap, .mem_release = fake_release, .ctx_synchronize = fake_sync,
+    return (struct drc__cuda_driver){
+        .cuMemGetAddressRange = fake_range, .cuMemFree = fake_free, .cuMemFreeAsync = fake_free_async,
+        .cuMemUnmap = fake_unmap, .cuMemRelease = fake_release, .cuCtxSynchronize = fake_sync,
     };
 }
 
 /* A cache with two regions inside the fake allocation: one held, one idle. */
-static drc_cache_t *setup_regions(struct drc__hook_driver *d)
+static drc_cache_t *setup_regions(struct drc__cuda_driver *d)
 {
     drc_cache_t *c;
     drc_region_t *idle;
@@ -77,7 +77,7 @@ static drc_cache_t *setup_regions(struct drc__hook_driver *d)
     memset(&fk, 0, sizeof(fk));
     fk.b = tb_new();
     fk.known = 1;
-    drc__hooks_set_driver(d);
+    drc__cuda_set_driver(d);
     assert_int_equal(drc_cache_create(&fk.b->be, NULL, &c), 0);
     fk.held = get_ok(c, at(17, 0), pg(), IBV_ACCESS_LOCAL_WRITE);
     idle = get_ok(c, at(22, 0), pg(), IBV_ACCESS_LOCAL_WRITE);
@@ -92,7 +92,7 @@ static void teardown_regions(drc_cache_t *c)
     assert_int_equal(drc_cache_destroy(c), 0);
     assert_int_equal(tb_all_released_once(fk.b), 0);
     tb_free(fk.b);
-    drc__hooks_set_driver(NULL);
+    drc__cuda_set_driver(NULL);
 }
 
 /* The real function ran once, on the pointer given, after drc had dropped every region of the allocation. */
@@ -106,7 +106,7 @@ static void expect_notified_then_freed(drc__cuptr d)
 
 static void test_cuMemFree_notifies_the_whole_allocation_first(void **state)
 {
-    struct drc__hook_driver d = fake_driver();
+    struct drc__cuda_driver d = fake_driver();
     drc_cache_t *c = setup_regions(&d);
 
     (void)state;
@@ -118,7 +118,7 @@ static void test_cuMemFree_notifies_the_whole_allocation_first(void **state)
 
 static void test_cuMemFreeAsync_notifies_first(void **state)
 {
-    struct drc__hook_driver d = fake_driver();
+    struct drc__cuda_driver d = fake_driver();
     drc_cache_t *c = setup_regions(&d);
 
     (void)state;
@@ -129,7 +129,7 @@ static void test_cuMemFreeAsync_notifies_first(void **state)
 
 static void test_cuMemUnmap_notifies_exactly_the_range(void **state)
 {
-    struct drc__hook_driver d = fake_driver();
+    struct drc__cuda_driver d = fake_driver();
     drc_cache_t *c = setup_regions(&d);
 
     (void)state;
@@ -146,7 +146,7 @@ static void test_cuMemUnmap_notifies_exactly_the_range(void **state)
 /* Documented: a handle's memory lives until its last mapping is unmapped, so release notifies nothing. */
 static void test_cuMemRelease_passes_through(void **state)
 {
-    struct drc__hook_driver d = fake_driver();
+    struct drc__cuda_driver d = fake_driver();
     drc_cache_t *c = setup_regions(&d);
 
     (void)state;
@@ -159,12 +159,12 @@ static void test_cuMemRelease_passes_through(void **state)
 
 static void test_cudaFree_through_the_runtime(void **state)
 {
-    struct drc__hook_driver d = fake_driver();
+    struct drc__cuda_driver d = fake_driver();
     drc_cache_t *c;
 
     (void)state;
-    d.rt_free = fake_rt_free;
-    d.rt_free_async = fake_rt_free_async;
+    d.cudaFree = fake_rt_free;
+    d.cudaFreeAsync = fake_rt_free_async;
     c = setup_regions(&d);
     assert_int_equal(drc_cudaFree((void *)(uintptr_t)alloc_base()), FAKE_RESULT);
     expect_notified_then_freed(alloc_base());
@@ -177,17 +177,50 @@ static void test_cudaFree_through_the_runtime(void **state)
     teardown_regions(c);
 }
 
-/* A static runtime hides cudaFree: the wrapper synchronizes and frees through the driver. */
+/* The fake's contexts: the allocation's, and what the calling thread has current (none at first). */
+#define ALLOC_CTX ((void *)0xc7)
+static void *current_ctx;
+static void *synced_in;
+static int fake_get_current(void **ctx) { *ctx = current_ctx; return 0; }
+static int fake_set_current(void *ctx) { current_ctx = ctx; return 0; }
+/* as the driver: with no current context, CUDA_ERROR_INVALID_CONTEXT */
+static int fake_sync_needs_ctx(void) { fk.syncs++; synced_in = current_ctx; return current_ctx ? 0 : 201; }
+static int fake_ctx_attr(unsigned n, const int *attrs, void **data, drc__cuptr p)
+{
+    unsigned i;
+
+    for (i = 0; i < n; i++) {
+        if (attrs[i] != DRC__CU_POINTER_ATTRIBUTE_CONTEXT)
+            return 1;
+        *(void **)data[i] = fk.known && p >= alloc_base() && p < alloc_base() + ALLOC_PAGES * pg() ? ALLOC_CTX : NULL;
+    }
+    return 0;
+}
+
+/*
+ * A static runtime hides cudaFree: the wrapper synchronizes the allocation's
+ * own context and frees through the driver, from a thread that never used
+ * the runtime (issue 9 item 8: it used to sync the thread's missing context,
+ * get CUDA_ERROR_INVALID_CONTEXT, return 999 and free nothing).
+ */
 static void test_cudaFree_without_a_visible_runtime(void **state)
 {
-    struct drc__hook_driver d = fake_driver();
-    drc_cache_t *c = setup_regions(&d);
+    struct drc__cuda_driver d = fake_driver();
+    drc_cache_t *c;
 
     (void)state;
-    /* FAKE_RESULT is no CUresult the wrapper knows: cudaErrorUnknown */
+    d.cuCtxSynchronize = fake_sync_needs_ctx;
+    d.cuCtxGetCurrent = fake_get_current;
+    d.cuCtxSetCurrent = fake_set_current;
+    d.cuPointerGetAttributes = fake_ctx_attr;
+    current_ctx = NULL;
+    c = setup_regions(&d);
+    /* FAKE_RESULT is no CUresult the wrapper knows: cudaErrorUnknown, from the free itself */
     assert_int_equal(drc_cudaFree((void *)(uintptr_t)alloc_base()), 999);
     expect_notified_then_freed(alloc_base());
     assert_int_equal(fk.syncs, 1);
+    assert_ptr_equal(synced_in, ALLOC_CTX);     /* the allocation's context, made current for the wait */
+    assert_null(current_ctx);                   /* and the thread's (none) restored */
     assert_int_equal(drc_cudaFree(NULL), 0);    /* the runtime's "initialise" idiom frees nothing */
     assert_int_equal(fk.calls, 1);
     teardown_regions(c);
@@ -196,7 +229,7 @@ static void test_cudaFree_without_a_visible_runtime(void **state)
 /* Without bounds (the driver does not know the pointer) the first byte is notified. */
 static void test_unknown_bounds_notify_the_first_byte(void **state)
 {
-    struct drc__hook_driver d = fake_driver();
+    struct drc__cuda_driver d = fake_driver();
     drc_cache_t *c = setup_regions(&d);
 
     (void)state;
@@ -209,7 +242,7 @@ static void test_unknown_bounds_notify_the_first_byte(void **state)
 
 static void test_no_driver_frees_nothing(void **state)
 {
-    struct drc__hook_driver none = { 0 };
+    struct drc__cuda_driver none = { 0 };
     drc_cache_t *c = setup_regions(&none);
 
     (void)state;
@@ -363,7 +396,7 @@ static int t_map(drc__cuptr p, size_t s, size_t o, unsigned long long h, unsigne
     tk.mapped++;
     return 0;
 }
-static int t_access(drc__cuptr p, size_t s, const struct drc__cu_access_desc *d, size_t n)
+static int t_access(drc__cuptr p, size_t s, const struct drc__cuda_access_desc *d, size_t n)
 {
     (void)p; (void)s; (void)d; (void)n;
     return 0;
@@ -391,21 +424,21 @@ static int t_free(drc__cuptr d)
     return 0;
 }
 
-static struct drc__hook_driver torch_driver(void)
+static struct drc__cuda_driver torch_driver(void)
 {
-    return (struct drc__hook_driver){
-        .mem_get_address_range = fake_range, .ctx_synchronize = fake_sync, .ctx_get_current = t_get_current,
-        .ctx_set_current = t_set_current, .device_get = t_device_get, .device_get_attribute = t_attr,
-        .primary_ctx_retain = NULL, .mem_alloc = t_alloc, .mem_free = t_free, .mem_get_granularity = t_gran,
-        .mem_create = t_create, .mem_address_reserve = t_reserve, .mem_address_free = t_addr_free,
-        .mem_map = t_map, .mem_set_access = t_access, .mem_unmap = t_unmap, .mem_release = t_release,
-        .mem_retain_allocation_handle = t_retain,
+    return (struct drc__cuda_driver){
+        .cuMemGetAddressRange = fake_range, .cuCtxSynchronize = fake_sync, .cuCtxGetCurrent = t_get_current,
+        .cuCtxSetCurrent = t_set_current, .cuDeviceGet = t_device_get, .cuDeviceGetAttribute = t_attr,
+        .cuDevicePrimaryCtxRetain = NULL, .cuMemAlloc = t_alloc, .cuMemFree = t_free, .cuMemGetAllocationGranularity = t_gran,
+        .cuMemCreate = t_create, .cuMemAddressReserve = t_reserve, .cuMemAddressFree = t_addr_free,
+        .cuMemMap = t_map, .cuMemSetAccess = t_access, .cuMemUnmap = t_unmap, .cuMemRelease = t_release,
+        .cuMemRetainAllocationHandle = t_retain,
     };
 }
 
 static void test_torch_vmm_segment(void **state)
 {
-    struct drc__hook_driver d = torch_driver();
+    struct drc__cuda_driver d = torch_driver();
     drc_cache_t *c;
     void *p;
 
@@ -433,7 +466,7 @@ static void test_torch_vmm_segment(void **state)
 
 static void test_torch_plain_segment(void **state)
 {
-    struct drc__hook_driver d = torch_driver();
+    struct drc__cuda_driver d = torch_driver();
     drc_cache_t *c;
     void *p;
 

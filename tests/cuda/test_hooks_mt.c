@@ -17,7 +17,7 @@
 
 #include "cachetest.h"
 #include "drc_cuda.h"
-#include "cuda/hooks.h"
+#include "cuda/cuda.h"
 
 enum { ROUNDS = 3000, GETTERS = 2, PAGES = 4 };
 
@@ -79,7 +79,7 @@ static void *getter(void *arg)
 
 static void test_free_racing_get_never_returns_the_old_region(void **state)
 {
-    struct drc__hook_driver d = { .mem_get_address_range = fake_range, .mem_free = fake_free };
+    struct drc__cuda_driver d = { .cuMemGetAddressRange = fake_range, .cuMemFree = fake_free };
     pthread_t t[GETTERS];
     unsigned long stale[GETTERS];
     struct drc_stats s;
@@ -88,7 +88,7 @@ static void test_free_racing_get_never_returns_the_old_region(void **state)
     (void)state;
     backend = tb_new();
     backend->reg_hook = stamp_reg;
-    drc__hooks_set_driver(&d);
+    drc__cuda_set_driver(&d);
     assert_int_equal(drc_cache_create(&backend->be, NULL, &cache), 0);
     for (i = 0; i < GETTERS; i++)
         assert_int_equal(pthread_create(&t[i], NULL, getter, &stale[i]), 0);
@@ -115,7 +115,7 @@ static void test_free_racing_get_never_returns_the_old_region(void **state)
     assert_int_equal(drc_cache_destroy(cache), 0);
     assert_int_equal(tb_all_released_once(backend), 0);
     tb_free(backend);
-    drc__hooks_set_driver(NULL);
+    drc__cuda_set_driver(NULL);
 }
 
 /* Caches created and destroyed while other threads notify: no notifier touches a freed cache (TSan/ASan). */

@@ -2,7 +2,7 @@
 # test_hooks_gpu twice (nvcc's default static cudart, and -cudart shared), and libdrc_torch.so:
 # libdrc without jemalloc, position-independent, for PyTorch's CUDAPluggableAllocator.
 NVCC ?= $(CUDA)/bin/nvcc
-HOOK_DRC_SRCS := $(DRC_SRCS) cuda/hooks.c cuda/torch.c
+HOOK_DRC_SRCS := $(DRC_SRCS) cuda/wrappers.c cuda/torch.c
 HOOK_DRC_OBJS := $(addprefix $(O)/obj/,$(HOOK_DRC_SRCS:.c=.o))
 HOOK_PIC_OBJS := $(addprefix $(O)/pic/,$(HOOK_DRC_SRCS:.c=.o))
 

@@ -242,8 +242,9 @@ static void test_vmm(void)
     CHECK(e == 0 && m.type == DRC_MEM_CUDA && m.lo == v.va && m.hi == v.va + v.size,
           "classify %d: lo +%#lx hi +%#lx (gran %zu)", e, (unsigned long)(m.lo - v.va), (unsigned long)(m.hi - v.va),
           v.gran);
-    printf("  buffer ids of chunk 0 and 1: %llu %llu\n", (unsigned long long)m.buffer_id,
-           (unsigned long long)m.buffer_id_end);
+    printf("  %u chunks recorded, buffer ids %llu %llu %llu\n", m.nchunks, (unsigned long long)m.chunk[0].id,
+           (unsigned long long)m.chunk[1].id, (unsigned long long)m.chunk[2].id);
+    CHECK(m.nchunks == 3 && m.chunk[0].id != m.chunk[1].id, "chunks recorded: %u", m.nchunks);
     /* one registration across the first two chunks, exported as one dmabuf */
     e = get_put(c, v.va + v.gran / 2, v.gran);
     CHECK(e == 0 && r.calls == 1 && r.a[0].start == v.va + v.gran / 2 && r.a[0].len == v.gran &&
@@ -268,6 +269,29 @@ static void test_vmm(void)
     e = get_put(c, v.va, v.size);
     CHECK(e == -EACCES && r.calls == 3, "no gpuDirectRDMACapable: %s, calls %d", drc_strerror(e), r.calls);
     printf("  without gpuDirectRDMACapable: %s\n", drc_strerror(e));
+    vmm_free(&v);
+    done(c);
+}
+
+/*
+ * DRC_F_VALIDATE on a region across VMM chunks (PyTorch's expandable
+ * segments, issue 9 item 9): hits in every chunk keep the one registration;
+ * remapping one chunk fails the check for hits in that chunk only.
+ */
+static void test_vmm_validate(void)
+{
+    struct vmm v;
+    struct rec r;
+    drc_cache_t *c = rec_cache(&r, DRC_F_VALIDATE);
+    int i, e;
+
+    printf("VMM + DRC_F_VALIDATE: 100 gets in 3 chunks of one region\n");
+    vmm_make(&v, 3, 3, 1);
+    e = get_put(c, v.va, v.size);
+    for (i = 0; i < 100 && !e; i++)
+        e = get_put(c, v.va + (size_t)(i % 3) * v.gran + page, page);
+    CHECK(e == 0 && r.calls == 1, "%s: %d registrations for 101 gets (want 1)", drc_strerror(e), r.calls);
+    printf("  %d registration(s) for 101 gets\n", r.calls);
     vmm_free(&v);
     done(c);
 }
@@ -446,6 +470,7 @@ int main(void)
     test_mem_alloc();
     test_other_kinds();
     test_vmm();
+    test_vmm_validate();
     test_coalesce();
     test_validate();
     test_contexts();

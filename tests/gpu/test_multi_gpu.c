@@ -34,9 +34,6 @@
 
 enum { MiB = 1 << 20 };
 
-/* Context teardown wrappers: weak, so that this builds against a tree without them and says so. */
-extern int drc_cuDevicePrimaryCtxReset(int dev) __attribute__((weak));
-
 static CUcontext ctx[2];
 
 static int get_put(drc_cache_t *c, CUdeviceptr p, size_t len)
@@ -129,9 +126,7 @@ static void test_reset_one_device(void)
     e0 = drc_get(c, (void *)(uintptr_t)p0, MiB, 0x7, &r0);
     e1 = drc_get(c, (void *)(uintptr_t)p1, MiB, 0x7, &r1);
     CHECK(e0 == 0 && e1 == 0, "%s / %s", drc_strerror(e0), drc_strerror(e1));
-    CHECK(drc_cuDevicePrimaryCtxReset != NULL, "drc_cuDevicePrimaryCtxReset is missing");
-    if (drc_cuDevicePrimaryCtxReset)
-        CHECK(drc_cuDevicePrimaryCtxReset(1) == CUDA_SUCCESS, "reset");
+    CHECK(drc_cuDevicePrimaryCtxReset(1) == CUDA_SUCCESS, "reset");
     CHECK(!e1 && !drc_region_valid(r1), "device 1's region survived its context reset");
     CHECK(!e0 && drc_region_valid(r0), "device 0's region was invalidated by device 1's reset");
     if (!e0)

@@ -21,6 +21,26 @@ void fake_cuda_on_free(fake_cuda_free_cb *cb, void *arg);
 /* Frees that reached the fake driver, by any entry point. */
 unsigned fake_cuda_frees(void);
 
+/*
+ * From now on cuMemGetAddressRange fails with CUDA_ERROR_INVALID_CONTEXT (201)
+ * in a thread with no current context, as the driver does; every allocation
+ * belongs to one context, FAKE_CUDA_CTX, which no thread has current at first.
+ */
+void fake_cuda_needs_context(int on);
+#define FAKE_CUDA_CTX ((void *)0xc7c7)
+
+/*
+ * Besides the frees, the fake answers what drc's CUDA layer asks, so that
+ * drc classifies its memory as CUDA memory of device 0 and exports it (the
+ * dmabuf is an fd of /dev/null): cuPointerGetAttributes/cuPointerGetAttribute,
+ * contexts, cuMemGetHandleForAddressRange. cuMemAllocHost memory is pinned
+ * host memory. cuDevicePrimaryCtxReset_v2 and cuCtxDestroy_v2 free every
+ * allocation (each through the callback).
+ */
+int cuMemAllocHost_v2(void **p, size_t size);
+int cuMemFreeHost(void *p);
+int cuDevicePrimaryCtxReset_v2(int dev);
+
 int cuMemAlloc_v2(unsigned long long *dptr, size_t size);
 int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned long long dptr);
 int cuMemFree_v2(unsigned long long dptr);

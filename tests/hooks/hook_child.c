@@ -19,6 +19,15 @@
  *       wrapper   drc_cuMemFree (no preload needed)
  *       rtld-next check that dlsym(RTLD_NEXT) still means "after the caller"
  *       nocache   free through every path with no cache created: all succeed
+ *       noctx     64 MiB, regions at +32 MiB, freed as "runtime" from a thread with no
+ *                 current context (cuMemGetAddressRange then fails with 201)
+ *       noctx-wrapper  the same through drc_cuMemFree
+ *       freehost  pinned host memory (cuMemAllocHost), freed through cuGetProcAddress's cuMemFreeHost
+ *       unregister  the same with cuMemHostUnregister
+ *       reset     no free at all: cuDevicePrimaryCtxReset (through cuGetProcAddress) frees it
+ *       destroy   the same with cuCtxDestroy
+ *       ibv-dlsym dlopen libibverbs.so.1 RTLD_LOCAL, dlsym/dlvsym "ibv_dereg_mr" on that handle:
+ *                 prints whose definition it got; exits 0 when drc's (the preload's), 2 when not
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -80,10 +89,35 @@ static void *sym(const char *name)
     return h ? dlsym(h, name) : NULL;
 }
 
+/* What the runtime does to get an entry point: dlsym cuGetProcAddress_v2, ask it for itself, then @name. */
+static void *rt_sym(const char *name, int version, unsigned long long flags)
+{
+    gpa2_fn *first = (gpa2_fn *)sym("cuGetProcAddress_v2");
+    void *gpa = NULL, *f = NULL;
+    int st;
+
+    if (!first || first("cuGetProcAddress", &gpa, 13000, 0, &st) || !gpa ||
+        ((gpa2_fn *)gpa)(name, &f, version, flags, &st))
+        return NULL;
+    return f;
+}
+
 static int free_by(const char *mode, unsigned long long d, size_t len)
 {
     void *f = NULL, *gpa = NULL;
     int st;
+
+    if (!strcmp(mode, "noctx"))
+        return (f = rt_sym("cuMemFree", 3020, 0)) ? ((free_fn *)f)(d) : -1;
+    if (!strcmp(mode, "noctx-wrapper"))
+        return drc_cuMemFree(d);
+    if (!strcmp(mode, "freehost") || !strcmp(mode, "unregister"))
+        return (f = rt_sym(mode[0] == 'f' ? "cuMemFreeHost" : "cuMemHostUnregister", 3020, 0))
+                   ? ((int (*)(void *))f)((void *)(uintptr_t)d) : -1;
+    if (!strcmp(mode, "reset"))
+        return (f = rt_sym("cuDevicePrimaryCtxReset", 11000, 0)) ? ((int (*)(int))f)(0) : -1;
+    if (!strcmp(mode, "destroy"))
+        return (f = rt_sym("cuCtxDestroy", 4000, 0)) ? ((int (*)(void *))f)(FAKE_CUDA_CTX) : -1;
 
     if (!strcmp(mode, "direct"))
         return cuMemFree_v2(d);
@@ -131,10 +165,31 @@ static int nocache(void)
     return fake_cuda_frees() == i ? 0 : 1;
 }
 
+/* Whose ibv_dereg_mr does a private handle of libibverbs give? */
+static int ibv_dlsym(void)
+{
+    void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL), *f, *v;
+    Dl_info a, b;
+
+    if (!h)
+        return 1;
+    f = dlsym(h, "ibv_dereg_mr");
+    v = dlvsym(h, "ibv_dereg_mr", "IBVERBS_1.0");
+    if (!f || !v || !dladdr(f, &a) || !dladdr(v, &b))
+        return 1;
+    printf("ibv-dlsym: dlsym from %s, dlvsym from %s\n", a.dli_fname, b.dli_fname);
+    if (strstr(a.dli_fname, "libdrc_preload") && strstr(b.dli_fname, "libdrc_preload") &&
+        ((int (*)(void *))f)(NULL) == 4242) {
+        printf("ibv-dlsym: served by drc\n");
+        return 0;
+    }
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
     struct drc_backend be = { reg, dereg, NULL };
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 4 * pg;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 4 * pg, off = pg;
     struct seen s = { 0 };
     unsigned long long d;
     drc_region_t *idle;
@@ -151,11 +206,28 @@ int main(int argc, char **argv)
     }
     if (!strcmp(mode, "nocache"))
         return nocache();
-    if (drc_cache_create(&be, NULL, &c) || cuMemAlloc_v2(&d, len))
+    if (!strcmp(mode, "ibv-dlsym"))
+        return ibv_dlsym();
+    if (!strncmp(mode, "noctx", 5)) {
+        len = 64 << 20;
+        off = 32 << 20;     /* a sub-range far from the pointer freed */
+    }
+    if (!strcmp(mode, "freehost") || !strcmp(mode, "unregister")) {
+        void *h;
+
+        if (cuMemAllocHost_v2(&h, len))
+            return 1;
+        d = (uintptr_t)h;
+    } else if (cuMemAlloc_v2(&d, len)) {
         return 1;
-    if (drc_get(c, (void *)(uintptr_t)(d + pg), pg, 0x1, &s.held) ||
-        drc_get(c, (void *)(uintptr_t)(d + 3 * pg), pg, 0x1, &idle) || drc_put(c, idle))
+    }
+    if (drc_cache_create(&be, NULL, &c))
         return 1;
+    if (drc_get(c, (void *)(uintptr_t)(d + off), pg, 0x1, &s.held) ||
+        drc_get(c, (void *)(uintptr_t)(d + off + 2 * pg), pg, 0x1, &idle) || drc_put(c, idle))
+        return 1;
+    if (!strncmp(mode, "noctx", 5))
+        fake_cuda_needs_context(1);     /* this thread has no current context: the range lookup fails */
     fake_cuda_on_free(on_free, &s);
     err = free_by(mode, d, len);
     if (err || !s.called) {

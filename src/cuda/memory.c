@@ -1,13 +1,9 @@
 /*
- * The CUDA layer: the driver loaded with dlopen, pointer classification,
- * dmabuf export, buffer-id validation (the functions of mem.h and cuda.h).
+ * CUDA memory as the core sees it (core/mem.h): pointer classification,
+ * dmabuf export, buffer-id validation, and the bounds of an allocation.
  *
- * Nothing here links against libcuda. The first call that needs the driver
- * opens libcuda.so.1 and resolves the table once (pthread_once), through
- * cuGetProcAddress_v2 where the driver has it, so that each entry is the
- * version this code was written for whatever the driver's default is. With no
- * driver every pointer is host memory: drc__mem_classify() then costs one
- * load of a pointer.
+ * With no driver every pointer is host memory: drc__mem_classify() then
+ * costs one load of a pointer.
  *
  * Why each step of a classification exists:
  *  - cuPointerGetAttributes gives type, managedness, device, buffer id,
@@ -22,13 +18,18 @@
  *    cross into a neighbouring allocation, whose free would not invalidate
  *    it. For VMM memory it returns one mapped chunk only, so the contiguous
  *    mapped chunks around it are walked, and joined only while they share
- *    device, allocation type and GPUDirect capability.
+ *    device, allocation type and GPUDirect capability. The walk stops at
+ *    DRC__MEM_CHUNKS chunks (unless the request itself needs more), and the
+ *    buffer id of each chunk is recorded: DRC_F_VALIDATE checks the chunks a
+ *    lookup touches against them (a remap of one chunk changes its id only).
  *  - VMM memory made without gpuDirectRDMACapable cannot be reached by the
  *    NIC: it is refused with -EACCES rather than registered uselessly.
+ *  - The bounds of every CUDA classification are recorded per device
+ *    (drc__cuda_track), so that a context teardown, which frees everything
+ *    without a free call, can invalidate them (free.c).
  */
 #include "cuda/cuda.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
@@ -37,110 +38,96 @@
 #include "core/mem.h"
 
 enum {
-    MAX_DEVICES = 64,
     WALK_EXTRA = 16,            /* VMM chunks looked at beyond the request, each way, for coalescing */
-    PROC_VERSION = 12000,       /* the CUDA version whose entry points the table holds */
+    TRACKED = 256,              /* allocation bounds recorded for teardowns */
 };
 
-static const struct drc__cuda_driver *active;   /* atomic: NULL = no driver */
-static int ready;                               /* atomic: active is final */
-static int overridden;                          /* drc__cuda_set_driver was called */
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static struct drc__cuda_driver real;
+static int pcie_unsupported[DRC__CUDA_MAX_DEVICES];  /* atomic: the PCIe mapping type gave NOT_SUPPORTED */
 
-static int pcie_unsupported[MAX_DEVICES];       /* atomic: the PCIe mapping type gave NOT_SUPPORTED */
-static void *primary[MAX_DEVICES];              /* atomic, set under primary_lock: retained primary contexts */
-static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
+/*
+ * The allocations classified, for teardowns. A small table under a mutex:
+ * classification runs before the cache lock and a teardown in a wrapper or
+ * hook, never inside an allocator, so a mutex is allowed here; nothing is
+ * allocated. When it is full, `overflow` makes a teardown invalidate the
+ * whole address space instead (over-invalidation only costs misses).
+ */
+static struct tracked {
+    uintptr_t lo, hi;           /* hi == 0: free entry */
+    int device;
+} tracked[TRACKED];
+static int overflow;
+static pthread_mutex_t track_lock = PTHREAD_MUTEX_INITIALIZER;
 
-typedef int (*get_proc_fn)(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
+void drc__cuda_forget(void);
 
-static void *resolve(void *lib, get_proc_fn gpa, const char *name, const char *exported)
+void drc__cuda_forget(void)
 {
-    void *p = NULL;
-    int status = 0;
-
-    if (gpa && gpa(name, &p, PROC_VERSION, 0, &status) == 0 && p)
-        return p;
-    return dlsym(lib, exported ? exported : name);
-}
-
-static void load(void)
-{
-    struct drc__cuda_driver *d = &real;
-    get_proc_fn gpa;
-    void *lib;
-
-    if (__atomic_load_n(&overridden, __ATOMIC_ACQUIRE))
-        return;
-    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-        goto done;
-    gpa = (get_proc_fn)dlsym(lib, "cuGetProcAddress_v2");
-#define R(field, exported) *(void **)&d->field = resolve(lib, gpa, #field, exported)
-    R(cuPointerGetAttributes, NULL);
-    R(cuMemGetAddressRange, "cuMemGetAddressRange_v2");
-    R(cuMemGetHandleForAddressRange, NULL);
-    R(cuCtxGetCurrent, NULL);
-    R(cuCtxSetCurrent, NULL);
-    R(cuMemRetainAllocationHandle, NULL);
-    R(cuMemGetAllocationPropertiesFromHandle, NULL);
-    R(cuMemRelease, NULL);
-    R(cuInit, NULL);
-    R(cuDriverGetVersion, NULL);
-    R(cuDeviceGetCount, NULL);
-    R(cuDeviceGet, NULL);
-    R(cuDeviceGetName, NULL);
-    R(cuDeviceGetAttribute, NULL);
-    R(cuDevicePrimaryCtxRetain, NULL);
-    R(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
-    R(cuMemAlloc, "cuMemAlloc_v2");
-    R(cuMemFree, "cuMemFree_v2");
-    R(cuMemFreeAsync, NULL);
-    R(cuMemUnmap, NULL);
-#undef R
-    if (d->cuPointerGetAttributes && d->cuMemGetAddressRange && d->cuMemGetHandleForAddressRange &&
-        d->cuCtxGetCurrent && d->cuCtxSetCurrent)
-        __atomic_store_n(&active, d, __ATOMIC_RELEASE);
-    /* else: a driver too old for dmabuf export is no driver for drc; the library stays loaded */
-done:
-    __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
-}
-
-const struct drc__cuda_driver *drc__cuda_driver(void)
-{
-    if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE))
-        pthread_once(&once, load);
-    return __atomic_load_n(&active, __ATOMIC_ACQUIRE);
-}
-
-void drc__cuda_set_driver(const struct drc__cuda_driver *fake)
-{
-    __atomic_store_n(&overridden, 1, __ATOMIC_RELEASE);
     memset(pcie_unsupported, 0, sizeof(pcie_unsupported));
-    memset(primary, 0, sizeof(primary));    /* a fake's contexts are not the driver's to release */
-    __atomic_store_n(&active, fake, __ATOMIC_RELEASE);
-    __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&track_lock);
+    memset(tracked, 0, sizeof(tracked));
+    overflow = 0;
+    pthread_mutex_unlock(&track_lock);
 }
 
-int drc__cuda_errno(int cuda_result)
+void drc__cuda_track(int device, uintptr_t lo, uintptr_t hi)
 {
-    switch (cuda_result) {
-    case DRC__CUDA_SUCCESS:
-        return 0;
-    case DRC__CUDA_ERROR_INVALID_VALUE:
-        return -EINVAL;
-    case DRC__CUDA_ERROR_OUT_OF_MEMORY:
-        return -ENOMEM;
-    case DRC__CUDA_ERROR_NOT_SUPPORTED:
-        return -EOPNOTSUPP;
-    case DRC__CUDA_ERROR_NOT_PERMITTED:
-        return -EPERM;
-    case DRC__CUDA_ERROR_NO_DEVICE:
-    case DRC__CUDA_ERROR_STUB_LIBRARY:
-        return -ENODEV;
-    default:
-        return -EIO;
+    int i, free_slot = -1;
+
+    if (lo >= hi)
+        return;
+    pthread_mutex_lock(&track_lock);
+    for (i = 0; i < TRACKED; i++) {
+        if (tracked[i].hi && tracked[i].device == device && tracked[i].lo <= lo && hi <= tracked[i].hi)
+            break;      /* known already */
+        if (!tracked[i].hi && free_slot < 0)
+            free_slot = i;
     }
+    if (i == TRACKED) {
+        if (free_slot >= 0)
+            tracked[free_slot] = (struct tracked){ lo, hi, device };
+        else
+            overflow = 1;
+    }
+    pthread_mutex_unlock(&track_lock);
+}
+
+void drc__cuda_untrack(int device, uintptr_t lo, uintptr_t hi)
+{
+    int i;
+
+    pthread_mutex_lock(&track_lock);
+    if (lo == 0 && hi == UINTPTR_MAX && device < 0)
+        overflow = 0;   /* everything was invalidated */
+    for (i = 0; i < TRACKED; i++)
+        if (tracked[i].hi && (device < 0 || tracked[i].device == device) && lo <= tracked[i].lo &&
+            tracked[i].hi <= hi)
+            tracked[i].hi = 0;
+    pthread_mutex_unlock(&track_lock);
+}
+
+int drc__cuda_tracked_hull(int device, uintptr_t *lo, uintptr_t *hi)
+{
+    int i, found = 0;
+
+    *lo = UINTPTR_MAX;
+    *hi = 0;
+    pthread_mutex_lock(&track_lock);
+    if (overflow) {
+        *lo = 0;
+        *hi = UINTPTR_MAX;
+        found = 1;
+    }
+    for (i = 0; i < TRACKED && !overflow; i++) {
+        if (!tracked[i].hi || (device >= 0 && tracked[i].device != device))
+            continue;
+        if (tracked[i].lo < *lo)
+            *lo = tracked[i].lo;
+        if (tracked[i].hi > *hi)
+            *hi = tracked[i].hi;
+        found = 1;
+    }
+    pthread_mutex_unlock(&track_lock);
+    return found ? 0 : -ENOENT;
 }
 
 /* The driver does not know any memory yet (never initialised in this process, or no GPU). */
@@ -148,56 +135,6 @@ static int driver_idle(int rc)
 {
     return rc == DRC__CUDA_ERROR_NOT_INITIALIZED || rc == DRC__CUDA_ERROR_DEINITIALIZED ||
            rc == DRC__CUDA_ERROR_STUB_LIBRARY || rc == DRC__CUDA_ERROR_NO_DEVICE;
-}
-
-/*
- * The device's primary context, retained once and kept for the life of the
- * process: VMM memory belongs to no context, yet the export needs one current.
- */
-static void *primary_ctx(const struct drc__cuda_driver *d, int device)
-{
-    void *ctx;
-    int dev;
-
-    if (device < 0 || device >= MAX_DEVICES || !d->cuDevicePrimaryCtxRetain)
-        return NULL;
-    ctx = __atomic_load_n(&primary[device], __ATOMIC_ACQUIRE);
-    if (ctx)
-        return ctx;
-    pthread_mutex_lock(&primary_lock);
-    ctx = primary[device];
-    if (!ctx && (!d->cuDeviceGet || d->cuDeviceGet(&dev, device) == 0) &&
-        d->cuDevicePrimaryCtxRetain(&ctx, d->cuDeviceGet ? dev : device) == 0)
-        __atomic_store_n(&primary[device], ctx, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&primary_lock);
-    return ctx;
-}
-
-/* Make @ctx current; *saved gets what to restore with ctx_pop. */
-static int ctx_push(const struct drc__cuda_driver *d, void *ctx, void **saved, int *switched)
-{
-    int rc;
-
-    *switched = 0;
-    *saved = NULL;
-    if (!ctx)
-        return 0;
-    rc = d->cuCtxGetCurrent(saved);
-    if (rc)
-        return drc__cuda_errno(rc);
-    if (*saved == ctx)
-        return 0;
-    rc = d->cuCtxSetCurrent(ctx);
-    if (rc)
-        return drc__cuda_errno(rc);
-    *switched = 1;
-    return 0;
-}
-
-static void ctx_pop(const struct drc__cuda_driver *d, void *saved, int switched)
-{
-    if (switched)
-        d->cuCtxSetCurrent(saved);
 }
 
 static int buffer_id(const struct drc__cuda_driver *d, uintptr_t p, uint64_t *id)
@@ -243,33 +180,67 @@ static int same_kind(const struct chunk_info *a, const struct chunk_info *b)
            a->prop.gpu_direct_rdma_capable == b->prop.gpu_direct_rdma_capable;
 }
 
+/* Record chunk [base, end) with its buffer id in m (sorted by address, at most DRC__MEM_CHUNKS). */
+static int record(const struct drc__cuda_driver *d, struct drc__mem *m, uintptr_t base, uintptr_t end)
+{
+    uint64_t id;
+    unsigned i;
+
+    if (m->nchunks == DRC__MEM_CHUNKS || buffer_id(d, base, &id))
+        return 0;
+    for (i = m->nchunks; i > 0 && m->chunk[i - 1].base > base; i--)
+        m->chunk[i] = m->chunk[i - 1];
+    m->chunk[i] = (struct drc__mem_chunk){ base, end, id };
+    m->nchunks++;
+    return 1;
+}
+
 /*
- * [*lo, *hi): the run of contiguous compatible chunks around @first that
- * covers [addr, end) if it can, plus up to WALK_EXTRA chunks each way.
- * Returns 0, or -EFAULT if the request runs past the run.
+ * [m->lo, m->hi): the run of contiguous compatible chunks from @first that
+ * covers [first->base, end), then up to WALK_EXTRA chunks each way while
+ * fewer than DRC__MEM_CHUNKS are recorded. Each chunk of the run is
+ * recorded with its buffer id (the first DRC__MEM_CHUNKS of a request that
+ * needs more). Returns 0, or -EFAULT if the request runs past the run.
  */
 static int vmm_walk(const struct drc__cuda_driver *d, const struct chunk_info *first, uintptr_t end,
-                    uintptr_t *lo, uintptr_t *hi)
+                    struct drc__mem *m)
 {
     struct chunk_info c, prev = *first;
     int extra;
 
-    *lo = first->base;
-    *hi = first->end;
-    for (extra = 0; extra < WALK_EXTRA && *lo > 0; extra++) {
-        if (!vmm_chunk(d, *lo - 1, &c) || c.end != *lo || !same_kind(&c, first))
-            break;
-        *lo = c.base;
-    }
-    for (extra = 0; extra < WALK_EXTRA && *hi != 0;) {
-        if (!vmm_chunk(d, *hi, &c) || c.base != *hi || !same_kind(&c, &prev))
-            break;
-        *hi = c.end;
+    m->lo = first->base;
+    m->hi = first->end;
+    m->nchunks = 0;
+    record(d, m, first->base, first->end);
+    while (m->hi < end) {
+        if (!vmm_chunk(d, m->hi, &c) || c.base != m->hi || !same_kind(&c, &prev))
+            return -EFAULT;
+        record(d, m, c.base, c.end);
+        m->hi = c.end;
         prev = c;
-        if (*hi >= end)
-            extra++;    /* past the request: only coalescing headroom from here on */
     }
-    return end <= *hi ? 0 : -EFAULT;
+    for (extra = 0; extra < WALK_EXTRA && m->lo > 0 && m->nchunks < DRC__MEM_CHUNKS; extra++) {
+        if (!vmm_chunk(d, m->lo - 1, &c) || c.end != m->lo || !same_kind(&c, first) ||
+            !record(d, m, c.base, c.end))
+            break;
+        m->lo = c.base;
+    }
+    for (extra = 0; extra < WALK_EXTRA && m->hi != 0 && m->nchunks < DRC__MEM_CHUNKS; extra++) {
+        if (!vmm_chunk(d, m->hi, &c) || c.base != m->hi || !same_kind(&c, &prev) ||
+            !record(d, m, c.base, c.end))
+            break;
+        m->hi = c.end;
+        prev = c;
+    }
+    return 0;
+}
+
+static void host_mem(struct drc__mem *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->type = DRC_MEM_HOST;
+    m->device = -1;
+    m->hi = UINTPTR_MAX;
 }
 
 static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
@@ -289,8 +260,8 @@ static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
     struct chunk_info chunk;
     size_t size = 0;
 
-    *m = (struct drc__mem){ .type = DRC_MEM_HOST, .device = -1, .lo = 0, .hi = UINTPTR_MAX };
-    if (!d)
+    host_mem(m);
+    if (!drc__cuda_can_export(d))
         return 0;
     rc = d->cuPointerGetAttributes(sizeof(attrs) / sizeof(attrs[0]), attrs, data, addr);
     if (rc)
@@ -298,8 +269,8 @@ static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
     if (type != DRC__CU_MEMORYTYPE_DEVICE || managed)
         return 0;       /* pinned host or managed memory: registered through its host mapping */
     if (!ctx)
-        ctx = primary_ctx(d, ordinal);
-    err = ctx_push(d, ctx, &saved, &switched);
+        ctx = drc__cuda_primary_ctx(d, ordinal);
+    err = drc__cuda_ctx_push(d, ctx, &saved, &switched);
     if (err)
         return err;
     if (vmm_chunk(d, addr, &chunk)) {
@@ -307,14 +278,9 @@ static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
             err = -EACCES;  /* cuMemCreate without gpuDirectRDMACapable: the NIC cannot use it */
             goto out;
         }
-        err = vmm_walk(d, &chunk, end, &m->lo, &m->hi);
+        err = vmm_walk(d, &chunk, end, m);
         if (err)
             goto out;
-        rc = buffer_id(d, end - 1, &m->buffer_id_end);
-        if (rc) {
-            err = drc__cuda_errno(rc);
-            goto out;
-        }
     } else {
         rc = d->cuMemGetAddressRange(&base, &size, addr);
         if (rc) {
@@ -327,16 +293,16 @@ static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
             err = -EFAULT;  /* the request runs out of its allocation */
             goto out;
         }
-        m->buffer_id_end = id;  /* one allocation, one buffer id */
     }
     m->type = DRC_MEM_CUDA;
     m->device = ordinal;
     m->buffer_id = id;
     m->ctx = ctx;
+    drc__cuda_track(ordinal, m->lo, m->hi);
 out:
-    ctx_pop(d, saved, switched);
+    drc__cuda_ctx_pop(d, saved, switched);
     if (err)
-        *m = (struct drc__mem){ .type = DRC_MEM_HOST, .device = -1, .lo = 0, .hi = UINTPTR_MAX };
+        host_mem(m);
     return err;
 }
 
@@ -347,7 +313,7 @@ static int cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, un
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base, end;
     int rc = DRC__CUDA_ERROR_NOT_SUPPORTED, err, switched, out = -1;
     int dev = m ? m->device : -1;
-    int pcie = (flags & DRC_F_DMABUF_PCIE) && dev >= 0 && dev < MAX_DEVICES &&
+    int pcie = (flags & DRC_F_DMABUF_PCIE) && dev >= 0 && dev < DRC__CUDA_MAX_DEVICES &&
                !__atomic_load_n(&pcie_unsupported[dev], __ATOMIC_RELAXED);
     void *saved;
 
@@ -355,12 +321,12 @@ static int cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, un
     *offset = 0;
     if (!m || m->type != DRC_MEM_CUDA || !len || start + len < start)
         return -EINVAL;
-    if (!d)
+    if (!drc__cuda_can_export(d))
         return -EOPNOTSUPP;
     /* The export must be host-page aligned at both ends (else CUDA_ERROR_INVALID_VALUE). */
     base = start & ~(page - 1);
     end = (start + len + page - 1) & ~(page - 1);
-    err = ctx_push(d, m->ctx, &saved, &switched);
+    err = drc__cuda_ctx_push(d, m->ctx, &saved, &switched);
     if (err)
         return err;
     if (pcie) {
@@ -373,7 +339,7 @@ static int cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, un
         out = -1;
         rc = d->cuMemGetHandleForAddressRange(&out, base, end - base, DRC__CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     }
-    ctx_pop(d, saved, switched);
+    drc__cuda_ctx_pop(d, saved, switched);
     if (rc)
         return drc__cuda_errno(rc);
     *fd = out;
@@ -381,6 +347,25 @@ static int cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, un
     return 0;
 }
 
+/* The buffer id recorded for the chunk containing @p, or 0 if it was not recorded. */
+static uint64_t recorded_id(const struct drc__mem *m, uintptr_t p)
+{
+    unsigned i;
+
+    for (i = 0; i < m->nchunks; i++)
+        if (m->chunk[i].base <= p && p < m->chunk[i].end)
+            return m->chunk[i].id;
+    return 0;
+}
+
+/*
+ * Per chunk: the chunk at each end of [addr, addr+len) must still have the
+ * buffer id recorded for it at classification. A plain allocation is one
+ * chunk with one id. A chunk strictly inside the range, remapped, is not
+ * seen (the check costs two driver calls whatever the length); a chunk that
+ * was not recorded (a request of more than DRC__MEM_CHUNKS chunks) fails the
+ * check, so the region is registered again: correct, not free.
+ */
 static int cuda_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)
 {
     const struct drc__cuda_driver *d = drc__cuda_driver();
@@ -390,16 +375,9 @@ static int cuda_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)
         return 1;
     if (buffer_id(d, addr, &first) || buffer_id(d, addr + len - 1, &last))
         return 0;   /* the driver no longer knows the range: treat it as freed */
-    if (m->buffer_id == m->buffer_id_end)
+    if (!m->nchunks)
         return first == m->buffer_id && last == m->buffer_id;
-    /*
-     * A region across VMM chunks, whose buffer ids differ: the ids recorded are
-     * those of the chunks at the ends of the registering request, so a hit on
-     * other chunks of the region fails this check and re-registers (correct,
-     * but not free). A remapped chunk strictly inside the range is not seen.
-     */
-    return (first == m->buffer_id || first == m->buffer_id_end) &&
-           (last == m->buffer_id || last == m->buffer_id_end);
+    return first && first == recorded_id(m, addr) && last == recorded_id(m, addr + len - 1);
 }
 
 /* The core sees CUDA memory through these (core/mem.h); installed when the library loads. */
@@ -421,14 +399,19 @@ int drc__cuda_alloc_range(uintptr_t addr, uintptr_t *base, size_t *len)
     size_t s = 0;
     int rc, switched;
 
-    if (!d)
+    if (!d || !d->cuMemGetAddressRange)
         return -ENOENT;
     rc = d->cuMemGetAddressRange(&b, &s, addr);
-    if (rc == DRC__CUDA_ERROR_INVALID_CONTEXT && d->cuPointerGetAttributes(1, &attr, &data, addr) == 0 && ctx &&
-        ctx_push(d, ctx, &saved, &switched) == 0) {
+    if (rc == DRC__CUDA_ERROR_INVALID_CONTEXT && d->cuPointerGetAttributes &&
+        d->cuPointerGetAttributes(1, &attr, &data, addr) == 0 && ctx &&
+        drc__cuda_ctx_push(d, ctx, &saved, &switched) == 0) {
         rc = d->cuMemGetAddressRange(&b, &s, addr);   /* a thread with no context of its own */
-        ctx_pop(d, saved, switched);
+        drc__cuda_ctx_pop(d, saved, switched);
     }
+    if (rc && d->cuPointerGetAttribute &&
+        d->cuPointerGetAttribute(&b, DRC__CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr) == 0 &&
+        d->cuPointerGetAttribute(&s, DRC__CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr) == 0)
+        rc = 0;     /* VMM memory has no context to push; these need none */
     if (rc || !s)
         return -ENOENT;
     *base = (uintptr_t)b;

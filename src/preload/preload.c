@@ -1,0 +1,383 @@
+/*
+ * build/libdrc_preload.so: drc in front of a program that knows nothing of
+ * it. One LD_PRELOAD; it links libdrc.so (NEEDED libdrc.so.0) and has three
+ * parts, chosen by DRC_PRELOAD (hook_preload.h):
+ *
+ *   cuda   the CUDA frees, unmaps and teardowns (hook_preload.c), or with
+ *          DRC_MONITOR=cupti the CUPTI monitor (hook_cupti.c)
+ *   host   the libc calls that unmap host memory (hook_host.c)
+ *   verbs  the ibv_reg_mr front for transfer engines (verbs_preload.c)
+ *
+ * libdrc_hook.so and libdrc_verbs.so are links to this library, so existing
+ * command lines keep working, and preloading both loads it once (the
+ * dynamic loader knows a file it has loaded).
+ *
+ * This file holds what the parts share:
+ *
+ * The drcs to tell. A drc attaches on its first cache (notify.c calls the
+ * exported drc_hook_attach with its struct drc__hook_ops). A process may
+ * hold several copies of drc (the libdrc.so this library links, and a
+ * static libdrc.a inside the program): each attaches, and every begin goes
+ * to each that has a cache. Their tickets are packed into one int, a byte
+ * each (ticket + 1; notify.c's tickets are 0..64).
+ *
+ * dlsym and dlvsym. The CUDA runtime finds the driver's entry points with
+ * dlsym, and some transfer engines find libibverbs's the same way on a
+ * handle of their own (dlopen RTLD_LOCAL): both are answered here, with
+ * drc's wrappers where a part serves the name. drc's own lookups (an object
+ * that exports drc_notify_free) get the real functions.
+ *
+ * Finding libc's dlsym. Asking dlvsym for a version string would tie us to
+ * one architecture (GLIBC_2.2.5 exists on x86-64 only; dlsym moved to
+ * libc.so.6 as GLIBC_2.34), so the dynamic symbol table of libc.so.6 (or of
+ * libdl.so.2 before glibc 2.34) is read instead, with dl_iterate_phdr and
+ * its GNU hash table: whatever the version nodes, there is one dlsym.
+ *
+ * RTLD_NEXT. libc resolves it from its caller's return address; an
+ * interposer that forwards the call is that caller unless the compiler
+ * turned the forward into a tail call, which it does only when optimising.
+ * So RTLD_NEXT is resolved here, for our caller: its object is found with
+ * dladdr1(RTLD_DL_LINKMAP), and the objects after it in the link map are
+ * asked in turn, each through a handle of its own; the first that defines
+ * the name wins. This holds at -O0 and on every architecture.
+ */
+#include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "preload/hook_preload.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* What a drc hands over in drc_hook_attach(): core/notify.h's struct drc__hook_ops, version 2. */
+struct hook_ops {
+    int version;
+    int (*begin)(const void *addr, size_t len);
+    void (*end)(int ticket);
+    const unsigned *caches;
+    int (*begin_free)(unsigned long long ptr);
+    int (*begin_teardown)(int device);
+    int (*ctx_device)(void *ctx);
+};
+
+enum { MAX_DRCS = 4 };
+
+static const struct hook_ops *drcs[MAX_DRCS];  /* atomic: filled in order, never emptied */
+static int parts = -1;                         /* atomic: DRC__PRELOAD_* bits, -1 until decided */
+
+typedef void *dlsym_fn(void *, const char *);
+typedef void *dlvsym_fn(void *, const char *, const char *);
+static dlsym_fn *libc_dlsym;                   /* atomic */
+static dlvsym_fn *libc_dlvsym;                 /* atomic */
+
+/* ---- the parts ------------------------------------------------------------- */
+
+static int parse_parts(const char *s)
+{
+    int p = 0;
+
+    while (s && *s) {
+        size_t n = strcspn(s, ",");
+
+        if (n == 4 && !strncmp(s, "cuda", 4))
+            p |= DRC__PRELOAD_CUDA;
+        else if (n == 4 && !strncmp(s, "host", 4))
+            p |= DRC__PRELOAD_HOST;
+        else if (n == 5 && !strncmp(s, "verbs", 5))
+            p |= DRC__PRELOAD_VERBS;
+        else if (n == 3 && !strncmp(s, "all", 3))
+            p |= DRC__PRELOAD_CUDA | DRC__PRELOAD_HOST | DRC__PRELOAD_VERBS;
+        s += n + (s[n] == ',');
+    }
+    return p;
+}
+
+int drc__preload_part(int part)
+{
+    int p = __atomic_load_n(&parts, __ATOMIC_ACQUIRE);
+    const char *env, *pre;
+
+    if (p < 0) {
+        env = getenv("DRC_PRELOAD");
+        pre = getenv("LD_PRELOAD");
+        if (env)
+            p = parse_parts(env);
+        else if (pre && (strstr(pre, "libdrc_hook") || strstr(pre, "libdrc_verbs") || strstr(pre, "libdrc_preload")))
+            p = (strstr(pre, "libdrc_hook") ? DRC__PRELOAD_CUDA : 0) |
+                (strstr(pre, "libdrc_verbs") || strstr(pre, "libdrc_preload")
+                     ? DRC__PRELOAD_CUDA | DRC__PRELOAD_HOST | DRC__PRELOAD_VERBS : 0);
+        else
+            p = DRC__PRELOAD_CUDA | DRC__PRELOAD_HOST | DRC__PRELOAD_VERBS;
+        __atomic_store_n(&parts, p, __ATOMIC_RELEASE);
+    }
+    return (p & part) != 0;
+}
+
+/* The verbs front's seam, until verbs_preload.c defines it: no ibv_* name is served. */
+__attribute__((weak)) void *drc__preload_verbs_symbol(const char *name, const char *version)
+{
+    (void)name;
+    (void)version;
+    return NULL;
+}
+
+__attribute__((weak)) int drc__preload_verbs_enabled(void)
+{
+    return 0;
+}
+
+/* ---- the drcs to tell -------------------------------------------------------- */
+
+/* Called by drc (notify.c) when its first cache is created. */
+EXPORT void drc_hook_attach(const struct hook_ops *o)
+{
+    int i;
+
+    if (!o || o->version < 2)
+        return;
+    for (i = 0; i < MAX_DRCS; i++) {
+        const struct hook_ops *cur = NULL;
+
+        if (__atomic_compare_exchange_n(&drcs[i], &cur, o, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) || cur == o)
+            break;
+    }
+    if (getenv("DRC_HOOK_DEBUG"))
+        fprintf(stderr, "drc preload: %s drc %p (parts:%s%s%s)\n", i < MAX_DRCS ? "attached to" : "no room for",
+                (const void *)o, drc__preload_part(DRC__PRELOAD_CUDA) ? " cuda" : "",
+                drc__preload_part(DRC__PRELOAD_HOST) ? " host" : "",
+                drc__preload_part(DRC__PRELOAD_VERBS) ? " verbs" : "");
+}
+
+/* Each attached drc that has a cache now begins its part; the tickets, packed. */
+#define EACH_BEGIN(call)                                                                  \
+    int i, t, all = 0;                                                                    \
+    for (i = 0; i < MAX_DRCS; i++) {                                                      \
+        const struct hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);          \
+        if (!o)                                                                           \
+            break;                                                                        \
+        if (!__atomic_load_n(o->caches, __ATOMIC_ACQUIRE))                               \
+            continue;                                                                     \
+        t = (call);                                                                       \
+        if (t >= 0 && t < 255)                                                            \
+            all |= (t + 1) << (8 * i);                                                    \
+    }                                                                                     \
+    return all ? all : -1
+
+int drc__hook_begin_free(unsigned long long ptr)
+{
+    EACH_BEGIN(o->begin_free ? o->begin_free(ptr) : o->begin((const void *)(uintptr_t)ptr, 1));
+}
+
+int drc__hook_begin_unmap(unsigned long long ptr, size_t size)
+{
+    EACH_BEGIN(ptr && size ? o->begin((const void *)(uintptr_t)ptr, size) : -1);
+}
+
+int drc__hook_begin_teardown(int device)
+{
+    EACH_BEGIN(o->begin_teardown ? o->begin_teardown(device) : -1);
+}
+
+int drc__hook_ctx_device(void *ctx)
+{
+    const struct hook_ops *o = __atomic_load_n(&drcs[0], __ATOMIC_ACQUIRE);
+
+    return o && o->ctx_device ? o->ctx_device(ctx) : -1;
+}
+
+void drc__hook_end(int tickets)
+{
+    int i, t;
+
+    if (tickets < 0)
+        return;
+    for (i = 0; i < MAX_DRCS; i++) {
+        const struct hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);
+
+        t = (int)(((unsigned)tickets >> (8 * i)) & 0xff);
+        if (o && t)
+            o->end(t - 1);
+    }
+}
+
+/* ---- libc's dlsym and dlvsym -------------------------------------------------- */
+
+struct lookup {
+    const char *name;
+    void *found;
+};
+
+static uint32_t gnu_hash(const char *s)
+{
+    uint32_t h = 5381;
+
+    for (; *s; s++)
+        h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+/* A dynamic-section address: relocated by the loader on most architectures, not on all. */
+static uintptr_t dyn_addr(const struct dl_phdr_info *info, ElfW(Addr) p)
+{
+    return p < info->dlpi_addr ? info->dlpi_addr + p : p;
+}
+
+static int find_in_libc(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct lookup *l = arg;
+    const char *base = strrchr(info->dlpi_name, '/');
+    const ElfW(Sym) *symtab = NULL;
+    const uint32_t *gh = NULL, *buckets, *chain;
+    const char *strtab = NULL;
+    uint32_t h, i, nb, symoff;
+    int k;
+
+    (void)size;
+    base = base ? base + 1 : info->dlpi_name;
+    if (strncmp(base, "libc.so", 7) && strncmp(base, "libdl.so", 8))
+        return 0;
+    for (k = 0; k < info->dlpi_phnum; k++) {
+        const ElfW(Dyn) *d;
+
+        if (info->dlpi_phdr[k].p_type != PT_DYNAMIC)
+            continue;
+        for (d = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[k].p_vaddr); d->d_tag != DT_NULL; d++) {
+            if (d->d_tag == DT_SYMTAB)
+                symtab = (const ElfW(Sym) *)dyn_addr(info, d->d_un.d_ptr);
+            else if (d->d_tag == DT_STRTAB)
+                strtab = (const char *)dyn_addr(info, d->d_un.d_ptr);
+            else if (d->d_tag == DT_GNU_HASH)
+                gh = (const uint32_t *)dyn_addr(info, d->d_un.d_ptr);
+        }
+    }
+    if (!symtab || !strtab || !gh)
+        return 0;
+    nb = gh[0];
+    symoff = gh[1];
+    buckets = (const uint32_t *)((const ElfW(Addr) *)(gh + 4) + gh[2]);
+    chain = buckets + nb;
+    h = gnu_hash(l->name);
+    for (i = nb ? buckets[h % nb] : 0; i >= symoff && i; i++) {
+        uint32_t ch = chain[i - symoff];
+        const ElfW(Sym) *s = &symtab[i];
+
+        if ((ch | 1) == (h | 1) && s->st_shndx != SHN_UNDEF && s->st_value && !strcmp(strtab + s->st_name, l->name)) {
+            l->found = (void *)(info->dlpi_addr + s->st_value);
+            return 1;
+        }
+        if (ch & 1)
+            break;
+    }
+    return 0;
+}
+
+static void *libc_function(void **cache, const char *name)
+{
+    void *p = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+    struct lookup l = { name, NULL };
+
+    if (!p) {
+        dl_iterate_phdr(find_in_libc, &l);
+        p = l.found;
+        __atomic_store_n(cache, p, __ATOMIC_RELEASE);
+    }
+    return p;
+}
+
+void *drc__hook_real_dlsym(void *handle, const char *name)
+{
+    dlsym_fn *f = (dlsym_fn *)libc_function((void **)&libc_dlsym, "dlsym");
+
+    return f ? f(handle, name) : NULL;
+}
+
+void *drc__hook_real_dlvsym(void *handle, const char *name, const char *version)
+{
+    dlvsym_fn *f = (dlvsym_fn *)libc_function((void **)&libc_dlvsym, "dlvsym");
+
+    return f ? f(handle, name, version) : NULL;
+}
+
+/* ---- dlsym and dlvsym ----------------------------------------------------------- */
+
+/* RTLD_NEXT for the code at @ra: the first object after its own, in link-map order, defining @name. */
+static void *next_after(const void *ra, const char *name, const char *version)
+{
+    struct link_map *self = NULL, *l, *owner;
+    Dl_info info;
+
+    if (!dladdr1(ra, &info, (void **)&self, RTLD_DL_LINKMAP) || !self)
+        return NULL;
+    for (l = self->l_next; l; l = l->l_next) {
+        void *h = dlopen(l->l_name && l->l_name[0] ? l->l_name : NULL, RTLD_LAZY | RTLD_NOLOAD), *p;
+
+        if (!h)
+            continue;
+        p = version ? drc__hook_real_dlvsym(h, name, version) : drc__hook_real_dlsym(h, name);
+        dlclose(h);     /* drops the reference NOLOAD took */
+        owner = NULL;
+        if (p && dladdr1(p, &info, (void **)&owner, RTLD_DL_LINKMAP) && owner == l)
+            return p;
+    }
+    return NULL;
+}
+
+/* 1 if the code at @ra belongs to a drc (an object that exports drc_notify_free). */
+static int from_drc(const void *ra)
+{
+    static const void *known_base[4];
+    static int known_drc[4], next_slot;
+    Dl_info self, found;
+    void *h, *p;
+    int i, yes = 0;
+
+    if (!dladdr(ra, &self) || !self.dli_fbase)
+        return 0;
+    for (i = 0; i < 4; i++)
+        if (__atomic_load_n(&known_base[i], __ATOMIC_ACQUIRE) == self.dli_fbase)
+            return __atomic_load_n(&known_drc[i], __ATOMIC_ACQUIRE);
+    h = self.dli_fname && self.dli_fname[0] ? dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+    if (h) {
+        p = drc__hook_real_dlsym(h, "drc_notify_free");
+        yes = p && dladdr(p, &found) && found.dli_fbase == self.dli_fbase;
+        dlclose(h);
+    }
+    i = __atomic_fetch_add(&next_slot, 1, __ATOMIC_RELAXED) % 4;
+    __atomic_store_n(&known_drc[i], yes, __ATOMIC_RELEASE);
+    __atomic_store_n(&known_base[i], self.dli_fbase, __ATOMIC_RELEASE);
+    return yes;
+}
+
+/* What a program asking for @name gets instead of @p (the real answer), or @p. */
+static void *answer(const char *name, const char *version, void *p, const void *ra)
+{
+    void *ours;
+
+    if (name[0] == 'i' && !strncmp(name, "ibv_", 4) && drc__preload_verbs_enabled() && !from_drc(ra) &&
+        (ours = drc__preload_verbs_symbol(name, version)))
+        return ours;
+    if (p && name[0] == 'c' && name[1] == 'u' && drc__preload_part(DRC__PRELOAD_CUDA))
+        return drc__hook_cuda_symbol(name, p, from_drc(ra));
+    return p;
+}
+
+EXPORT void *dlsym(void *handle, const char *name)
+{
+    const void *ra = __builtin_return_address(0);
+
+    if (handle == RTLD_NEXT)
+        return next_after(ra, name, NULL);
+    return answer(name, NULL, drc__hook_real_dlsym(handle, name), ra);
+}
+
+EXPORT void *dlvsym(void *handle, const char *name, const char *version)
+{
+    const void *ra = __builtin_return_address(0);
+
+    if (handle == RTLD_NEXT)
+        return next_after(ra, name, version);
+    return answer(name, version, drc__hook_real_dlvsym(handle, name, version), ra);
+}

@@ -1,0 +1,178 @@
+/*
+ * Tests of src/cuda/free.c (the one begin-free routine) through the wrappers
+ * of drc_cuda.h, against the FAKE CUDA DRIVER TABLE (tests/fake_cuda.h).
+ * What a user checks: once the memory is gone, no region of it can be
+ * returned any more, whatever thread freed it and however it went (a free,
+ * a pinned host free or unregister, a context teardown); and that
+ * DRC_F_VALIDATE keeps one registration across the chunks of a VMM region.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "drc.h"
+#include "drc_cuda.h"
+#include "fake_cuda.h"
+#include "core/mem.h"
+
+#define MiB (1ul << 20)
+#define GPU 0x7f0000000000ul
+#define GPU1 0x7f8000000000ul
+#define HOSTP 0x7e0000000000ul
+
+struct rec {
+    int regs, deregs;
+};
+
+static int rec_reg(void *ctx, const struct drc_reg_args *a, void **h, uint32_t *lkey, uint32_t *rkey)
+{
+    struct rec *r = ctx;
+
+    if (a->dmabuf_fd >= 0)
+        close(a->dmabuf_fd);    /* the fake's /dev/null: the cache closes its own copy */
+    *h = (void *)(uintptr_t)++r->regs;
+    *lkey = *rkey = 1;
+    return 0;
+}
+
+static int rec_dereg(void *ctx, void *h)
+{
+    (void)h;
+    ((struct rec *)ctx)->deregs++;
+    return 0;
+}
+
+static struct rec rec;
+static drc_cache_t *cache;
+
+static int setup(void **state)
+{
+    struct drc_backend be = { rec_reg, rec_dereg, &rec };
+    struct drc_config cfg = { 0, 0, 0, DRC_DMABUF_THEN_PEERMEM };
+
+    fc_reset();
+    memset(&rec, 0, sizeof(rec));
+    cfg.flags = *state ? DRC_F_VALIDATE : 0;
+    return drc_cache_create(&be, &cfg, &cache);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    drc_cache_destroy(cache);
+    drc__cuda_set_driver(NULL);
+    return 0;
+}
+
+/* Register [p, p+len) and leave it idle in the cache. */
+static void reg_idle(uintptr_t p, size_t len)
+{
+    drc_region_t *r;
+
+    assert_int_equal(drc_get(cache, (void *)p, len, 1, &r), 0);
+    assert_int_equal(drc_put(cache, r), 0);
+}
+
+/* Issue 9 item 1: a free from a thread with no current context drops the whole allocation. */
+static void free_without_a_context_drops_the_whole_allocation(void **state)
+{
+    (void)state;
+    fc_add(GPU, 64 * MiB, 0, 9);
+    fc.range_needs_ctx = 1;         /* cuMemGetAddressRange: 201 with no current context */
+    fc_current = FC_CTX0;           /* the registering thread has the context */
+    reg_idle(GPU + 32 * MiB, 4096);
+    fc_current = NULL;              /* the freeing thread has none */
+    assert_int_equal(drc_cuMemFree(GPU), 0);
+    assert_int_equal(fc.frees, 1);
+    assert_int_equal(rec.deregs, 1);    /* the sub-range at +32 MiB went with it */
+    assert_null(fc_current);            /* and the thread still has no context */
+    /* the same through the runtime's free (no shared runtime: the driver's) */
+    fc_add(GPU, 64 * MiB, 0, 10);
+    reg_idle(GPU + 32 * MiB, 4096);
+    assert_int_equal(drc_cudaFree((void *)GPU), 0);
+    assert_int_equal(rec.deregs, 2);
+}
+
+/* Issue 9 item 3: pinned host memory goes through cuMemFreeHost & co.; its registration goes first. */
+static void pinned_host_frees_drop_the_range(void **state)
+{
+    int (*const fns[])(void *) = { drc_cuMemFreeHost, drc_cuMemHostUnregister, drc_cudaFreeHost,
+                                   drc_cudaHostUnregister };
+    unsigned i;
+
+    (void)state;
+    for (i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+        fc_add_host(HOSTP, 8 * MiB, 0);
+        reg_idle(HOSTP + 4 * MiB, 4096);
+        assert_int_equal(fns[i]((void *)HOSTP), 0);
+        assert_int_equal(rec.deregs, (int)i + 1);
+        assert_int_equal(fc.frees, (int)i + 1);
+    }
+}
+
+/* Issue 9 item 2: a teardown frees every allocation of the device without a free call. */
+static void teardowns_drop_the_device(void **state)
+{
+    (void)state;
+    fc_add(GPU, 8 * MiB, 0, 1);
+    fc_add(GPU + 64 * MiB, 8 * MiB, 0, 2);
+    fc_add(GPU1, 8 * MiB, 1, 3);
+    reg_idle(GPU + MiB, 4096);
+    reg_idle(GPU + 64 * MiB + MiB, 4096);
+    reg_idle(GPU1 + MiB, 4096);
+    assert_int_equal(drc_cuDevicePrimaryCtxReset(0), 0);
+    assert_int_equal(fc.resets, 1);
+    assert_int_equal(rec.deregs, 2);    /* both of device 0, not device 1's */
+    /* cuCtxDestroy of device 0's context */
+    reg_idle(GPU + MiB, 4096);
+    assert_int_equal(drc_cuCtxDestroy(FC_CTX0), 0);
+    assert_int_equal(fc.destroys, 1);
+    assert_int_equal(rec.deregs, 3);
+    /* cudaDeviceReset (no shared runtime: the current device's primary context is reset) */
+    fc_current = FC_PRIMARY(1);
+    assert_int_equal(drc_cudaDeviceReset(), 0);
+    assert_int_equal(fc.reset_dev, 1);
+    assert_int_equal(rec.deregs, 4);    /* device 1's */
+}
+
+/* Issue 9 item 9: DRC_F_VALIDATE checks each chunk a hit touches against its own recorded id. */
+static void validate_per_vmm_chunk(void **state)
+{
+    const size_t g = 2 * MiB;
+    drc_region_t *r;
+    int i;
+
+    (void)state;
+    fc_add_vmm(GPU, g, 0, 10, 1);
+    fc_add_vmm(GPU + g, g, 0, 11, 1);
+    fc_add_vmm(GPU + 2 * g, g, 0, 12, 1);
+    reg_idle(GPU, 3 * g);
+    for (i = 0; i < 100; i++)
+        reg_idle(GPU + (size_t)(i % 3) * g + 4096, 4096);
+    assert_int_equal(rec.regs, 1);      /* 101 gets, one registration */
+    /* chunk 1 remapped (a new buffer id at the same VA): hits there register again, once */
+    fc.a[1].buffer_id = 21;
+    assert_int_equal(drc_get(cache, (void *)(GPU + g + 4096), 4096, 1, &r), 0);
+    assert_int_equal(drc_put(cache, r), 0);
+    assert_int_equal(rec.regs, 2);
+    /* the new registration recorded the new id: hits on it stay hits */
+    for (i = 0; i < 10; i++)
+        reg_idle(GPU + g + 4096, 4096);
+    assert_int_equal(rec.regs, 2);
+}
+
+int main(void)
+{
+    static int validate = 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(free_without_a_context_drops_the_whole_allocation, setup, teardown),
+        cmocka_unit_test_setup_teardown(pinned_host_frees_drop_the_range, setup, teardown),
+        cmocka_unit_test_setup_teardown(teardowns_drop_the_device, setup, teardown),
+        cmocka_unit_test_prestate_setup_teardown(validate_per_vmm_chunk, setup, teardown, &validate),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
