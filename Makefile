@@ -192,7 +192,8 @@ $B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.
 	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
   $B/engine/fakecuda/libcuda.so.1
-verbs/test_regmr_LDFLAGS := -Wl,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device
+# The in-process verbs tests dlopen the same recording double and install it as drc's verbs ops table.
+$(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/engine/libibverbs.so.1
 bench_engine_LDFLAGS :=
 $B/bench/bench_engine: $B/engine/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
 
@@ -219,9 +220,6 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/share/drc/python
 	install -m 644 src/python/drc_torch.py $(DESTDIR)$(PREFIX)/share/drc/python/
 
-# ---- CUDA layer and verbs backend (issue 3) ----
-# test_verbs replaces libibverbs with doubles and counts close() of the dmabuf fds.
-verbs/test_verbs_LDFLAGS := -Wl,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device,--wrap=close
 
 clean:
 	rm -rf $B

@@ -1,7 +1,9 @@
 /*
  * drc over libibverbs: caches whose regions are ibv_mr's of one PD, GPU memory
  * registered through DMA-BUF, and drc_reg_mr(), the drop-in ibv_reg_mr for a
- * transfer engine. Link with -ldrc -libverbs.
+ * transfer engine. Link with -ldrc; drc loads libibverbs.so.1 itself (dlopen)
+ * on the first verbs call, so the process uses the same libibverbs as the
+ * caller that made the PD.
  */
 #ifndef DRC_VERBS_H
 #define DRC_VERBS_H

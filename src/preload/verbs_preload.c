@@ -1,6 +1,7 @@
 /*
- * build/libdrc_verbs.so: put drc in front of a transfer engine that calls
- * ibv_reg_mr on GPU memory, with no change to the engine:
+ * The verbs front of the preload (today build/libdrc_verbs.so): put drc in
+ * front of a transfer engine that calls ibv_reg_mr on GPU memory, with no
+ * change to the engine:
  *
  *     LD_PRELOAD=libdrc_verbs.so  engine ...
  *
@@ -11,8 +12,6 @@
  * the PLT. So ibv_reg_mr_iova2 defined here sees every registration, even
  * from a libibverbs the engine opened privately with dlopen; ibv_reg_mr and
  * ibv_reg_mr_iova are defined too for engines that call them directly.
- * Nothing here ever forwards to the next ibv_reg_mr (it would come back
- * here): everything forwards to the next ibv_reg_mr_iova2.
  *
  * A registration is served from the PD's drc cache (drc_reg_mr) when drc can
  * serve it: iova equal to the address, access bits within DRC_ACCESS_MASK,
@@ -22,17 +21,10 @@
  * ibv_dealloc_pd drops the PD's cache first (its idle cached MRs would keep
  * the real call failing with EBUSY). ibv_reg_dmabuf_mr is not touched.
  *
- * drc's own registrations (the verbs backend calls ibv_reg_mr_iova2 and
- * ibv_dereg_mr, which resolve to the definitions here) are told apart by a
- * per-thread depth count set around every call into drc: they go straight
- * to the next definitions. A backend call always runs in the thread that
- * entered drc, except deregistrations that an invalidation makes from a free
- * hook in another thread; those find no caller MR and pass through too.
- *
- * The same library holds the host-memory hooks (hook_host.c: munmap, mremap,
- * madvise, brk, sbrk, shmdt) and the CUDA free hooks of libdrc_hook.so
- * (hook_preload.c), so this one preload is the whole setup; do not preload
- * libdrc_hook.so beside it.
+ * drc's own verbs calls go through the verbs ops table (verbs/ops.h). The
+ * constructor installs a table whose entries forward to the *next*
+ * definitions (the real libibverbs, or whatever stands in for it), so drc's
+ * registrations never come back here: no re-entry, no per-thread state.
  *
  * Environment, read once at load:
  *   DRC_POLICY       dmabuf_then_peermem (default) | dmabuf | peermem
@@ -44,6 +36,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,52 +44,122 @@
 #include "cuda/cuda.h"
 #include "drc.h"
 #include "drc_verbs.h"
+#include "verbs/ops.h"
 #include "verbs/regmr.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
-typedef struct ibv_mr *reg_iova2_fn(struct ibv_pd *, void *, size_t, uint64_t, unsigned);
-typedef int dereg_fn(struct ibv_mr *);
-typedef int dealloc_pd_fn(struct ibv_pd *);
-
 enum { LOG_NONE = 0, LOG_INFO = 1, LOG_DEBUG = 2 };
 
-static reg_iova2_fn *next_reg;      /* atomic, resolved in the constructor or on first use */
-static dereg_fn *next_dereg;
-static dealloc_pd_fn *next_dealloc_pd;
 static int log_level;
 static int host_passthrough;
 static uint64_t n_passthrough;      /* atomic: registrations handed on untouched */
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
-static __thread int depth __attribute__((tls_model("initial-exec")));
+/* ---- the next definitions, resolved on first use ------------------------- */
 
-static void *next_sym(void *cache, const char *name, const char *version)
+static int is_ours(const void *p);
+
+/*
+ * The definition after this library: RTLD_NEXT when libibverbs is in the
+ * global scope, else the library's own (a program that dlopen'ed it
+ * RTLD_LOCAL: RTLD_NEXT cannot see it). Never one of the definitions here,
+ * whatever a dlsym interposer answers.
+ */
+static void *next_lookup(void *arg, const char *name, const char *version)
 {
-    void *p = __atomic_load_n((void **)cache, __ATOMIC_ACQUIRE);
+    void *p, *h;
 
-    if (!p) {
-        p = dlvsym(RTLD_NEXT, name, version);
-        if (!p)
-            p = dlsym(RTLD_NEXT, name);
-        __atomic_store_n((void **)cache, p, __ATOMIC_RELEASE);
+    (void)arg;
+    p = dlvsym(RTLD_NEXT, name, version);
+    if (!p)
+        p = dlsym(RTLD_NEXT, name);
+    if (!p || is_ours(p)) {
+        h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        p = h ? dlvsym(h, name, version) : NULL;
+        if (h && !p)
+            p = dlsym(h, name);
+        if (h)
+            dlclose(h);     /* NOLOAD took a reference; the library stays loaded by whoever loaded it */
     }
-    return p;
+    return p && !is_ours(p) ? p : NULL;
 }
 
-static reg_iova2_fn *get_next_reg(void)
+static struct drc__verbs_ops next_ops;  /* atomic per entry: filled as the entries resolve */
+
+/* next_ops.<field>, resolved now if it is not yet (libibverbs may be loaded after us). */
+#define NEXT(field, name, version)                                                                     \
+    ({                                                                                                 \
+        __typeof__(next_ops.field) f_ = __atomic_load_n(&next_ops.field, __ATOMIC_ACQUIRE);            \
+        if (!f_) {                                                                                     \
+            *(void **)&f_ = next_lookup(NULL, name, version);                                          \
+            __atomic_store_n(&next_ops.field, f_, __ATOMIC_RELEASE);                                   \
+        }                                                                                              \
+        f_;                                                                                            \
+    })
+
+static int fwd_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr)
 {
-    return (reg_iova2_fn *)next_sym(&next_reg, "ibv_reg_mr_iova2", "IBVERBS_1.8");
+    __typeof__(next_ops.query_device) f = NEXT(query_device, "ibv_query_device", "IBVERBS_1.1");
+
+    return f ? f(ctx, attr) : ENOSYS;
 }
 
-static dereg_fn *get_next_dereg(void)
+static struct ibv_mr *fwd_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access)
 {
-    return (dereg_fn *)next_sym(&next_dereg, "ibv_dereg_mr", "IBVERBS_1.1");
+    __typeof__(next_ops.reg_mr_iova2) f = NEXT(reg_mr_iova2, "ibv_reg_mr_iova2", "IBVERBS_1.8");
+
+    if (!f)
+        errno = ENOSYS;
+    return f ? f(pd, addr, length, iova, access) : NULL;
 }
 
-static dealloc_pd_fn *get_next_dealloc_pd(void)
+static struct ibv_mr *fwd_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                        int access)
 {
-    return (dealloc_pd_fn *)next_sym(&next_dealloc_pd, "ibv_dealloc_pd", "IBVERBS_1.1");
+    __typeof__(next_ops.reg_dmabuf_mr) f = NEXT(reg_dmabuf_mr, "ibv_reg_dmabuf_mr", "IBVERBS_1.12");
+
+    if (!f)
+        errno = EOPNOTSUPP;
+    return f ? f(pd, offset, length, iova, fd, access) : NULL;
 }
+
+static int fwd_dereg_mr(struct ibv_mr *mr)
+{
+    __typeof__(next_ops.dereg_mr) f = NEXT(dereg_mr, "ibv_dereg_mr", "IBVERBS_1.1");
+
+    return f ? f(mr) : ENOSYS;
+}
+
+static int fwd_dealloc_pd(struct ibv_pd *pd)
+{
+    __typeof__(next_ops.dealloc_pd) f = NEXT(dealloc_pd, "ibv_dealloc_pd", "IBVERBS_1.1");
+
+    return f ? f(pd) : ENOSYS;
+}
+
+static int fwd_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    __typeof__(next_ops.rereg_mr) f = NEXT(rereg_mr, "ibv_rereg_mr", "IBVERBS_1.1");
+
+    if (!f) {
+        errno = ENOSYS;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    return f(mr, flags, pd, addr, length, access);
+}
+
+/* drc's table inside the preload: the forwarders (the doctor's entries are not used here). */
+static const struct drc__verbs_ops forward_ops = {
+    .query_device = fwd_query_device,
+    .reg_mr_iova2 = fwd_reg_mr_iova2,
+    .reg_dmabuf_mr = fwd_reg_dmabuf_mr,
+    .dereg_mr = fwd_dereg_mr,
+    .dealloc_pd = fwd_dealloc_pd,
+    .rereg_mr = fwd_rereg_mr,
+};
+
+/* ---- configuration -------------------------------------------------------- */
 
 static int parse_policy(const char *s, enum drc_policy *p)
 {
@@ -111,7 +174,7 @@ static int parse_policy(const char *s, enum drc_policy *p)
     return 0;
 }
 
-__attribute__((constructor)) static void verbs_preload_init(void)
+static void init(void)
 {
     struct drc_config cfg = { 0 };
     const char *s;
@@ -135,9 +198,18 @@ __attribute__((constructor)) static void verbs_preload_init(void)
     s = getenv("DRC_VERBS_HOST");
     host_passthrough = s && !strcmp(s, "passthrough");
     drc__regmr_configure(&cfg);
-    get_next_reg();
-    get_next_dereg();
-    get_next_dealloc_pd();
+    drc__verbs_install(&forward_ops);
+}
+
+/* Every entry point makes sure of this first: another library's constructor may register before ours ran. */
+static void ensure_init(void)
+{
+    pthread_once(&init_once, init);
+}
+
+__attribute__((constructor)) static void verbs_preload_init(void)
+{
+    ensure_init();
 }
 
 __attribute__((destructor)) static void verbs_preload_fini(void)
@@ -160,6 +232,8 @@ __attribute__((destructor)) static void verbs_preload_fini(void)
             !t.dmabuf && !t.peermem ? "-" : t.peermem ? (t.dmabuf ? "dmabuf and peermem" : "peermem") : "dmabuf");
 }
 
+/* ---- the interposers ------------------------------------------------------ */
+
 /* Is @addr GPU memory? (cuMemGetAddressRange knows it; no driver: no.) */
 static int is_gpu(const void *addr)
 {
@@ -171,27 +245,19 @@ static int is_gpu(const void *addr)
 
 static struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access)
 {
-    reg_iova2_fn *next = get_next_reg();
     struct ibv_mr *mr;
-    int gpu = -1;
 
-    if (depth || !pd || iova != (uintptr_t)addr || (access & ~DRC_ACCESS_MASK) ||
-        (host_passthrough && !(gpu = is_gpu(addr)))) {
-        if (!depth)
-            __atomic_fetch_add(&n_passthrough, 1, __ATOMIC_RELAXED);
-        if (!next) {
-            errno = ENOSYS;
-            return NULL;
-        }
-        mr = next(pd, addr, length, iova, access);
-        if (log_level >= LOG_DEBUG && !depth)
+    ensure_init();
+    if (!pd || iova != (uintptr_t)addr || (access & ~DRC_ACCESS_MASK) ||
+        (host_passthrough && !is_gpu(addr))) {
+        __atomic_fetch_add(&n_passthrough, 1, __ATOMIC_RELAXED);
+        mr = fwd_reg_mr_iova2(pd, addr, length, iova, access);
+        if (log_level >= LOG_DEBUG)
             fprintf(stderr, "drc: reg_mr %p+%zu iova 0x%llx access 0x%x: passed through -> %p\n", addr, length,
                     (unsigned long long)iova, access, (void *)mr);
         return mr;
     }
-    depth++;
     mr = drc_reg_mr(pd, addr, length, (int)access);
-    depth--;
     if (log_level >= LOG_DEBUG) {
         int e = errno;
 
@@ -224,33 +290,47 @@ EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, i
 
 EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 {
-    dereg_fn *next = get_next_dereg();
     int err;
 
-    if (!depth) {
-        depth++;
-        err = drc__regmr_dereg(mr);
-        depth--;
-        if (err != -ENOENT) {
-            if (log_level >= LOG_DEBUG)
-                fprintf(stderr, "drc: dereg_mr %p: %s\n", (void *)mr, err ? drc_strerror(err) : "released");
-            return err < 0 ? -err : err;    /* verbs returns a positive errno */
-        }
+    ensure_init();
+    err = drc__regmr_dereg(mr);
+    if (err != -ENOENT) {
+        if (log_level >= LOG_DEBUG)
+            fprintf(stderr, "drc: dereg_mr %p: %s\n", (void *)mr, err ? drc_strerror(err) : "released");
+        return err < 0 ? -err : err;    /* verbs returns a positive errno */
     }
-    return next ? next(mr) : ENOSYS;
+    return fwd_dereg_mr(mr);
 }
 
 EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 {
-    dealloc_pd_fn *next = get_next_dealloc_pd();
     int err;
 
-    if (!depth) {
-        depth++;
-        err = drc_pd_release(pd);
-        depth--;
-        if (err && log_level)
-            fprintf(stderr, "drc: dealloc_pd %p: %s\n", (void *)pd, drc_strerror(err));
-    }
-    return next ? next(pd) : ENOSYS;
+    ensure_init();
+    err = drc_pd_release(pd);
+    if (err && log_level)
+        fprintf(stderr, "drc: dealloc_pd %p: %s\n", (void *)pd, drc_strerror(err));
+    return fwd_dealloc_pd(pd);
+}
+
+/* The definitions here, which a lookup of the next ones must never return. */
+static const struct {
+    const char *name, *version;     /* the version this definition implements (rdma-core's default) */
+    void *fn;
+} served[] = {
+    { "ibv_reg_mr", "IBVERBS_1.1", (void *)ibv_reg_mr },
+    { "ibv_reg_mr_iova", "IBVERBS_1.7", (void *)ibv_reg_mr_iova },
+    { "ibv_reg_mr_iova2", "IBVERBS_1.8", (void *)ibv_reg_mr_iova2 },
+    { "ibv_dereg_mr", "IBVERBS_1.1", (void *)ibv_dereg_mr },
+    { "ibv_dealloc_pd", "IBVERBS_1.1", (void *)ibv_dealloc_pd },
+};
+
+static int is_ours(const void *p)
+{
+    size_t i;
+
+    for (i = 0; i < sizeof(served) / sizeof(served[0]); i++)
+        if (served[i].fn == p)
+            return 1;
+    return 0;
 }

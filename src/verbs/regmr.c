@@ -35,12 +35,15 @@
  * cache or libibverbs, except pds_lock around drc_cache_destroy in
  * drc_pd_release, and no memory is freed under them but uthash's own bucket
  * arrays, so a free hook (munmap, madvise) that runs inside such a call may
- * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock (the
- * destroy's ibv_dereg_mr may reach the interposer, which takes mrs_lock).
+ * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock.
+ * (libibverbs is reached through the verbs ops table, which inside the
+ * preload forwards to the next definitions: a dereg of the destroy never
+ * comes back to the interposer.)
  */
 #include "verbs/regmr.h"
 
 #include "cuda/cuda.h"
+#include "verbs/ops.h"
 
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -182,8 +185,14 @@ struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
     }
     if (!cacheable(access)) {
         /* ON_DEMAND, ZERO_BASED, HUGETLB...: register as asked; drc_dereg_mr passes it through */
+        const struct drc__verbs_ops *ops = drc__verbs();
+
         __atomic_fetch_add(&n_direct, 1, __ATOMIC_RELAXED);
-        return ibv_reg_mr_iova2(pd, addr, len, (uintptr_t)addr, (unsigned)access);
+        if (!ops->reg_mr_iova2) {
+            errno = ENOSYS;
+            return NULL;
+        }
+        return ops->reg_mr_iova2(pd, addr, len, (uintptr_t)addr, (unsigned)access);
     }
     m = calloc(1, sizeof(*m));
     if (!m) {
@@ -268,7 +277,9 @@ int drc_dereg_mr(struct ibv_mr *mr)
 
     if (err != -ENOENT)
         return err;
-    err = ibv_dereg_mr(mr);     /* not ours: an MR drc_reg_mr passed through, or any other */
+    if (!drc__verbs()->dereg_mr)
+        return -ENOSYS;
+    err = drc__verbs()->dereg_mr(mr);   /* not ours: an MR drc_reg_mr passed through, or any other */
     return err > 0 ? -err : err;
 }
 

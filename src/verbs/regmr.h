@@ -8,7 +8,6 @@
 #include <stdint.h>
 
 #include "drc_verbs.h"
-#include "drc_verbs.h"
 
 /*
  * The configuration of every per-PD cache created after this call (the
