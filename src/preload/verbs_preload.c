@@ -219,14 +219,16 @@ __attribute__((destructor)) static void verbs_preload_fini(void)
     if (!log_level)
         return;
     drc__regmr_totals(&t);
+    /* Over the process's life: PDs and caches may all be gone by now, the counts are not. */
     fprintf(stderr,
-            "drc: %llu PDs, %llu MRs handed out (%llu GPU, %llu host, %llu passed through), %llu still held; "
-            "%llu registrations for them, %llu hits, %llu coalesced, %llu invalidated, %llu cached now; "
-            "GPU via %s\n",
+            "drc: over the process: %llu PDs, %llu MRs handed out (%llu GPU, %llu host, %llu passed through), "
+            "at most %llu held at once, %llu still held; %llu NIC registrations and %llu deregistrations for "
+            "them, %llu hits, %llu coalesced, %llu invalidated, %llu cached now; GPU via %s\n",
             (unsigned long long)t.pds, (unsigned long long)(t.mrs_gpu + t.mrs_host),
             (unsigned long long)t.mrs_gpu, (unsigned long long)t.mrs_host,
             (unsigned long long)(t.mrs_direct + __atomic_load_n(&n_passthrough, __ATOMIC_RELAXED)),
-            (unsigned long long)t.live, (unsigned long long)t.cache.regs, (unsigned long long)t.cache.hits,
+            (unsigned long long)t.peak, (unsigned long long)t.live, (unsigned long long)t.cache.regs,
+            (unsigned long long)t.cache.deregs, (unsigned long long)t.cache.hits,
             (unsigned long long)t.cache.merges, (unsigned long long)t.cache.invalidated,
             (unsigned long long)t.cache.regions,
             !t.dmabuf && !t.peermem ? "-" : t.peermem ? (t.dmabuf ? "dmabuf and peermem" : "peermem") : "dmabuf");

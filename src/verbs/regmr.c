@@ -39,6 +39,9 @@
  * (libibverbs is reached through the verbs ops table, which inside the
  * preload forwards to the next definitions: a dereg of the destroy never
  * comes back to the interposer.)
+ *
+ * Counters over the process's life (for the interposer's exit summary) are
+ * atomics; a PD's cache statistics are added to `retired` when it goes.
  */
 #include "verbs/regmr.h"
 
@@ -80,7 +83,11 @@ static struct caller_mr *mrs;           /* mrs_lock */
 static struct drc_config config;        /* set before the first registration */
 static int configured;
 
-static uint64_t n_gpu, n_host, n_direct;    /* atomic */
+static uint64_t n_gpu, n_host, n_direct;    /* atomic: caller MRs handed out, ever */
+static uint64_t n_live, n_peak;             /* atomic: caller MRs held now, and the most at once */
+static uint64_t n_pds;                      /* atomic: per-PD caches made, ever */
+static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
+static struct drc_stats retired;            /* pds_lock (write): stats of the caches released */
 
 void drc__regmr_configure(const struct drc_config *cfg)
 {
@@ -133,6 +140,7 @@ static int pd_get(struct ibv_pd *pd, struct pd_entry **out)
             err = -ENOMEM;
             goto err_destroy;
         }
+        __atomic_fetch_add(&n_pds, 1, __ATOMIC_RELAXED);
     }
     pthread_rwlock_unlock(&pds_lock);
     if (other) {
@@ -177,6 +185,7 @@ struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
     struct pd_entry *e;
     drc_region_t *r;
     struct ibv_mr *cached;
+    uint64_t live, peak;
     int err;
 
     if (!pd || !len) {
@@ -228,10 +237,21 @@ struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
     }
     if (drc_region_type(r) == DRC_MEM_CUDA) {
         __atomic_fetch_add(&n_gpu, 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->gpu_seen, 1, __ATOMIC_RELAXED);
+        if (!__atomic_exchange_n(&e->gpu_seen, 1, __ATOMIC_RELAXED)) {
+            int method = drc_cache_verbs_method(e->cache, 0);
+
+            if (method == DRC_METHOD_DMABUF)
+                __atomic_fetch_add(&n_dmabuf, 1, __ATOMIC_RELAXED);
+            else if (method == DRC_METHOD_PEERMEM)
+                __atomic_fetch_add(&n_peermem, 1, __ATOMIC_RELAXED);
+        }
     } else {
         __atomic_fetch_add(&n_host, 1, __ATOMIC_RELAXED);
     }
+    live = __atomic_add_fetch(&n_live, 1, __ATOMIC_RELAXED);
+    peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
+    while (live > peak && !__atomic_compare_exchange_n(&n_peak, &peak, live, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
     return &m->mr;
 
 err_put:
@@ -266,6 +286,7 @@ int drc__regmr_dereg(struct ibv_mr *mr)
     pthread_mutex_unlock(&mrs_lock);
     if (!m)
         return -ENOENT;
+    __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
     err = drc_put(m->cache, m->region);
     free(m);
     return err;
@@ -283,8 +304,23 @@ int drc_dereg_mr(struct ibv_mr *mr)
     return err > 0 ? -err : err;
 }
 
+static void add_stats(struct drc_stats *to, const struct drc_stats *s)
+{
+    to->hits += s->hits;
+    to->misses += s->misses;
+    to->merges += s->merges;
+    to->invalidated += s->invalidated;
+    to->evicted += s->evicted;
+    to->regs += s->regs;
+    to->deregs += s->deregs;
+    to->regions += s->regions;
+    to->bytes += s->bytes;
+    to->in_use += s->in_use;
+}
+
 int drc_pd_release(struct ibv_pd *pd)
 {
+    struct drc_stats s;
     struct pd_entry *e;
     int err;
 
@@ -296,9 +332,15 @@ int drc_pd_release(struct ibv_pd *pd)
         pthread_rwlock_unlock(&pds_lock);
         return 0;
     }
+    drc_cache_stats(e->cache, &s);
     err = drc_cache_destroy(e->cache);
-    if (!err)
+    if (!err) {
         HASH_DEL(pds, e);
+        /* the destroy deregistered every region a lookup could still find (nothing was referenced) */
+        s.deregs += s.regions;
+        s.regions = s.bytes = s.in_use = 0;
+        add_stats(&retired, &s);
+    }
     pthread_rwlock_unlock(&pds_lock);
     if (!err)
         free(e);
@@ -311,32 +353,20 @@ void drc__regmr_totals(struct drc__regmr_totals *t)
     struct drc_stats s;
 
     memset(t, 0, sizeof(*t));
+    t->pds = __atomic_load_n(&n_pds, __ATOMIC_RELAXED);
     t->mrs_gpu = __atomic_load_n(&n_gpu, __ATOMIC_RELAXED);
     t->mrs_host = __atomic_load_n(&n_host, __ATOMIC_RELAXED);
     t->mrs_direct = __atomic_load_n(&n_direct, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&mrs_lock);
-    t->live = HASH_COUNT(mrs);
-    pthread_mutex_unlock(&mrs_lock);
+    t->live = __atomic_load_n(&n_live, __ATOMIC_RELAXED);
+    t->peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
+    t->dmabuf = __atomic_load_n(&n_dmabuf, __ATOMIC_RELAXED);
+    t->peermem = __atomic_load_n(&n_peermem, __ATOMIC_RELAXED);
     pthread_rwlock_rdlock(&pds_lock);
+    t->cache = retired;
     HASH_ITER(hh, pds, e, tmp) {
-        t->pds++;
+        t->pds_now++;
         drc_cache_stats(e->cache, &s);
-        t->cache.hits += s.hits;
-        t->cache.misses += s.misses;
-        t->cache.merges += s.merges;
-        t->cache.invalidated += s.invalidated;
-        t->cache.evicted += s.evicted;
-        t->cache.regs += s.regs;
-        t->cache.deregs += s.deregs;
-        t->cache.regions += s.regions;
-        t->cache.bytes += s.bytes;
-        t->cache.in_use += s.in_use;
-        if (__atomic_load_n(&e->gpu_seen, __ATOMIC_RELAXED)) {
-            int method = drc_cache_verbs_method(e->cache, 0);
-
-            t->dmabuf += method == DRC_METHOD_DMABUF;
-            t->peermem += method == DRC_METHOD_PEERMEM;
-        }
+        add_stats(&t->cache, &s);
     }
     pthread_rwlock_unlock(&pds_lock);
 }

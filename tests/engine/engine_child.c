@@ -428,16 +428,26 @@ static void private_dlopen(void)
     CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
 }
 
-/* A few registrations for the DRC_LOG test; the parent reads stderr. */
+/*
+ * For the DRC_LOG test, shaped like an upstream transfer engine's life: 12 MRs on one PD (a buffer, then
+ * 11 tensors inside it), all deregistered, the PD deallocated, then exit. The parent reads stderr.
+ */
 static void log_run(void)
 {
     struct ibv_pd *pd = open_pd();
     char *g = gpu_alloc(2 * MiB);
-    struct ibv_mr *a = ibv_reg_mr(pd, g, 1 * MiB, ACCESS), *b = ibv_reg_mr(pd, g, 4096, ACCESS);
+    struct ibv_mr *mr[12];
+    int i;
 
-    check_caller_mr(a, pd, g, 1 * MiB);
-    check_caller_mr(b, pd, g, 4096);
-    CHECK(ibv_dereg_mr(a) == 0 && ibv_dereg_mr(b) == 0, "dereg");
+    mr[0] = ibv_reg_mr(pd, g, 1 * MiB, ACCESS);
+    check_caller_mr(mr[0], pd, g, 1 * MiB);
+    for (i = 1; i < 12; i++) {
+        mr[i] = ibv_reg_mr(pd, g + (size_t)i * 65536, 4096, ACCESS);
+        check_caller_mr(mr[i], pd, g + (size_t)i * 65536, 4096);
+    }
+    for (i = 0; i < 12; i++)
+        CHECK(ibv_dereg_mr(mr[i]) == 0, "dereg %d", i);
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left after ibv_dealloc_pd");
 }
 
 int main(int argc, char **argv)
