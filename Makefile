@@ -192,6 +192,10 @@ $B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.
 	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
   $B/engine/fakecuda/libcuda.so.1
+# ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).
+preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/verbs_preload.o
+$B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o
+$B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
 # The in-process verbs tests dlopen the same recording double and install it as drc's verbs ops table.
 $(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/engine/libibverbs.so.1
 bench_engine_LDFLAGS :=

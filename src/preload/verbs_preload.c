@@ -17,9 +17,20 @@
  * serve it: iova equal to the address, access bits within DRC_ACCESS_MASK,
  * and, under DRC_VERBS_HOST=passthrough, GPU memory only. Anything else goes
  * to the next ibv_reg_mr_iova2 as asked. ibv_dereg_mr releases a caller MR
- * of drc (drc_dereg_mr) and hands every other MR to the next ibv_dereg_mr.
- * ibv_dealloc_pd drops the PD's cache first (its idle cached MRs would keep
- * the real call failing with EBUSY). ibv_reg_dmabuf_mr is not touched.
+ * of drc (drc_dereg_mr) and hands every other MR to the next ibv_dereg_mr:
+ * an MR of drc never reaches the provider, which would take it for one of
+ * its own. ibv_rereg_mr of an MR of drc is refused (EINVAL,
+ * IBV_REREG_MR_ERR_INPUT, the MR unchanged) for the same reason; other MRs
+ * go to the next ibv_rereg_mr. ibv_dealloc_pd drops the PD's cache first
+ * (its idle cached MRs would keep the real call failing with EBUSY).
+ * ibv_reg_dmabuf_mr is not touched: an engine that exports its own dmabuf
+ * registers exactly what it asked.
+ *
+ * Libraries that open libibverbs themselves (dlopen RTLD_LOCAL + dlsym, as
+ * Mooncake's TENT engine and NCCL do) would get libibverbs's ibv_dereg_mr,
+ * ibv_dealloc_pd and ibv_rereg_mr, not these. The preload's dlsym/dlvsym
+ * interposer (hook_preload.c) asks drc__preload_verbs_symbol() for each
+ * ibv_* name and hands out the definition here instead.
  *
  * drc's own verbs calls go through the verbs ops table (verbs/ops.h). The
  * constructor installs a table whose entries forward to the *next*
@@ -27,12 +38,15 @@
  * registrations never come back here: no re-entry, no per-thread state.
  *
  * Environment, read once at load:
+ *   DRC_VERBS        on (default) | off: off forwards every call untouched
  *   DRC_POLICY       dmabuf_then_peermem (default) | dmabuf | peermem
  *   DRC_MAX_REGIONS  idle cached MRs kept per PD (default: no limit)
  *   DRC_VERBS_HOST   cache (default) | passthrough: host memory straight to ibv_reg_mr
  *   DRC_LOG          info: one summary line on stderr at exit; debug: also one line per call.
  *                    Unset: drc never writes anything.
  */
+#include "preload/verbs_preload.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -51,6 +65,7 @@
 
 enum { LOG_NONE = 0, LOG_INFO = 1, LOG_DEBUG = 2 };
 
+static int enabled = 1;
 static int log_level;
 static int host_passthrough;
 static uint64_t n_passthrough;      /* atomic: registrations handed on untouched */
@@ -180,6 +195,8 @@ static void init(void)
     const char *s;
     char *end;
 
+    s = getenv("DRC_VERBS");
+    enabled = !(s && (!strcmp(s, "0") || !strcmp(s, "off")));
     s = getenv("DRC_LOG");
     if (s && *s)
         log_level = !strcmp(s, "debug") ? LOG_DEBUG : LOG_INFO;
@@ -216,7 +233,7 @@ __attribute__((destructor)) static void verbs_preload_fini(void)
 {
     struct drc__regmr_totals t;
 
-    if (!log_level)
+    if (!log_level || !enabled)
         return;
     drc__regmr_totals(&t);
     /* Over the process's life: PDs and caches may all be gone by now, the counts are not. */
@@ -250,11 +267,11 @@ static struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t
     struct ibv_mr *mr;
 
     ensure_init();
-    if (!pd || iova != (uintptr_t)addr || (access & ~DRC_ACCESS_MASK) ||
+    if (!enabled || !pd || iova != (uintptr_t)addr || (access & ~DRC_ACCESS_MASK) ||
         (host_passthrough && !is_gpu(addr))) {
         __atomic_fetch_add(&n_passthrough, 1, __ATOMIC_RELAXED);
         mr = fwd_reg_mr_iova2(pd, addr, length, iova, access);
-        if (log_level >= LOG_DEBUG)
+        if (log_level >= LOG_DEBUG && enabled)
             fprintf(stderr, "drc: reg_mr %p+%zu iova 0x%llx access 0x%x: passed through -> %p\n", addr, length,
                     (unsigned long long)iova, access, (void *)mr);
         return mr;
@@ -295,7 +312,7 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
     int err;
 
     ensure_init();
-    err = drc__regmr_dereg(mr);
+    err = enabled ? drc__regmr_dereg(mr) : -ENOENT;
     if (err != -ENOENT) {
         if (log_level >= LOG_DEBUG)
             fprintf(stderr, "drc: dereg_mr %p: %s\n", (void *)mr, err ? drc_strerror(err) : "released");
@@ -309,13 +326,30 @@ EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
     int err;
 
     ensure_init();
-    err = drc_pd_release(pd);
-    if (err && log_level)
-        fprintf(stderr, "drc: dealloc_pd %p: %s\n", (void *)pd, drc_strerror(err));
+    if (enabled) {
+        err = drc_pd_release(pd);
+        if (err && log_level)
+            fprintf(stderr, "drc: dealloc_pd %p: %s\n", (void *)pd, drc_strerror(err));
+    }
     return fwd_dealloc_pd(pd);
 }
 
-/* The definitions here, which a lookup of the next ones must never return. */
+EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    ensure_init();
+    if (enabled && drc__regmr_owns(mr)) {
+        /* A shared cached MR cannot change under its other holders; the provider would take ours for its own. */
+        if (log_level >= LOG_DEBUG)
+            fprintf(stderr, "drc: rereg_mr %p: refused (an MR of drc: deregister it and register again)\n",
+                    (void *)mr);
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    return fwd_rereg_mr(mr, flags, pd, addr, length, access);
+}
+
+/* ---- the seam with the preload's dlsym interposer ------------------------- */
+
 static const struct {
     const char *name, *version;     /* the version this definition implements (rdma-core's default) */
     void *fn;
@@ -325,6 +359,7 @@ static const struct {
     { "ibv_reg_mr_iova2", "IBVERBS_1.8", (void *)ibv_reg_mr_iova2 },
     { "ibv_dereg_mr", "IBVERBS_1.1", (void *)ibv_dereg_mr },
     { "ibv_dealloc_pd", "IBVERBS_1.1", (void *)ibv_dealloc_pd },
+    { "ibv_rereg_mr", "IBVERBS_1.1", (void *)ibv_rereg_mr },
 };
 
 static int is_ours(const void *p)
@@ -335,4 +370,23 @@ static int is_ours(const void *p)
         if (served[i].fn == p)
             return 1;
     return 0;
+}
+
+void *drc__preload_verbs_symbol(const char *name, const char *version)
+{
+    size_t i;
+
+    if (!name || strncmp(name, "ibv_", 4) || !drc__preload_verbs_enabled())
+        return NULL;
+    for (i = 0; i < sizeof(served) / sizeof(served[0]); i++)
+        if (!strcmp(name, served[i].name))
+            /* another version (IBVERBS_1.0's ibv_reg_mr/ibv_dereg_mr) has another ABI: not ours to serve */
+            return !version || !strcmp(version, served[i].version) ? served[i].fn : NULL;
+    return NULL;
+}
+
+int drc__preload_verbs_enabled(void)
+{
+    ensure_init();
+    return enabled;
 }
