@@ -190,8 +190,12 @@ $B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.
                         $B/engine/libibverbs.so.1
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
+# tent_child links no libibverbs: it dlopens it RTLD_LOCAL and dlsyms every call, as TENT and NCCL do.
+$B/engine/tent_child: tests/engine/tent_child.c tests/engine/ibverbs_double.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
-  $B/engine/fakecuda/libcuda.so.1
+  $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1
 # ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).
 preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/verbs_preload.o
 $B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o

@@ -75,7 +75,8 @@ static void run_child(const char *scenario, int preload, const char *extra, stru
     posix_spawn_file_actions_t fa;
     pid_t pid;
 
-    snprintf(child, sizeof(child), "%s/engine/engine_child", build);
+    /* tent_dlopen is a program of its own: it must not link libibverbs */
+    snprintf(child, sizeof(child), "%s/engine/%s", build, strcmp(scenario, "tent_dlopen") ? "engine_child" : "tent_child");
     snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/libdrc_verbs.so", build);
     snprintf(lib, sizeof(lib), "LD_LIBRARY_PATH=%s/engine:%s/engine/fakecuda", build, build);
     envp[e++] = "PATH=/usr/bin:/bin";
@@ -217,6 +218,18 @@ static void test_engine_with_its_own_libibverbs(void **state)
     fails_without("tent");
 }
 
+/*
+ * The same with libibverbs loaded only RTLD_LOCAL (tests/engine/tent_child.c links none): RTLD_NEXT
+ * from the preload cannot see it, and drc must still forward its own registrations to it. Without the
+ * preload, the provider sees ibv_rereg_mr of a shared MR.
+ */
+static void test_engine_with_a_private_libibverbs_only(void **state)
+{
+    (void)state;
+    passes("tent_dlopen", NULL);
+    fails_without("tent_dlopen");
+}
+
 /* DRC_VERBS=off: the verbs front forwards every call untouched. */
 static void test_verbs_front_off(void **state)
 {
@@ -301,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_private_dlopen_is_served),
         cmocka_unit_test(test_log_summary_only_when_asked),
         cmocka_unit_test(test_engine_with_its_own_libibverbs),
+        cmocka_unit_test(test_engine_with_a_private_libibverbs_only),
         cmocka_unit_test(test_verbs_front_off),
         cmocka_unit_test(test_symbol_seam),
     };
