@@ -42,6 +42,8 @@
  *   DRC_POLICY       dmabuf_then_peermem (default) | dmabuf | peermem
  *   DRC_MAX_REGIONS  idle cached MRs kept per PD (default: no limit)
  *   DRC_VERBS_HOST   cache (default) | passthrough: host memory straight to ibv_reg_mr
+ *   DRC_VERBS_WIDEN  local (default) | always | never: which GPU registrations are widened to their
+ *                    whole allocation (regmr.c says why; local: only those asking no REMOTE_* access)
  *   DRC_LOG          info: one summary line on stderr at exit; debug: also one line per call.
  *                    Unset: drc never writes anything.
  */
@@ -189,6 +191,19 @@ static int parse_policy(const char *s, enum drc_policy *p)
     return 0;
 }
 
+static int parse_widen(const char *s, unsigned *flags)
+{
+    if (!strcmp(s, "local"))
+        *flags &= ~(DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN);
+    else if (!strcmp(s, "always"))
+        *flags = (*flags & ~DRC_F_NO_WIDEN) | DRC_F_WIDEN_REMOTE;
+    else if (!strcmp(s, "never"))
+        *flags = (*flags & ~DRC_F_WIDEN_REMOTE) | DRC_F_NO_WIDEN;
+    else
+        return -EINVAL;
+    return 0;
+}
+
 static void init(void)
 {
     struct drc_config cfg = { 0 };
@@ -212,6 +227,9 @@ static void init(void)
         else if (log_level)
             fprintf(stderr, "drc: DRC_MAX_REGIONS=%s is not a number: no limit\n", s);
     }
+    s = getenv("DRC_VERBS_WIDEN");
+    if (s && *s && parse_widen(s, &cfg.flags) && log_level)
+        fprintf(stderr, "drc: DRC_VERBS_WIDEN=%s unknown (local, always, never): using local\n", s);
     s = getenv("DRC_VERBS_HOST");
     host_passthrough = s && !strcmp(s, "passthrough");
     drc__regmr_configure(&cfg);

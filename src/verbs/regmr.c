@@ -16,15 +16,22 @@
  * what the caller posts with; any range inside [addr, addr+length) is
  * covered by them.
  *
- * GPU registrations are widened to their whole allocation (the range
- * cuMemGetAddressRange gives: for VMM memory, one mapped chunk) before they
- * reach the cache. An engine registers a KV cache as thousands of tensors
- * packed back to back in one allocation; registered as asked, neighbours
- * that share a page coalesce one by one, and each merge registers the union
- * again — thousands of ever larger registrations. Widened, the first
- * registration covers the allocation and every later one is a hit. Should
- * the whole allocation be larger than the device's max_mr_size (-E2BIG),
- * the range as asked is registered instead.
+ * GPU registrations that ask no remote access are widened to their whole
+ * allocation (the range cuMemGetAddressRange gives: for VMM memory, one
+ * mapped chunk) before they reach the cache. An engine registers a KV cache
+ * as thousands of tensors packed back to back in one allocation; registered
+ * as asked, neighbours that share a page coalesce one by one, and each merge
+ * registers the union again — thousands of ever larger registrations.
+ * Widened, the first registration covers the allocation and every later one
+ * is a hit. Should the whole allocation be larger than the device's
+ * max_mr_size (-E2BIG), the range as asked is registered instead.
+ *
+ * A registration asking REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC or MW_BIND
+ * is not widened unless the configuration says DRC_F_WIDEN_REMOTE: its rkey
+ * goes to a peer, and a peer holding it may touch everything the MR covers
+ * with everything it allows. Widened, a read-only rkey for a 4 KiB tensor
+ * would let a peer write the whole allocation. DRC_F_NO_WIDEN turns widening
+ * off for local registrations too.
  *
  * Two tables, each under its own lock:
  *   pds  (pds_lock, a rwlock: read on every registration)  PD -> cache
@@ -100,6 +107,15 @@ void drc__regmr_configure(const struct drc_config *cfg)
     }
 }
 
+int drc_reg_mr_configure(const struct drc_config *cfg)
+{
+    if (cfg && ((unsigned)cfg->policy > DRC_PEERMEM_ONLY ||
+                (cfg->flags & (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)) == (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)))
+        return -EINVAL;
+    drc__regmr_configure(cfg);
+    return 0;
+}
+
 static struct pd_entry *pd_find(struct ibv_pd *pd)
 {
     struct pd_entry *e;
@@ -164,14 +180,28 @@ static int cacheable(int access)
     return access >= 0 && !((unsigned)access & ~DRC_ACCESS_MASK);
 }
 
-/* drc_get on the GPU allocation around [addr, addr+len) if there is one, else on the range itself. */
+#define REMOTE_ACCESS \
+    (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND)
+
+/* May a registration asking @access be widened to its allocation? (See the opening comment.) */
+static int may_widen(unsigned access)
+{
+    unsigned flags = configured ? config.flags : 0;
+
+    if (flags & DRC_F_NO_WIDEN)
+        return 0;
+    return !(access & REMOTE_ACCESS) || (flags & DRC_F_WIDEN_REMOTE);
+}
+
+/* drc_get on the GPU allocation around [addr, addr+len) if there is one and widening is allowed, else on the range. */
 static int get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **r)
 {
     uintptr_t base, a = (uintptr_t)addr;
     size_t alen;
     int err;
 
-    if (drc__cuda_alloc_range(a, &base, &alen) == 0 && a - base <= alen && len <= alen - (a - base)) {
+    if (may_widen(access) && drc__cuda_alloc_range(a, &base, &alen) == 0 && a - base <= alen &&
+        len <= alen - (a - base)) {
         err = drc_get(c, (const void *)base, alen, access, r);
         if (err != -E2BIG)
             return err;     /* only the device's size limit is worth a second, smaller try */

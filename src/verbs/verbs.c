@@ -233,6 +233,7 @@ int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_
     struct drc_backend be = { verbs_reg, verbs_dereg, NULL };
     struct drc__cache_opts o = { 0, verbs_release };
     const struct drc__verbs_ops *ops = drc__verbs();
+    struct drc_config core_cfg;
     struct ibv_device_attr attr;
     struct verbs *v;
     int err;
@@ -255,6 +256,11 @@ int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_
     pthread_mutex_init(&v->lock, NULL);
     be.ctx = v;
     o.max_len = v->max_mr_size > SIZE_MAX ? 0 : (size_t)v->max_mr_size;
+    if (cfg) {
+        core_cfg = *cfg;
+        core_cfg.flags &= ~(DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN);   /* drc_reg_mr's, not the core's */
+        cfg = &core_cfg;
+    }
     err = drc__cache_create(&be, cfg, &o, out);
     if (err)
         goto err_cache;

@@ -59,6 +59,7 @@ static int teardown(void **state)
     (void)state;
     assert_int_equal(drc_pd_release(&pd_a), 0);
     assert_int_equal(drc_pd_release(&pd_b), 0);
+    assert_int_equal(drc_reg_mr_configure(NULL), 0);
     assert_int_equal(vd.live(), 0);
     return 0;
 }
@@ -188,20 +189,61 @@ static void test_host_memory_and_two_pds(void **state)
     assert_int_equal(drc_dereg_mr(b1), 0);
 }
 
-/* A small GPU registration registers its whole allocation: later tensors of it are hits. */
+/* A small local-only GPU registration registers its whole allocation: later tensors of it are hits. */
 static void test_gpu_registration_covers_the_allocation(void **state)
 {
     struct ibv_mr *a, *b;
 
     (void)state;
-    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, RW);
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_LOCAL_WRITE);
     check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
     assert_int_equal(LAST_MR()->length, 64 * MiB);
-    b = drc_reg_mr(&pd_a, (void *)(GPU + 40 * MiB), 3 * MiB, RW);
+    b = drc_reg_mr(&pd_a, (void *)(GPU + 40 * MiB), 3 * MiB, IBV_ACCESS_LOCAL_WRITE);
     check_caller_mr(b, &pd_a, GPU + 40 * MiB, 3 * MiB);
     assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
     assert_int_equal(drc_dereg_mr(a), 0);
     assert_int_equal(drc_dereg_mr(b), 0);
+}
+
+/*
+ * An rkey grants only what was asked: a GPU registration asking remote access is not widened to its
+ * allocation (a peer holding a read-only rkey for a 4 KiB tensor used to be able to reach all 64 MiB),
+ * unless the user opts in with DRC_F_WIDEN_REMOTE; DRC_F_NO_WIDEN stops widening of local ones too.
+ */
+static void test_remote_access_is_not_widened_unless_asked(void **state)
+{
+    struct drc_config cfg = { 0 };
+    struct ibvd_call c;
+    struct ibv_mr *a;
+
+    (void)state;
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_REMOTE_READ);
+    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    assert_true(vd_reg(0, &c));
+    assert_true(c.iova == GPU + 5 * MiB && c.len == 4096);     /* the page of the range asked */
+    assert_int_equal(c.access, IBV_ACCESS_REMOTE_READ);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    assert_int_equal(drc_pd_release(&pd_a), 0);
+    /* opted in: widened */
+    cfg.flags = DRC_F_WIDEN_REMOTE;
+    assert_int_equal(drc_reg_mr_configure(&cfg), 0);
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, RW);
+    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    assert_true(vd_reg(1, &c));
+    assert_true(c.iova == GPU && c.len == 64 * MiB);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    assert_int_equal(drc_pd_release(&pd_a), 0);
+    /* never: not even a local-only registration */
+    cfg.flags = DRC_F_NO_WIDEN;
+    assert_int_equal(drc_reg_mr_configure(&cfg), 0);
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    assert_true(vd_reg(2, &c));
+    assert_true(c.iova == GPU + 5 * MiB && c.len == 4096);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    /* both at once is a contradiction */
+    cfg.flags = DRC_F_NO_WIDEN | DRC_F_WIDEN_REMOTE;
+    assert_int_equal(drc_reg_mr_configure(&cfg), -EINVAL);
 }
 
 /* An allocation larger than max_mr_size: the range as asked is registered. */
@@ -211,7 +253,7 @@ static void test_allocation_too_large_for_the_device(void **state)
 
     (void)state;
     vd.set_query(0, 16 * MiB);
-    a = drc_reg_mr(&pd_a, (void *)(GPU + 4096), 8192, RW);
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 4096), 8192, IBV_ACCESS_LOCAL_WRITE);   /* would be widened */
     check_caller_mr(a, &pd_a, GPU + 4096, 8192);
     assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
     assert_int_equal(LAST_MR()->length, 8192);
@@ -228,6 +270,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_invalidated_while_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_memory_and_two_pds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_registration_covers_the_allocation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_access_is_not_widened_unless_asked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_allocation_too_large_for_the_device, setup, teardown),
     };
 
