@@ -46,6 +46,11 @@ extern "C" {
  * and reported by drc_cache_verbs_method(). Regions never exceed the device's
  * max_mr_size.
  *
+ * Access: a dmabuf MR cannot be bound to a memory window (the kernel takes
+ * no MW_BIND for it), so a drc_get() asking IBV_ACCESS_MW_BIND on GPU memory
+ * that registers through dmabuf fails with -EOPNOTSUPP instead of returning
+ * a region that lacks it; drc_region_access() is what the MR allows.
+ *
  * Returns 0, -EINVAL (NULL @pd or @out, unknown policy), -ENOMEM, -ENOSYS
  * (no libibverbs.so.1 could be loaded) or the error of ibv_query_device.
  * Thread-safe.

@@ -197,8 +197,13 @@ static int verbs_reg(void *ctx, const struct drc_reg_args *a, void **handle, uin
     if (m == DRC_METHOD_DMABUF) {
         if (a->dmabuf_fd < 0 || !v->ops->reg_dmabuf_mr)
             return -EOPNOTSUPP;     /* the export said no dmabuf for this memory */
-        mr = v->ops->reg_dmabuf_mr(v->pd, a->dmabuf_offset, a->len, a->start, a->dmabuf_fd,
-                                   (int)(a->access & DMABUF_ACCESS));
+        /*
+         * MW_BIND: the kernel takes no such bit for a dmabuf MR. Dropping it would leave the cache
+         * recording a grant the MR lacks (drc_region_access, and later hits asking MW_BIND): refuse.
+         */
+        if (a->access & ~DMABUF_ACCESS)
+            return -EOPNOTSUPP;
+        mr = v->ops->reg_dmabuf_mr(v->pd, a->dmabuf_offset, a->len, a->start, a->dmabuf_fd, (int)a->access);
     } else {
         /* host memory, or GPU memory that nvidia-peermem pins behind ibv_reg_mr */
         mr = v->ops->reg_mr_iova2(v->pd, (void *)a->start, a->len, a->start, a->access);

@@ -170,8 +170,7 @@ static void gpu_memory_via_dmabuf(void **state)
     int fd;
 
     (void)state;
-    assert_int_equal(drc_get(c, (void *)(GPU + 8192 + 7), 4100, RW | IBV_ACCESS_MW_BIND | IBV_ACCESS_REMOTE_ATOMIC,
-                             &r), 0);
+    assert_int_equal(drc_get(c, (void *)(GPU + 8192 + 7), 4100, RW | IBV_ACCESS_REMOTE_ATOMIC, &r), 0);
     assert_int_equal(vd.count(IBVD_PROBE), 1);
     assert_int_equal(nregs(), 1);
     assert_int_equal(reg_call(0).op, IBVD_REG_DMABUF);
@@ -181,8 +180,8 @@ static void gpu_memory_via_dmabuf(void **state)
     fd = fc.exports[0].fd;
     assert_int_equal(reg_call(0).fd, fd);
     assert_true(fc.exports[0].ptr == GPU + 8192 && fc.exports[0].size == 8192);
-    /* MW_BIND is not a bit ibv_reg_dmabuf_mr takes: dropped, the rest passed */
     assert_int_equal(reg_call(0).access, RW | IBV_ACCESS_REMOTE_ATOMIC);
+    assert_int_equal(drc_region_access(r), RW | IBV_ACCESS_REMOTE_ATOMIC);
     assert_true(reg_call(0).fd_link[0] != 0);
     assert_int_equal(closes[fd], 1);          /* closed once the MR holds it */
     assert_int_equal(drc_cache_verbs_method(c, 0), DRC_METHOD_DMABUF);
@@ -197,6 +196,40 @@ static void gpu_memory_via_dmabuf(void **state)
     assert_int_equal(closes[fc.exports[1].fd], 1);
     finish(c);
     assert_int_equal(vd.count(IBVD_DEREG), 2);
+}
+
+/*
+ * A dmabuf MR cannot be bound to a memory window (the kernel takes no MW_BIND for it). drc used to drop
+ * the bit and record it as granted: drc_region_access said MW_BIND, and a later get asking MW_BIND hit
+ * that MR. Now such a get fails, nothing records MW_BIND, and the region that exists keeps serving the
+ * gets it can serve. On host memory and through peermem MW_BIND is registered as asked.
+ */
+static void mw_bind_is_never_granted_on_dmabuf(void **state)
+{
+    static char buf[4096] __attribute__((aligned(4096)));
+    drc_cache_t *c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    drc_region_t *r, *again;
+
+    (void)state;
+    assert_int_equal(drc_get(c, (void *)GPU, 8192, RW | IBV_ACCESS_MW_BIND, &r), -EOPNOTSUPP);
+    assert_int_equal(nregs(), 0);
+    assert_int_equal(closes[fc.exports[0].fd], 1);      /* the export was closed all the same */
+    assert_int_equal(drc_get(c, (void *)GPU, 8192, RW, &r), 0);
+    assert_int_equal(drc_region_access(r), RW);
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &again),
+                     -EOPNOTSUPP);                     /* no hit on the MR that lacks it */
+    assert_int_equal(nregs(), 1);
+    assert_true(drc_region_valid(r));
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &again), 0);
+    assert_ptr_equal(again, r);                        /* and it still serves what it has */
+    assert_int_equal(drc_put(c, again), 0);
+    assert_int_equal(drc_put(c, r), 0);
+    /* host memory: MW_BIND is a bit ibv_reg_mr takes, and is registered */
+    assert_int_equal(drc_get(c, buf, sizeof(buf), RW | IBV_ACCESS_MW_BIND, &r), 0);
+    assert_int_equal(reg_call(1).access, RW | IBV_ACCESS_MW_BIND);
+    assert_int_equal(drc_region_access(r), RW | IBV_ACCESS_MW_BIND);
+    assert_int_equal(drc_put(c, r), 0);
+    finish(c);
 }
 
 static void nic_without_dmabuf_falls_back_to_peermem(void **state)
@@ -397,6 +430,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(host_memory_via_reg_mr_iova2, setup, teardown),
         cmocka_unit_test_setup_teardown(gpu_memory_via_dmabuf, setup, teardown),
+        cmocka_unit_test_setup_teardown(mw_bind_is_never_granted_on_dmabuf, setup, teardown),
         cmocka_unit_test_setup_teardown(nic_without_dmabuf_falls_back_to_peermem, setup, teardown),
         cmocka_unit_test_setup_teardown(no_dmabuf_no_peermem_is_a_clear_error, setup, teardown),
         cmocka_unit_test_setup_teardown(gpu_without_dmabuf_export, setup, teardown),
