@@ -23,10 +23,11 @@ run() {
     rc=$?
     [ "$rc" -eq 0 ] || { fail=$((fail + 1)); echo "== FAILED (exit $rc): $*"; }
 }
-for s in gpu_dedup overlap refcount passthrough host_munmap host_madvise host_jemalloc gpu_free private_dlopen; do
+for s in gpu_dedup overlap refcount passthrough host_munmap host_madvise host_jemalloc gpu_free private_dlopen tent; do
     run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" "$C" "$s"
 done
 run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_VERBS_HOST=passthrough "$C" host_passthrough
+run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_VERBS=off "$C" verbs_off
 run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_LOG=info "$C" log
 echo "== control: gpu_dedup without the preload must fail"
 env LD_LIBRARY_PATH="$L" "$C" gpu_dedup
