@@ -102,29 +102,55 @@ static void *next_lookup(void *arg, const char *name, const char *version)
     return p && !is_ours(p) ? p : NULL;
 }
 
-static struct drc__verbs_ops next_ops;  /* atomic per entry: filled as the entries resolve */
+static struct drc__verbs_ops next_ops;  /* atomic per entry */
+static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* next_ops.<field>, resolved now if it is not yet (libibverbs may be loaded after us). */
-#define NEXT(field, name, version)                                                                     \
+/*
+ * Resolve every next definition still missing, all at once: the first registration resolves the
+ * deregistration too, so a dereg that a free hook makes (inside munmap, maybe inside the dynamic
+ * loader) never has to call dlopen or dlsym. libibverbs may be loaded after us: until it is, the
+ * entries stay NULL and the next call tries again.
+ */
+static void resolve_next(void)
+{
+    struct drc__verbs_ops found = { 0 };
+
+    pthread_mutex_lock(&resolve_lock);
+    drc__verbs_ops_fill(&found, next_lookup, NULL);
+#define KEEP(field)                                                                                    \
+    if (!__atomic_load_n(&next_ops.field, __ATOMIC_RELAXED) && found.field)                             \
+    __atomic_store_n(&next_ops.field, found.field, __ATOMIC_RELEASE)
+    KEEP(query_device);
+    KEEP(reg_mr_iova2);
+    KEEP(reg_dmabuf_mr);
+    KEEP(dereg_mr);
+    KEEP(dealloc_pd);
+    KEEP(rereg_mr);
+#undef KEEP
+    pthread_mutex_unlock(&resolve_lock);
+}
+
+/* next_ops.<field>, resolving what is missing first. */
+#define NEXT(field)                                                                     \
     ({                                                                                                 \
         __typeof__(next_ops.field) f_ = __atomic_load_n(&next_ops.field, __ATOMIC_ACQUIRE);            \
         if (!f_) {                                                                                     \
-            *(void **)&f_ = next_lookup(NULL, name, version);                                          \
-            __atomic_store_n(&next_ops.field, f_, __ATOMIC_RELEASE);                                   \
+            resolve_next();                                                                            \
+            f_ = __atomic_load_n(&next_ops.field, __ATOMIC_ACQUIRE);                                   \
         }                                                                                              \
         f_;                                                                                            \
     })
 
 static int fwd_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr)
 {
-    __typeof__(next_ops.query_device) f = NEXT(query_device, "ibv_query_device", "IBVERBS_1.1");
+    __typeof__(next_ops.query_device) f = NEXT(query_device);
 
     return f ? f(ctx, attr) : ENOSYS;
 }
 
 static struct ibv_mr *fwd_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access)
 {
-    __typeof__(next_ops.reg_mr_iova2) f = NEXT(reg_mr_iova2, "ibv_reg_mr_iova2", "IBVERBS_1.8");
+    __typeof__(next_ops.reg_mr_iova2) f = NEXT(reg_mr_iova2);
 
     if (!f)
         errno = ENOSYS;
@@ -134,7 +160,7 @@ static struct ibv_mr *fwd_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len
 static struct ibv_mr *fwd_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
                                         int access)
 {
-    __typeof__(next_ops.reg_dmabuf_mr) f = NEXT(reg_dmabuf_mr, "ibv_reg_dmabuf_mr", "IBVERBS_1.12");
+    __typeof__(next_ops.reg_dmabuf_mr) f = NEXT(reg_dmabuf_mr);
 
     if (!f)
         errno = EOPNOTSUPP;
@@ -143,21 +169,21 @@ static struct ibv_mr *fwd_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size
 
 static int fwd_dereg_mr(struct ibv_mr *mr)
 {
-    __typeof__(next_ops.dereg_mr) f = NEXT(dereg_mr, "ibv_dereg_mr", "IBVERBS_1.1");
+    __typeof__(next_ops.dereg_mr) f = NEXT(dereg_mr);
 
     return f ? f(mr) : ENOSYS;
 }
 
 static int fwd_dealloc_pd(struct ibv_pd *pd)
 {
-    __typeof__(next_ops.dealloc_pd) f = NEXT(dealloc_pd, "ibv_dealloc_pd", "IBVERBS_1.1");
+    __typeof__(next_ops.dealloc_pd) f = NEXT(dealloc_pd);
 
     return f ? f(pd) : ENOSYS;
 }
 
 static int fwd_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
 {
-    __typeof__(next_ops.rereg_mr) f = NEXT(rereg_mr, "ibv_rereg_mr", "IBVERBS_1.1");
+    __typeof__(next_ops.rereg_mr) f = NEXT(rereg_mr);
 
     if (!f) {
         errno = ENOSYS;
@@ -234,6 +260,7 @@ static void init(void)
     host_passthrough = s && !strcmp(s, "passthrough");
     drc__regmr_configure(&cfg);
     drc__verbs_install(&forward_ops);
+    resolve_next();     /* now, where libibverbs is already loaded; else on the first call */
 }
 
 /* Every entry point makes sure of this first: another library's constructor may register before ours ran. */
