@@ -494,6 +494,38 @@ static void tent(void)
     CHECK(!ibvd_lkey_live(key) && ibvd_live() == 0, "MRs left after ibv_dealloc_pd");
 }
 
+/*
+ * Widening through the interposer: a remote-access registration of 4 KiB in a 2 MiB allocation
+ * covers its page by default, the whole allocation with DRC_VERBS_WIDEN=always; a local-only one is
+ * widened by default and not with DRC_VERBS_WIDEN=never. The parent sets the variable.
+ */
+static void widen(void)
+{
+    const char *mode = getenv("DRC_VERBS_WIDEN");
+    int always = mode && !strcmp(mode, "always"), never = mode && !strcmp(mode, "never");
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(2 * MiB);
+    struct ibv_mr *remote, *local;
+    struct ibvd_call d;
+
+    remote = ibv_reg_mr(pd, g + 8192, 4096, ACCESS);
+    check_caller_mr(remote, pd, g + 8192, 4096);
+    CHECK(last(IBVD_REG_DMABUF, &d), "no dmabuf registration");
+    CHECK(always ? d.iova == (uintptr_t)g && d.len == 2 * MiB : d.iova == (uintptr_t)(g + 8192) && d.len == 4096,
+          "remote-access registration covers 0x%llx+%zu (DRC_VERBS_WIDEN=%s)", (unsigned long long)d.iova, d.len,
+          mode ? mode : "");
+    local = ibv_reg_mr(pd, g + 65536, 4096, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(local, pd, g + 65536, 4096);
+    if (!always) {      /* (always: a hit on the widened MR) */
+        CHECK(last(IBVD_REG_DMABUF, &d), "no dmabuf registration");
+        CHECK(never ? d.len == 4096 : d.iova == (uintptr_t)g && d.len == 2 * MiB,
+              "local registration covers 0x%llx+%zu (DRC_VERBS_WIDEN=%s)", (unsigned long long)d.iova, d.len,
+              mode ? mode : "");
+    }
+    CHECK(ibv_dereg_mr(remote) == 0 && ibv_dereg_mr(local) == 0 && ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0,
+          "MRs left");
+}
+
 /* DRC_VERBS=off: the front forwards everything untouched. */
 static void verbs_off(void)
 {
@@ -541,7 +573,7 @@ int main(int argc, char **argv)
         { "passthrough", passthrough, 0 }, { "host_munmap", host_munmap, 0 }, { "host_madvise", host_madvise, 0 },
         { "host_jemalloc", host_jemalloc, 0 }, { "host_passthrough", host_passthrough, 1 },
         { "gpu_free", gpu_free, 1 },     { "private_dlopen", private_dlopen, 1 }, { "log", log_run, 1 },
-        { "tent", tent, 1 },             { "verbs_off", verbs_off, 1 },
+        { "tent", tent, 1 },             { "verbs_off", verbs_off, 1 },     { "widen", widen, 1 },
     };
     size_t i;
 

@@ -28,6 +28,8 @@ for s in gpu_dedup overlap refcount passthrough host_munmap host_madvise host_je
 done
 run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_VERBS_HOST=passthrough "$C" host_passthrough
 run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_VERBS=off "$C" verbs_off
+run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" "$C" widen
+run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_VERBS_WIDEN=always "$C" widen
 run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" "$B/engine/tent_child"
 run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_LOG=info "$C" log
 echo "== control: gpu_dedup without the preload must fail"

@@ -230,6 +230,15 @@ static void test_engine_with_a_private_libibverbs_only(void **state)
     fails_without("tent_dlopen");
 }
 
+/* DRC_VERBS_WIDEN: remote-access GPU registrations widened only when asked; local ones unless "never". */
+static void test_widening_switch(void **state)
+{
+    (void)state;
+    passes("widen", NULL);
+    passes("widen", "DRC_VERBS_WIDEN=always");
+    passes("widen", "DRC_VERBS_WIDEN=never");
+}
+
 /* DRC_VERBS=off: the verbs front forwards every call untouched. */
 static void test_verbs_front_off(void **state)
 {
@@ -315,6 +324,7 @@ int main(void)
         cmocka_unit_test(test_log_summary_only_when_asked),
         cmocka_unit_test(test_engine_with_its_own_libibverbs),
         cmocka_unit_test(test_engine_with_a_private_libibverbs_only),
+        cmocka_unit_test(test_widening_switch),
         cmocka_unit_test(test_verbs_front_off),
         cmocka_unit_test(test_symbol_seam),
     };
