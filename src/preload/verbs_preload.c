@@ -118,7 +118,7 @@ static void resolve_next(void)
     pthread_mutex_lock(&resolve_lock);
     drc__verbs_ops_fill(&found, next_lookup, NULL);
 #define KEEP(field)                                                                                    \
-    if (!__atomic_load_n(&next_ops.field, __ATOMIC_RELAXED) && found.field)                             \
+    if (!__atomic_load_n(&next_ops.field, __ATOMIC_RELAXED) && found.field)                        \
     __atomic_store_n(&next_ops.field, found.field, __ATOMIC_RELEASE)
     KEEP(query_device);
     KEEP(reg_mr_iova2);
@@ -131,7 +131,7 @@ static void resolve_next(void)
 }
 
 /* next_ops.<field>, resolving what is missing first. */
-#define NEXT(field)                                                                     \
+#define NEXT(field)                                                                                \
     ({                                                                                                 \
         __typeof__(next_ops.field) f_ = __atomic_load_n(&next_ops.field, __ATOMIC_ACQUIRE);            \
         if (!f_) {                                                                                     \

@@ -17,6 +17,10 @@
  * The device's max_mr_size is read once, at creation, and handed to the
  * cache as its largest region: coalescing never grows a region past it and a
  * larger request fails with -E2BIG, never with a silently truncated MR.
+ *
+ * libibverbs is reached only through the verbs ops table (ops.h). Each cache
+ * keeps the table it was created with, so its MRs are always deregistered by
+ * the library that made them.
  */
 #include "verbs/verbs.h"
 
