@@ -212,9 +212,18 @@ $B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.
                         $B/engine/libibverbs.so.1
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
+# tent_child links no libibverbs: it dlopens it RTLD_LOCAL and dlsyms every call, as TENT and NCCL do.
+$B/engine/tent_child: tests/engine/tent_child.c tests/engine/ibverbs_double.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
-  $B/engine/fakecuda/libcuda.so.1
-verbs/test_regmr_LDFLAGS := -Wl,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device
+  $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1
+# ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).
+preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/verbs_preload.o
+$B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o
+$B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
+# The in-process verbs tests dlopen the same recording double and install it as drc's verbs ops table.
+$(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/engine/libibverbs.so.1
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=free
 bench_engine_LDFLAGS :=
@@ -245,9 +254,6 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/share/drc/python
 	install -m 644 src/python/drc_torch.py $(DESTDIR)$(PREFIX)/share/drc/python/
 
-# ---- CUDA layer and verbs backend (issue 3) ----
-# test_verbs replaces libibverbs with doubles and counts close() of the dmabuf fds.
-verbs/test_verbs_LDFLAGS := -Wl,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device,--wrap=close
 
 clean:
 	rm -rf $B

@@ -1,7 +1,13 @@
 /*
  * drc over libibverbs: caches whose regions are ibv_mr's of one PD, GPU memory
  * registered through DMA-BUF, and drc_reg_mr(), the drop-in ibv_reg_mr for a
- * transfer engine. Link with -ldrc -libverbs.
+ * transfer engine. Link with -ldrc; drc loads libibverbs.so.1 itself (dlopen)
+ * on the first verbs call, so the process uses the same libibverbs as the
+ * caller that made the PD.
+ *
+ * Errors follow drc.h: int calls return 0 or a negative errno, drc_reg_mr
+ * returns NULL and sets errno. Everything here is thread-safe unless its
+ * comment says otherwise.
  */
 #ifndef DRC_VERBS_H
 #define DRC_VERBS_H
@@ -16,15 +22,42 @@ extern "C" {
 #endif
 
 /*
+ * drc_config.flags bits of the verbs layer (bits 16 and up; the core's are
+ * below). They only change drc_reg_mr (see drc_reg_mr_configure); a verbs
+ * cache of drc_cache_create_verbs ignores them.
+ *
+ * Widening: drc_reg_mr registers a GPU range as its whole allocation (the
+ * range cuMemGetAddressRange gives), so that thousands of tensors carved
+ * from one allocation cost one NIC registration. A peer that holds the rkey
+ * can then reach the whole allocation, with every access bit of the MR. So
+ * by default only registrations asking no remote access (none of
+ * REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC, MW_BIND) are widened: their keys
+ * never leave the process. A registration asking remote access covers the
+ * pages of the range asked (merged only with overlapping registrations of
+ * the same memory, as the core allows).
+ */
+#define DRC_F_WIDEN_REMOTE (1u << 16)  /* widen remote-access GPU registrations too (opt-in: see above) */
+#define DRC_F_NO_WIDEN     (1u << 17)  /* never widen, not even local-only registrations */
+
+/*
  * A cache whose backend registers with libibverbs on @pd: GPU memory through
  * ibv_reg_dmabuf_mr (or, per cfg->policy, ibv_reg_mr with nvidia-peermem),
  * host memory through ibv_reg_mr_iova2. The method is decided once per GPU
  * and reported by drc_cache_verbs_method(). Regions never exceed the device's
- * max_mr_size. Returns 0, -EINVAL, -ENOMEM or the error of ibv_query_device.
+ * max_mr_size.
+ *
+ * Access: a dmabuf MR cannot be bound to a memory window (the kernel takes
+ * no MW_BIND for it), so a drc_get() asking IBV_ACCESS_MW_BIND on GPU memory
+ * that registers through dmabuf fails with -EOPNOTSUPP instead of returning
+ * a region that lacks it; drc_region_access() is what the MR allows.
+ *
+ * Returns 0, -EINVAL (NULL @pd or @out, unknown policy), -ENOMEM, -ENOSYS
+ * (no libibverbs.so.1 could be loaded) or the error of ibv_query_device.
+ * Thread-safe.
  */
 DRC_API int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_cache_t **out);
 
-/* The ibv_mr of a region of a verbs cache (NULL for other caches). Thread-safe. */
+/* The ibv_mr of a region of a verbs cache (NULL for NULL or a region of another cache). Thread-safe. */
 DRC_API struct ibv_mr *drc_region_mr(const drc_region_t *r);
 
 enum drc_reg_method { DRC_METHOD_NONE = 0, DRC_METHOD_DMABUF = 1, DRC_METHOD_PEERMEM = 2, DRC_METHOD_HOST = 3 };
@@ -32,25 +65,38 @@ enum drc_reg_method { DRC_METHOD_NONE = 0, DRC_METHOD_DMABUF = 1, DRC_METHOD_PEE
 /*
  * How the verbs cache @c registers memory of CUDA device @device (-1: host
  * memory), deciding it now if no registration has yet. Returns a
- * drc_reg_method value, or a negative errno saying what is missing
- * (-EOPNOTSUPP: the NIC or kernel has no dmabuf and peermem is not allowed or
- * not loaded). Thread-safe.
+ * drc_reg_method value, or a negative errno: -EINVAL (@c is no verbs cache),
+ * -ENODEV (@device out of range), -EOPNOTSUPP (the NIC or kernel has no
+ * dmabuf and peermem is not allowed or not loaded). Thread-safe.
  */
 DRC_API int drc_cache_verbs_method(drc_cache_t *c, int device);
 
 /*
- * The two-line patch for a transfer engine: a drop-in ibv_reg_mr that goes
- * through a per-PD drc cache. The returned ibv_mr is the caller's own (addr
- * and length as asked, keys of the cached MR); release it with drc_dereg_mr().
- * drc_reg_mr returns NULL with errno set on failure. Thread-safe.
+ * drc_reg_mr: the two-line patch for a transfer engine, a drop-in
+ * ibv_reg_mr that goes through a per-PD drc cache (made on the PD's first
+ * registration). The returned ibv_mr is the caller's own: addr and length as
+ * asked; context, pd, handle, lkey and rkey of the cached MR, which covers at
+ * least the range. Overlapping and repeated registrations of the same memory
+ * share one NIC MR. GPU memory may be widened to its allocation (see
+ * DRC_F_WIDEN_REMOTE). Access bits outside DRC_ACCESS_MASK (ON_DEMAND,
+ * ZERO_BASED...) go straight to ibv_reg_mr_iova2, uncached.
+ * Returns the MR, or NULL with errno: EINVAL (NULL @pd, @len 0), ENOMEM,
+ * E2BIG (larger than max_mr_size), EOPNOTSUPP (GPU memory this machine
+ * cannot register) or the registration's own error. Thread-safe.
+ *
+ * drc_dereg_mr: release an MR of drc_reg_mr (one reference; the NIC MR stays
+ * cached while its memory lives). An MR that drc_reg_mr did not hand out
+ * (including ones it passed through) goes to ibv_dereg_mr. Returns 0, -EINVAL
+ * for NULL, or the deregistration's error. Thread-safe; each MR once.
+ *
+ * Never give an MR of drc_reg_mr to ibv_rereg_mr or ibv_dereg_mr: it is not
+ * the provider's (the ibv_reg_mr interposer refuses the first and routes the
+ * second here).
  */
 DRC_API struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access);
 DRC_API int drc_dereg_mr(struct ibv_mr *mr);
+
 /*
- * drc_dereg_mr returns 0 or a negative errno; an MR that drc_reg_mr did not
- * hand out (including ones it passed straight to ibv_reg_mr because of access
- * bits outside DRC_ACCESS_MASK) is passed to ibv_dereg_mr.
- *
  * drc_pd_release: deregister the cached MRs of @pd and drop its cache; call it
  * before ibv_dealloc_pd (which fails with EBUSY while cached MRs exist).
  * Returns 0 (also when @pd has no cache), -EINVAL for NULL, or -EBUSY while an
@@ -58,6 +104,15 @@ DRC_API int drc_dereg_mr(struct ibv_mr *mr);
  * drc_reg_mr on the same @pd.
  */
 DRC_API int drc_pd_release(struct ibv_pd *pd);
+
+/*
+ * The configuration of the per-PD caches drc_reg_mr makes from now on
+ * (policy, limits, core flags, and DRC_F_WIDEN_REMOTE / DRC_F_NO_WIDEN, which
+ * apply at once). NULL restores the defaults. Returns 0, or -EINVAL (unknown
+ * policy, both widening flags). Not thread-safe against drc_reg_mr: call it
+ * before the first registration.
+ */
+DRC_API int drc_reg_mr_configure(const struct drc_config *cfg);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /*
- * build/libdrc_verbs.so: put drc in front of a transfer engine that calls
- * ibv_reg_mr on GPU memory, with no change to the engine:
+ * The verbs front of the preload (today build/libdrc_verbs.so): put drc in
+ * front of a transfer engine that calls ibv_reg_mr on GPU memory, with no
+ * change to the engine:
  *
  *     LD_PRELOAD=libdrc_verbs.so  engine ...
  *
@@ -11,39 +12,47 @@
  * the PLT. So ibv_reg_mr_iova2 defined here sees every registration, even
  * from a libibverbs the engine opened privately with dlopen; ibv_reg_mr and
  * ibv_reg_mr_iova are defined too for engines that call them directly.
- * Nothing here ever forwards to the next ibv_reg_mr (it would come back
- * here): everything forwards to the next ibv_reg_mr_iova2.
  *
  * A registration is served from the PD's drc cache (drc_reg_mr) when drc can
  * serve it: iova equal to the address, access bits within DRC_ACCESS_MASK,
  * and, under DRC_VERBS_HOST=passthrough, GPU memory only. Anything else goes
  * to the next ibv_reg_mr_iova2 as asked. ibv_dereg_mr releases a caller MR
- * of drc (drc_dereg_mr) and hands every other MR to the next ibv_dereg_mr.
- * ibv_dealloc_pd drops the PD's cache first (its idle cached MRs would keep
- * the real call failing with EBUSY). ibv_reg_dmabuf_mr is not touched.
+ * of drc (drc_dereg_mr) and hands every other MR to the next ibv_dereg_mr:
+ * an MR of drc never reaches the provider, which would take it for one of
+ * its own. ibv_rereg_mr of an MR of drc is refused (EINVAL,
+ * IBV_REREG_MR_ERR_INPUT, the MR unchanged) for the same reason; other MRs
+ * go to the next ibv_rereg_mr. ibv_dealloc_pd drops the PD's cache first
+ * (its idle cached MRs would keep the real call failing with EBUSY).
+ * ibv_reg_dmabuf_mr is not touched: an engine that exports its own dmabuf
+ * registers exactly what it asked.
  *
- * drc's own registrations (the verbs backend calls ibv_reg_mr_iova2 and
- * ibv_dereg_mr, which resolve to the definitions here) are told apart by a
- * per-thread depth count set around every call into drc: they go straight
- * to the next definitions. A backend call always runs in the thread that
- * entered drc, except deregistrations that an invalidation makes from a free
- * hook in another thread; those find no caller MR and pass through too.
+ * Libraries that open libibverbs themselves (dlopen RTLD_LOCAL + dlsym, as
+ * Mooncake's TENT engine and NCCL do) would get libibverbs's ibv_dereg_mr,
+ * ibv_dealloc_pd and ibv_rereg_mr, not these. The preload's dlsym/dlvsym
+ * interposer (hook_preload.c) asks drc__preload_verbs_symbol() for each
+ * ibv_* name and hands out the definition here instead.
  *
- * The same library holds the host-memory hooks (hook_host.c: munmap, mremap,
- * madvise, brk, sbrk, shmdt) and the CUDA free hooks of libdrc_hook.so
- * (hook_preload.c), so this one preload is the whole setup; do not preload
- * libdrc_hook.so beside it.
+ * drc's own verbs calls go through the verbs ops table (verbs/ops.h). The
+ * constructor installs a table whose entries forward to the *next*
+ * definitions (the real libibverbs, or whatever stands in for it), so drc's
+ * registrations never come back here: no re-entry, no per-thread state.
  *
  * Environment, read once at load:
+ *   DRC_VERBS        on (default) | off: off forwards every call untouched
  *   DRC_POLICY       dmabuf_then_peermem (default) | dmabuf | peermem
  *   DRC_MAX_REGIONS  idle cached MRs kept per PD (default: no limit)
  *   DRC_VERBS_HOST   cache (default) | passthrough: host memory straight to ibv_reg_mr
+ *   DRC_VERBS_WIDEN  local (default) | always | never: which GPU registrations are widened to their
+ *                    whole allocation (regmr.c says why; local: only those asking no REMOTE_* access)
  *   DRC_LOG          info: one summary line on stderr at exit; debug: also one line per call.
  *                    Unset: drc never writes anything.
  */
+#include "preload/verbs_preload.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,52 +60,149 @@
 #include "cuda/cuda.h"
 #include "drc.h"
 #include "drc_verbs.h"
+#include "verbs/ops.h"
 #include "verbs/regmr.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
-typedef struct ibv_mr *reg_iova2_fn(struct ibv_pd *, void *, size_t, uint64_t, unsigned);
-typedef int dereg_fn(struct ibv_mr *);
-typedef int dealloc_pd_fn(struct ibv_pd *);
-
 enum { LOG_NONE = 0, LOG_INFO = 1, LOG_DEBUG = 2 };
 
-static reg_iova2_fn *next_reg;      /* atomic, resolved in the constructor or on first use */
-static dereg_fn *next_dereg;
-static dealloc_pd_fn *next_dealloc_pd;
+static int enabled = 1;
 static int log_level;
 static int host_passthrough;
 static uint64_t n_passthrough;      /* atomic: registrations handed on untouched */
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
-static __thread int depth __attribute__((tls_model("initial-exec")));
+/* ---- the next definitions, resolved on first use ------------------------- */
 
-static void *next_sym(void *cache, const char *name, const char *version)
+static int is_ours(const void *p);
+
+/*
+ * The definition after this library: RTLD_NEXT when libibverbs is in the
+ * global scope, else the library's own (a program that dlopen'ed it
+ * RTLD_LOCAL: RTLD_NEXT cannot see it). Never one of the definitions here,
+ * whatever a dlsym interposer answers.
+ */
+static void *next_lookup(void *arg, const char *name, const char *version)
 {
-    void *p = __atomic_load_n((void **)cache, __ATOMIC_ACQUIRE);
+    void *p, *h;
 
-    if (!p) {
-        p = dlvsym(RTLD_NEXT, name, version);
-        if (!p)
-            p = dlsym(RTLD_NEXT, name);
-        __atomic_store_n((void **)cache, p, __ATOMIC_RELEASE);
+    (void)arg;
+    p = dlvsym(RTLD_NEXT, name, version);
+    if (!p)
+        p = dlsym(RTLD_NEXT, name);
+    if (!p || is_ours(p)) {
+        h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        p = h ? dlvsym(h, name, version) : NULL;
+        if (h && !p)
+            p = dlsym(h, name);
+        if (h)
+            dlclose(h);     /* NOLOAD took a reference; the library stays loaded by whoever loaded it */
     }
-    return p;
+    return p && !is_ours(p) ? p : NULL;
 }
 
-static reg_iova2_fn *get_next_reg(void)
+static struct drc__verbs_ops next_ops;  /* atomic per entry */
+static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/*
+ * Resolve every next definition still missing, all at once: the first registration resolves the
+ * deregistration too, so a dereg that a free hook makes (inside munmap, maybe inside the dynamic
+ * loader) never has to call dlopen or dlsym. libibverbs may be loaded after us: until it is, the
+ * entries stay NULL and the next call tries again.
+ */
+static void resolve_next(void)
 {
-    return (reg_iova2_fn *)next_sym(&next_reg, "ibv_reg_mr_iova2", "IBVERBS_1.8");
+    struct drc__verbs_ops found = { 0 };
+
+    pthread_mutex_lock(&resolve_lock);
+    drc__verbs_ops_fill(&found, next_lookup, NULL);
+#define KEEP(field)                                                                                    \
+    if (!__atomic_load_n(&next_ops.field, __ATOMIC_RELAXED) && found.field)                        \
+    __atomic_store_n(&next_ops.field, found.field, __ATOMIC_RELEASE)
+    KEEP(query_device);
+    KEEP(reg_mr_iova2);
+    KEEP(reg_dmabuf_mr);
+    KEEP(dereg_mr);
+    KEEP(dealloc_pd);
+    KEEP(rereg_mr);
+#undef KEEP
+    pthread_mutex_unlock(&resolve_lock);
 }
 
-static dereg_fn *get_next_dereg(void)
+/* next_ops.<field>, resolving what is missing first. */
+#define NEXT(field)                                                                                \
+    ({                                                                                                 \
+        __typeof__(next_ops.field) f_ = __atomic_load_n(&next_ops.field, __ATOMIC_ACQUIRE);            \
+        if (!f_) {                                                                                     \
+            resolve_next();                                                                            \
+            f_ = __atomic_load_n(&next_ops.field, __ATOMIC_ACQUIRE);                                   \
+        }                                                                                              \
+        f_;                                                                                            \
+    })
+
+static int fwd_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr)
 {
-    return (dereg_fn *)next_sym(&next_dereg, "ibv_dereg_mr", "IBVERBS_1.1");
+    __typeof__(next_ops.query_device) f = NEXT(query_device);
+
+    return f ? f(ctx, attr) : ENOSYS;
 }
 
-static dealloc_pd_fn *get_next_dealloc_pd(void)
+static struct ibv_mr *fwd_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access)
 {
-    return (dealloc_pd_fn *)next_sym(&next_dealloc_pd, "ibv_dealloc_pd", "IBVERBS_1.1");
+    __typeof__(next_ops.reg_mr_iova2) f = NEXT(reg_mr_iova2);
+
+    if (!f)
+        errno = ENOSYS;
+    return f ? f(pd, addr, length, iova, access) : NULL;
 }
+
+static struct ibv_mr *fwd_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                        int access)
+{
+    __typeof__(next_ops.reg_dmabuf_mr) f = NEXT(reg_dmabuf_mr);
+
+    if (!f)
+        errno = EOPNOTSUPP;
+    return f ? f(pd, offset, length, iova, fd, access) : NULL;
+}
+
+static int fwd_dereg_mr(struct ibv_mr *mr)
+{
+    __typeof__(next_ops.dereg_mr) f = NEXT(dereg_mr);
+
+    return f ? f(mr) : ENOSYS;
+}
+
+static int fwd_dealloc_pd(struct ibv_pd *pd)
+{
+    __typeof__(next_ops.dealloc_pd) f = NEXT(dealloc_pd);
+
+    return f ? f(pd) : ENOSYS;
+}
+
+static int fwd_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    __typeof__(next_ops.rereg_mr) f = NEXT(rereg_mr);
+
+    if (!f) {
+        errno = ENOSYS;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    return f(mr, flags, pd, addr, length, access);
+}
+
+/* drc's table inside the preload: the forwarders (the doctor's entries are not used here). */
+static const struct drc__verbs_ops forward_ops = {
+    .query_device = fwd_query_device,
+    .reg_mr_iova2 = fwd_reg_mr_iova2,
+    .reg_dmabuf_mr = fwd_reg_dmabuf_mr,
+    .dereg_mr = fwd_dereg_mr,
+    .dealloc_pd = fwd_dealloc_pd,
+    .rereg_mr = fwd_rereg_mr,
+};
+
+/* ---- configuration -------------------------------------------------------- */
 
 static int parse_policy(const char *s, enum drc_policy *p)
 {
@@ -111,12 +217,27 @@ static int parse_policy(const char *s, enum drc_policy *p)
     return 0;
 }
 
-__attribute__((constructor)) static void verbs_preload_init(void)
+static int parse_widen(const char *s, unsigned *flags)
+{
+    if (!strcmp(s, "local"))
+        *flags &= ~(DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN);
+    else if (!strcmp(s, "always"))
+        *flags = (*flags & ~DRC_F_NO_WIDEN) | DRC_F_WIDEN_REMOTE;
+    else if (!strcmp(s, "never"))
+        *flags = (*flags & ~DRC_F_WIDEN_REMOTE) | DRC_F_NO_WIDEN;
+    else
+        return -EINVAL;
+    return 0;
+}
+
+static void init(void)
 {
     struct drc_config cfg = { 0 };
     const char *s;
     char *end;
 
+    s = getenv("DRC_VERBS");
+    enabled = !(s && (!strcmp(s, "0") || !strcmp(s, "off")));
     s = getenv("DRC_LOG");
     if (s && *s)
         log_level = !strcmp(s, "debug") ? LOG_DEBUG : LOG_INFO;
@@ -132,33 +253,50 @@ __attribute__((constructor)) static void verbs_preload_init(void)
         else if (log_level)
             fprintf(stderr, "drc: DRC_MAX_REGIONS=%s is not a number: no limit\n", s);
     }
+    s = getenv("DRC_VERBS_WIDEN");
+    if (s && *s && parse_widen(s, &cfg.flags) && log_level)
+        fprintf(stderr, "drc: DRC_VERBS_WIDEN=%s unknown (local, always, never): using local\n", s);
     s = getenv("DRC_VERBS_HOST");
     host_passthrough = s && !strcmp(s, "passthrough");
     drc__regmr_configure(&cfg);
-    get_next_reg();
-    get_next_dereg();
-    get_next_dealloc_pd();
+    drc__verbs_install(&forward_ops);
+    resolve_next();     /* now, where libibverbs is already loaded; else on the first call */
+}
+
+/* Every entry point makes sure of this first: another library's constructor may register before ours ran. */
+static void ensure_init(void)
+{
+    pthread_once(&init_once, init);
+}
+
+__attribute__((constructor)) static void verbs_preload_init(void)
+{
+    ensure_init();
 }
 
 __attribute__((destructor)) static void verbs_preload_fini(void)
 {
     struct drc__regmr_totals t;
 
-    if (!log_level)
+    if (!log_level || !enabled)
         return;
     drc__regmr_totals(&t);
+    /* Over the process's life: PDs and caches may all be gone by now, the counts are not. */
     fprintf(stderr,
-            "drc: %llu PDs, %llu MRs handed out (%llu GPU, %llu host, %llu passed through), %llu still held; "
-            "%llu registrations for them, %llu hits, %llu coalesced, %llu invalidated, %llu cached now; "
-            "GPU via %s\n",
+            "drc: over the process: %llu PDs, %llu MRs handed out (%llu GPU, %llu host, %llu passed through), "
+            "at most %llu held at once, %llu still held; %llu NIC registrations and %llu deregistrations for "
+            "them, %llu hits, %llu coalesced, %llu invalidated, %llu cached now; GPU via %s\n",
             (unsigned long long)t.pds, (unsigned long long)(t.mrs_gpu + t.mrs_host),
             (unsigned long long)t.mrs_gpu, (unsigned long long)t.mrs_host,
             (unsigned long long)(t.mrs_direct + __atomic_load_n(&n_passthrough, __ATOMIC_RELAXED)),
-            (unsigned long long)t.live, (unsigned long long)t.cache.regs, (unsigned long long)t.cache.hits,
+            (unsigned long long)t.peak, (unsigned long long)t.live, (unsigned long long)t.cache.regs,
+            (unsigned long long)t.cache.deregs, (unsigned long long)t.cache.hits,
             (unsigned long long)t.cache.merges, (unsigned long long)t.cache.invalidated,
             (unsigned long long)t.cache.regions,
             !t.dmabuf && !t.peermem ? "-" : t.peermem ? (t.dmabuf ? "dmabuf and peermem" : "peermem") : "dmabuf");
 }
+
+/* ---- the interposers ------------------------------------------------------ */
 
 /* Is @addr GPU memory? (cuMemGetAddressRange knows it; no driver: no.) */
 static int is_gpu(const void *addr)
@@ -171,27 +309,19 @@ static int is_gpu(const void *addr)
 
 static struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access)
 {
-    reg_iova2_fn *next = get_next_reg();
     struct ibv_mr *mr;
-    int gpu = -1;
 
-    if (depth || !pd || iova != (uintptr_t)addr || (access & ~DRC_ACCESS_MASK) ||
-        (host_passthrough && !(gpu = is_gpu(addr)))) {
-        if (!depth)
-            __atomic_fetch_add(&n_passthrough, 1, __ATOMIC_RELAXED);
-        if (!next) {
-            errno = ENOSYS;
-            return NULL;
-        }
-        mr = next(pd, addr, length, iova, access);
-        if (log_level >= LOG_DEBUG && !depth)
+    ensure_init();
+    if (!enabled || !pd || iova != (uintptr_t)addr || (access & ~DRC_ACCESS_MASK) ||
+        (host_passthrough && !is_gpu(addr))) {
+        __atomic_fetch_add(&n_passthrough, 1, __ATOMIC_RELAXED);
+        mr = fwd_reg_mr_iova2(pd, addr, length, iova, access);
+        if (log_level >= LOG_DEBUG && enabled)
             fprintf(stderr, "drc: reg_mr %p+%zu iova 0x%llx access 0x%x: passed through -> %p\n", addr, length,
                     (unsigned long long)iova, access, (void *)mr);
         return mr;
     }
-    depth++;
     mr = drc_reg_mr(pd, addr, length, (int)access);
-    depth--;
     if (log_level >= LOG_DEBUG) {
         int e = errno;
 
@@ -224,33 +354,84 @@ EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, i
 
 EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 {
-    dereg_fn *next = get_next_dereg();
     int err;
 
-    if (!depth) {
-        depth++;
-        err = drc__regmr_dereg(mr);
-        depth--;
-        if (err != -ENOENT) {
-            if (log_level >= LOG_DEBUG)
-                fprintf(stderr, "drc: dereg_mr %p: %s\n", (void *)mr, err ? drc_strerror(err) : "released");
-            return err < 0 ? -err : err;    /* verbs returns a positive errno */
-        }
+    ensure_init();
+    err = enabled ? drc__regmr_dereg(mr) : -ENOENT;
+    if (err != -ENOENT) {
+        if (log_level >= LOG_DEBUG)
+            fprintf(stderr, "drc: dereg_mr %p: %s\n", (void *)mr, err ? drc_strerror(err) : "released");
+        return err < 0 ? -err : err;    /* verbs returns a positive errno */
     }
-    return next ? next(mr) : ENOSYS;
+    return fwd_dereg_mr(mr);
 }
 
 EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 {
-    dealloc_pd_fn *next = get_next_dealloc_pd();
     int err;
 
-    if (!depth) {
-        depth++;
+    ensure_init();
+    if (enabled) {
         err = drc_pd_release(pd);
-        depth--;
         if (err && log_level)
             fprintf(stderr, "drc: dealloc_pd %p: %s\n", (void *)pd, drc_strerror(err));
     }
-    return next ? next(pd) : ENOSYS;
+    return fwd_dealloc_pd(pd);
+}
+
+EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    ensure_init();
+    if (enabled && drc__regmr_owns(mr)) {
+        /* A shared cached MR cannot change under its other holders; the provider would take ours for its own. */
+        if (log_level >= LOG_DEBUG)
+            fprintf(stderr, "drc: rereg_mr %p: refused (an MR of drc: deregister it and register again)\n",
+                    (void *)mr);
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    return fwd_rereg_mr(mr, flags, pd, addr, length, access);
+}
+
+/* ---- the seam with the preload's dlsym interposer ------------------------- */
+
+static const struct {
+    const char *name, *version;     /* the version this definition implements (rdma-core's default) */
+    void *fn;
+} served[] = {
+    { "ibv_reg_mr", "IBVERBS_1.1", (void *)ibv_reg_mr },
+    { "ibv_reg_mr_iova", "IBVERBS_1.7", (void *)ibv_reg_mr_iova },
+    { "ibv_reg_mr_iova2", "IBVERBS_1.8", (void *)ibv_reg_mr_iova2 },
+    { "ibv_dereg_mr", "IBVERBS_1.1", (void *)ibv_dereg_mr },
+    { "ibv_dealloc_pd", "IBVERBS_1.1", (void *)ibv_dealloc_pd },
+    { "ibv_rereg_mr", "IBVERBS_1.1", (void *)ibv_rereg_mr },
+};
+
+static int is_ours(const void *p)
+{
+    size_t i;
+
+    for (i = 0; i < sizeof(served) / sizeof(served[0]); i++)
+        if (served[i].fn == p)
+            return 1;
+    return 0;
+}
+
+void *drc__preload_verbs_symbol(const char *name, const char *version)
+{
+    size_t i;
+
+    if (!name || strncmp(name, "ibv_", 4) || !drc__preload_verbs_enabled())
+        return NULL;
+    for (i = 0; i < sizeof(served) / sizeof(served[0]); i++)
+        if (!strcmp(name, served[i].name))
+            /* another version (IBVERBS_1.0's ibv_reg_mr/ibv_dereg_mr) has another ABI: not ours to serve */
+            return !version || !strcmp(version, served[i].version) ? served[i].fn : NULL;
+    return NULL;
+}
+
+int drc__preload_verbs_enabled(void)
+{
+    ensure_init();
+    return enabled;
 }

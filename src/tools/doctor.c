@@ -21,6 +21,7 @@
 #include "drc.h"
 #include "drc_verbs.h"
 #include "core/mem.h"
+#include "verbs/ops.h"
 #include "verbs/verbs.h"
 
 enum { TEST_BYTES = 64 << 20 };
@@ -87,29 +88,35 @@ static int find_verbs(struct dl_phdr_info *info, size_t size, void *arg)
 
 static void rdma(struct findings *f, struct ibv_pd **pd_out, struct ibv_context **ctx_out)
 {
+    const struct drc__verbs_ops *ops = drc__verbs();   /* loads libibverbs.so.1 */
     char lib[256] = "", real[4096];
     struct ibv_device **list;
     int i, n = 0;
     const char *v;
 
+    if (!ops->get_device_list || !ops->open_device || !ops->alloc_pd || !ops->get_device_name ||
+        !ops->free_device_list || !ops->dealloc_pd || !ops->close_device) {
+        printf("rdma-core       libibverbs.so.1 not found or incomplete (install ibverbs-providers/rdma-core)\n");
+        return;
+    }
     dl_iterate_phdr(find_verbs, lib);
     v = lib[0] && realpath(lib, real) ? strrchr(real, '/') + 1 : "libibverbs (path unknown)";
     /* rdma-core names its library libibverbs.so.1.<abi>.<rdma-core version>.0 */
     printf("rdma-core       %s\n", v);
-    list = ibv_get_device_list(&n);
+    list = ops->get_device_list(&n);
     f->nics = n;
     if (!list || n == 0) {
         printf("rdma devices    none\n");
         if (list)
-            ibv_free_device_list(list);
+            ops->free_device_list(list);
         return;
     }
     for (i = 0; i < n; i++) {
-        struct ibv_context *ctx = ibv_open_device(list[i]);
-        struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+        struct ibv_context *ctx = ops->open_device(list[i]);
+        struct ibv_pd *pd = ctx ? ops->alloc_pd(ctx) : NULL;
         int e = pd ? drc__verbs_probe_dmabuf(pd) : -ENODEV;
 
-        printf("rdma device     %s: dmabuf %s%s%s\n", ibv_get_device_name(list[i]),
+        printf("rdma device     %s: dmabuf %s%s%s\n", ops->get_device_name(list[i]),
                e == 0 ? "supported" : "NOT supported", e ? ": " : "", e ? drc__verbs_advice(e) : "");
         if (e == 0 || (e != -EOPNOTSUPP && e != -EPROTONOSUPPORT))
             f->nic_dmabuf++;
@@ -119,11 +126,11 @@ static void rdma(struct findings *f, struct ibv_pd **pd_out, struct ibv_context 
             continue;
         }
         if (pd)
-            ibv_dealloc_pd(pd);
+            ops->dealloc_pd(pd);
         if (ctx)
-            ibv_close_device(ctx);
+            ops->close_device(ctx);
     }
-    ibv_free_device_list(list);
+    ops->free_device_list(list);
 }
 
 static int attr(int dev, int a)
@@ -269,9 +276,9 @@ int drc__doctor(int argc, char **argv)
     rdma(&f, &pd, &ctx);
     gpus(&f, pd);
     if (pd)
-        ibv_dealloc_pd(pd);
+        drc__verbs()->dealloc_pd(pd);     /* both set only where rdma() found the table complete */
     if (ctx)
-        ibv_close_device(ctx);
+        drc__verbs()->close_device(ctx);
     verdict(&f);
     /* The diagnosis itself succeeded; --check makes "cannot register" an exit status for scripts. */
     return check && f.reg_method != DRC_METHOD_DMABUF && f.reg_method != DRC_METHOD_PEERMEM;

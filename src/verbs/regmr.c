@@ -16,15 +16,22 @@
  * what the caller posts with; any range inside [addr, addr+length) is
  * covered by them.
  *
- * GPU registrations are widened to their whole allocation (the range
- * cuMemGetAddressRange gives: for VMM memory, one mapped chunk) before they
- * reach the cache. An engine registers a KV cache as thousands of tensors
- * packed back to back in one allocation; registered as asked, neighbours
- * that share a page coalesce one by one, and each merge registers the union
- * again — thousands of ever larger registrations. Widened, the first
- * registration covers the allocation and every later one is a hit. Should
- * the whole allocation be larger than the device's max_mr_size (-E2BIG),
- * the range as asked is registered instead.
+ * GPU registrations that ask no remote access are widened to their whole
+ * allocation (the range cuMemGetAddressRange gives: for VMM memory, one
+ * mapped chunk) before they reach the cache. An engine registers a KV cache
+ * as thousands of tensors packed back to back in one allocation; registered
+ * as asked, neighbours that share a page coalesce one by one, and each merge
+ * registers the union again — thousands of ever larger registrations.
+ * Widened, the first registration covers the allocation and every later one
+ * is a hit. Should the whole allocation be larger than the device's
+ * max_mr_size (-E2BIG), the range as asked is registered instead.
+ *
+ * A registration asking REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC or MW_BIND
+ * is not widened unless the configuration says DRC_F_WIDEN_REMOTE: its rkey
+ * goes to a peer, and a peer holding it may touch everything the MR covers
+ * with everything it allows. Widened, a read-only rkey for a 4 KiB tensor
+ * would let a peer write the whole allocation. DRC_F_NO_WIDEN turns widening
+ * off for local registrations too.
  *
  * Two tables, each under its own lock:
  *   pds  (pds_lock, a rwlock: read on every registration)  PD -> cache
@@ -35,12 +42,18 @@
  * cache or libibverbs, except pds_lock around drc_cache_destroy in
  * drc_pd_release, and no memory is freed under them but uthash's own bucket
  * arrays, so a free hook (munmap, madvise) that runs inside such a call may
- * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock (the
- * destroy's ibv_dereg_mr may reach the interposer, which takes mrs_lock).
+ * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock.
+ * (libibverbs is reached through the verbs ops table, which inside the
+ * preload forwards to the next definitions: a dereg of the destroy never
+ * comes back to the interposer.)
+ *
+ * Counters over the process's life (for the interposer's exit summary) are
+ * atomics; a PD's cache statistics are added to `retired` when it goes.
  */
 #include "verbs/regmr.h"
 
 #include "cuda/cuda.h"
+#include "verbs/ops.h"
 
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -77,7 +90,11 @@ static struct caller_mr *mrs;           /* mrs_lock */
 static struct drc_config config;        /* set before the first registration */
 static int configured;
 
-static uint64_t n_gpu, n_host, n_direct;    /* atomic */
+static uint64_t n_gpu, n_host, n_direct;    /* atomic: caller MRs handed out, ever */
+static uint64_t n_live, n_peak;             /* atomic: caller MRs held now, and the most at once */
+static uint64_t n_pds;                      /* atomic: per-PD caches made, ever */
+static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
+static struct drc_stats retired;            /* pds_lock (write): stats of the caches released */
 
 void drc__regmr_configure(const struct drc_config *cfg)
 {
@@ -88,6 +105,15 @@ void drc__regmr_configure(const struct drc_config *cfg)
         memset(&config, 0, sizeof(config));
         configured = 0;
     }
+}
+
+int drc_reg_mr_configure(const struct drc_config *cfg)
+{
+    if (cfg && ((unsigned)cfg->policy > DRC_PEERMEM_ONLY ||
+                (cfg->flags & (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)) == (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)))
+        return -EINVAL;
+    drc__regmr_configure(cfg);
+    return 0;
 }
 
 static struct pd_entry *pd_find(struct ibv_pd *pd)
@@ -130,6 +156,7 @@ static int pd_get(struct ibv_pd *pd, struct pd_entry **out)
             err = -ENOMEM;
             goto err_destroy;
         }
+        __atomic_fetch_add(&n_pds, 1, __ATOMIC_RELAXED);
     }
     pthread_rwlock_unlock(&pds_lock);
     if (other) {
@@ -153,14 +180,28 @@ static int cacheable(int access)
     return access >= 0 && !((unsigned)access & ~DRC_ACCESS_MASK);
 }
 
-/* drc_get on the GPU allocation around [addr, addr+len) if there is one, else on the range itself. */
+#define REMOTE_ACCESS \
+    (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND)
+
+/* May a registration asking @access be widened to its allocation? (See the opening comment.) */
+static int may_widen(unsigned access)
+{
+    unsigned flags = configured ? config.flags : 0;
+
+    if (flags & DRC_F_NO_WIDEN)
+        return 0;
+    return !(access & REMOTE_ACCESS) || (flags & DRC_F_WIDEN_REMOTE);
+}
+
+/* drc_get on the GPU allocation around [addr, addr+len) if there is one and widening is allowed, else on the range. */
 static int get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **r)
 {
     uintptr_t base, a = (uintptr_t)addr;
     size_t alen;
     int err;
 
-    if (drc__cuda_alloc_range(a, &base, &alen) == 0 && a - base <= alen && len <= alen - (a - base)) {
+    if (may_widen(access) && drc__cuda_alloc_range(a, &base, &alen) == 0 && a - base <= alen &&
+        len <= alen - (a - base)) {
         err = drc_get(c, (const void *)base, alen, access, r);
         if (err != -E2BIG)
             return err;     /* only the device's size limit is worth a second, smaller try */
@@ -174,6 +215,7 @@ struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
     struct pd_entry *e;
     drc_region_t *r;
     struct ibv_mr *cached;
+    uint64_t live, peak;
     int err;
 
     if (!pd || !len) {
@@ -182,8 +224,14 @@ struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
     }
     if (!cacheable(access)) {
         /* ON_DEMAND, ZERO_BASED, HUGETLB...: register as asked; drc_dereg_mr passes it through */
+        const struct drc__verbs_ops *ops = drc__verbs();
+
         __atomic_fetch_add(&n_direct, 1, __ATOMIC_RELAXED);
-        return ibv_reg_mr_iova2(pd, addr, len, (uintptr_t)addr, (unsigned)access);
+        if (!ops->reg_mr_iova2) {
+            errno = ENOSYS;
+            return NULL;
+        }
+        return ops->reg_mr_iova2(pd, addr, len, (uintptr_t)addr, (unsigned)access);
     }
     m = calloc(1, sizeof(*m));
     if (!m) {
@@ -219,10 +267,21 @@ struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
     }
     if (drc_region_type(r) == DRC_MEM_CUDA) {
         __atomic_fetch_add(&n_gpu, 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->gpu_seen, 1, __ATOMIC_RELAXED);
+        if (!__atomic_exchange_n(&e->gpu_seen, 1, __ATOMIC_RELAXED)) {
+            int method = drc_cache_verbs_method(e->cache, 0);
+
+            if (method == DRC_METHOD_DMABUF)
+                __atomic_fetch_add(&n_dmabuf, 1, __ATOMIC_RELAXED);
+            else if (method == DRC_METHOD_PEERMEM)
+                __atomic_fetch_add(&n_peermem, 1, __ATOMIC_RELAXED);
+        }
     } else {
         __atomic_fetch_add(&n_host, 1, __ATOMIC_RELAXED);
     }
+    live = __atomic_add_fetch(&n_live, 1, __ATOMIC_RELAXED);
+    peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
+    while (live > peak && !__atomic_compare_exchange_n(&n_peak, &peak, live, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
     return &m->mr;
 
 err_put:
@@ -257,6 +316,7 @@ int drc__regmr_dereg(struct ibv_mr *mr)
     pthread_mutex_unlock(&mrs_lock);
     if (!m)
         return -ENOENT;
+    __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
     err = drc_put(m->cache, m->region);
     free(m);
     return err;
@@ -268,12 +328,29 @@ int drc_dereg_mr(struct ibv_mr *mr)
 
     if (err != -ENOENT)
         return err;
-    err = ibv_dereg_mr(mr);     /* not ours: an MR drc_reg_mr passed through, or any other */
+    if (!drc__verbs()->dereg_mr)
+        return -ENOSYS;
+    err = drc__verbs()->dereg_mr(mr);   /* not ours: an MR drc_reg_mr passed through, or any other */
     return err > 0 ? -err : err;
+}
+
+static void add_stats(struct drc_stats *to, const struct drc_stats *s)
+{
+    to->hits += s->hits;
+    to->misses += s->misses;
+    to->merges += s->merges;
+    to->invalidated += s->invalidated;
+    to->evicted += s->evicted;
+    to->regs += s->regs;
+    to->deregs += s->deregs;
+    to->regions += s->regions;
+    to->bytes += s->bytes;
+    to->in_use += s->in_use;
 }
 
 int drc_pd_release(struct ibv_pd *pd)
 {
+    struct drc_stats s;
     struct pd_entry *e;
     int err;
 
@@ -285,9 +362,15 @@ int drc_pd_release(struct ibv_pd *pd)
         pthread_rwlock_unlock(&pds_lock);
         return 0;
     }
+    drc_cache_stats(e->cache, &s);
     err = drc_cache_destroy(e->cache);
-    if (!err)
+    if (!err) {
         HASH_DEL(pds, e);
+        /* the destroy deregistered every region a lookup could still find (nothing was referenced) */
+        s.deregs += s.regions;
+        s.regions = s.bytes = s.in_use = 0;
+        add_stats(&retired, &s);
+    }
     pthread_rwlock_unlock(&pds_lock);
     if (!err)
         free(e);
@@ -300,32 +383,20 @@ void drc__regmr_totals(struct drc__regmr_totals *t)
     struct drc_stats s;
 
     memset(t, 0, sizeof(*t));
+    t->pds = __atomic_load_n(&n_pds, __ATOMIC_RELAXED);
     t->mrs_gpu = __atomic_load_n(&n_gpu, __ATOMIC_RELAXED);
     t->mrs_host = __atomic_load_n(&n_host, __ATOMIC_RELAXED);
     t->mrs_direct = __atomic_load_n(&n_direct, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&mrs_lock);
-    t->live = HASH_COUNT(mrs);
-    pthread_mutex_unlock(&mrs_lock);
+    t->live = __atomic_load_n(&n_live, __ATOMIC_RELAXED);
+    t->peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
+    t->dmabuf = __atomic_load_n(&n_dmabuf, __ATOMIC_RELAXED);
+    t->peermem = __atomic_load_n(&n_peermem, __ATOMIC_RELAXED);
     pthread_rwlock_rdlock(&pds_lock);
+    t->cache = retired;
     HASH_ITER(hh, pds, e, tmp) {
-        t->pds++;
+        t->pds_now++;
         drc_cache_stats(e->cache, &s);
-        t->cache.hits += s.hits;
-        t->cache.misses += s.misses;
-        t->cache.merges += s.merges;
-        t->cache.invalidated += s.invalidated;
-        t->cache.evicted += s.evicted;
-        t->cache.regs += s.regs;
-        t->cache.deregs += s.deregs;
-        t->cache.regions += s.regions;
-        t->cache.bytes += s.bytes;
-        t->cache.in_use += s.in_use;
-        if (__atomic_load_n(&e->gpu_seen, __ATOMIC_RELAXED)) {
-            int method = drc_cache_verbs_method(e->cache, 0);
-
-            t->dmabuf += method == DRC_METHOD_DMABUF;
-            t->peermem += method == DRC_METHOD_PEERMEM;
-        }
+        add_stats(&t->cache, &s);
     }
     pthread_rwlock_unlock(&pds_lock);
 }

@@ -8,7 +8,6 @@
 #include <stdint.h>
 
 #include "drc_verbs.h"
-#include "drc_verbs.h"
 
 /*
  * The configuration of every per-PD cache created after this call (the
@@ -27,14 +26,21 @@ DRC_API int drc__regmr_dereg(struct ibv_mr *mr);
 /* 1 if @mr is a caller MR handed out by drc_reg_mr and not yet deregistered. */
 int drc__regmr_owns(const struct ibv_mr *mr);
 
-/* Totals over every per-PD cache, for the interposer's exit summary. */
+/*
+ * What drc_reg_mr did over the process's life, for the interposer's exit
+ * summary: counts of events never go down, whether or not the PDs and their
+ * caches still exist (ibv_dealloc_pd releases a PD's cache; its statistics
+ * are kept).
+ */
 struct drc__regmr_totals {
-    uint64_t pds;            /* per-PD caches */
+    uint64_t pds;            /* per-PD caches made, ever */
+    uint64_t pds_now;        /* per-PD caches that exist now */
     uint64_t mrs_gpu, mrs_host;   /* caller MRs handed out through a cache, ever */
     uint64_t mrs_direct;     /* drc_reg_mr calls passed straight to ibv_reg_mr (access bits drc cannot cache) */
-    uint64_t live;           /* caller MRs not yet deregistered */
-    struct drc_stats cache;  /* summed drc_cache_stats */
-    uint64_t dmabuf, peermem;/* per-PD caches whose GPU 0 registers through dmabuf / peermem (only if GPU MRs were seen) */
+    uint64_t live, peak;     /* caller MRs not yet deregistered, and the most held at once */
+    struct drc_stats cache;  /* event counts summed over every per-PD cache, released ones included;
+                              * regions/bytes/in_use: the caches that exist now */
+    uint64_t dmabuf, peermem;/* per-PD caches, ever, whose GPU 0 registered through dmabuf / peermem */
 };
 DRC_API void drc__regmr_totals(struct drc__regmr_totals *t);
 

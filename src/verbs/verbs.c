@@ -17,6 +17,10 @@
  * The device's max_mr_size is read once, at creation, and handed to the
  * cache as its largest region: coalescing never grows a region past it and a
  * larger request fails with -E2BIG, never with a silently truncated MR.
+ *
+ * libibverbs is reached only through the verbs ops table (ops.h). Each cache
+ * keeps the table it was created with, so its MRs are always deregistered by
+ * the library that made them.
  */
 #include "verbs/verbs.h"
 
@@ -30,6 +34,7 @@
 
 #include "core/cache.h"
 #include "cuda/cuda.h"
+#include "verbs/ops.h"
 
 enum { MAX_DEVICES = 64 };
 
@@ -40,6 +45,7 @@ enum { MAX_DEVICES = 64 };
 
 struct verbs {
     struct ibv_pd *pd;
+    const struct drc__verbs_ops *ops;   /* the table at creation: MRs go back to the library that made them */
     enum drc_policy policy;
     uint64_t max_mr_size;
     pthread_mutex_t lock;           /* serialises decisions */
@@ -70,13 +76,16 @@ int drc__verbs_peermem_loaded(void)
 
 int drc__verbs_probe_dmabuf(struct ibv_pd *pd)
 {
+    const struct drc__verbs_ops *ops = drc__verbs();
     struct ibv_mr *mr;
     int e;
 
+    if (!ops->reg_dmabuf_mr)
+        return -EOPNOTSUPP;     /* rdma-core older than 34: no such verb */
     errno = 0;
-    mr = ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0);
+    mr = ops->reg_dmabuf_mr(pd, 0, 0, 0, -1, 0);
     if (mr) {
-        ibv_dereg_mr(mr);   /* a provider that took fd -1: it has the verb, so say yes */
+        ops->dereg_mr(mr);  /* a provider that took fd -1: it has the verb, so say yes */
         return 0;
     }
     e = errno;
@@ -190,13 +199,18 @@ static int verbs_reg(void *ctx, const struct drc_reg_args *a, void **handle, uin
         return -E2BIG;      /* the cache keeps regions below this; a guard for a direct caller */
     errno = 0;
     if (m == DRC_METHOD_DMABUF) {
-        if (a->dmabuf_fd < 0)
+        if (a->dmabuf_fd < 0 || !v->ops->reg_dmabuf_mr)
             return -EOPNOTSUPP;     /* the export said no dmabuf for this memory */
-        mr = ibv_reg_dmabuf_mr(v->pd, a->dmabuf_offset, a->len, a->start, a->dmabuf_fd,
-                               (int)(a->access & DMABUF_ACCESS));
+        /*
+         * MW_BIND: the kernel takes no such bit for a dmabuf MR. Dropping it would leave the cache
+         * recording a grant the MR lacks (drc_region_access, and later hits asking MW_BIND): refuse.
+         */
+        if (a->access & ~DMABUF_ACCESS)
+            return -EOPNOTSUPP;
+        mr = v->ops->reg_dmabuf_mr(v->pd, a->dmabuf_offset, a->len, a->start, a->dmabuf_fd, (int)a->access);
     } else {
         /* host memory, or GPU memory that nvidia-peermem pins behind ibv_reg_mr */
-        mr = ibv_reg_mr_iova2(v->pd, (void *)a->start, a->len, a->start, a->access);
+        mr = v->ops->reg_mr_iova2(v->pd, (void *)a->start, a->len, a->start, a->access);
     }
     if (!mr)
         return errno ? -errno : -EIO;
@@ -208,10 +222,10 @@ static int verbs_reg(void *ctx, const struct drc_reg_args *a, void **handle, uin
 
 static int verbs_dereg(void *ctx, void *handle)
 {
+    struct verbs *v = ctx;
     int ret;
 
-    (void)ctx;
-    ret = ibv_dereg_mr(handle);
+    ret = v->ops->dereg_mr(handle);
     return ret > 0 ? -ret : ret;
 }
 
@@ -227,25 +241,35 @@ int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_
 {
     struct drc_backend be = { verbs_reg, verbs_dereg, NULL };
     struct drc__cache_opts o = { 0, verbs_release };
+    const struct drc__verbs_ops *ops = drc__verbs();
+    struct drc_config core_cfg;
     struct ibv_device_attr attr;
     struct verbs *v;
     int err;
 
     if (!pd || !out || (cfg && (unsigned)cfg->policy > DRC_PEERMEM_ONLY))
         return -EINVAL;
+    if (!ops->query_device || !ops->reg_mr_iova2 || !ops->dereg_mr)
+        return -ENOSYS;     /* no libibverbs could be loaded */
     memset(&attr, 0, sizeof(attr));
-    err = ibv_query_device(pd->context, &attr);
+    err = ops->query_device(pd->context, &attr);
     if (err)
         return err > 0 ? -err : err;
     v = calloc(1, sizeof(*v));
     if (!v)
         return -ENOMEM;
     v->pd = pd;
+    v->ops = ops;
     v->policy = cfg ? cfg->policy : DRC_DMABUF_THEN_PEERMEM;
     v->max_mr_size = attr.max_mr_size ? attr.max_mr_size : UINT64_MAX;
     pthread_mutex_init(&v->lock, NULL);
     be.ctx = v;
     o.max_len = v->max_mr_size > SIZE_MAX ? 0 : (size_t)v->max_mr_size;
+    if (cfg) {
+        core_cfg = *cfg;
+        core_cfg.flags &= ~(DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN);   /* drc_reg_mr's, not the core's */
+        cfg = &core_cfg;
+    }
     err = drc__cache_create(&be, cfg, &o, out);
     if (err)
         goto err_cache;

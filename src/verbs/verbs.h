@@ -6,7 +6,6 @@
 #define DRC_VERBS_LAYER_H
 
 #include "drc_verbs.h"
-#include "drc_verbs.h"
 
 /*
  * Does the NIC of @pd register dmabuf MRs? Probed without a buffer:

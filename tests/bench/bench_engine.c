@@ -8,7 +8,10 @@
  * to 200 KiB with a fixed seed, 512-byte aligned, back to back, as a caching
  * allocator packs them). Each is registered with ibv_reg_mr semantics: with
  * drc through drc_reg_mr (the two-line patch; libdrc_verbs.so does the same
- * calls), without drc through ibv_reg_mr itself. Rounds:
+ * calls), without drc through ibv_reg_mr itself. The access asked includes
+ * REMOTE_READ/WRITE, so drc does not widen GPU registrations to their
+ * allocation by default (an rkey grants only what was asked); the "drc, widen"
+ * rows opt in with DRC_F_WIDEN_REMOTE (DRC_VERBS_WIDEN=always). Rounds:
  *   whole+subs   register the 1 GiB buffer, then every sub-buffer;
  *   subs only    every sub-buffer, no whole-buffer registration first;
  *   again        deregister everything and register the sub-buffers again
@@ -186,6 +189,7 @@ static int round_(struct ibv_pd *pd, char *buf, int with_drc, int with_whole, in
 int main(int argc, char **argv)
 {
     static const char *const names[] = { "whole+subs", "subs only", "subs, then again" };
+    static const char *const labels[] = { "ibv_reg_mr", "drc", "drc, widen" };
     struct ibv_device **list;
     struct ibv_context *ctx;
     struct ibv_pd *pd;
@@ -220,13 +224,16 @@ int main(int argc, char **argv)
     printf("%-18s %-12s %9s %10s %11s %10s %16s\n", "round", "", "NIC MRs", "NIC GiB", "MRs at end", "ms",
            "us/registration");
     for (k = 0; k < 3; k++) {
-        for (with = 0; with < 2; with++) {
+        for (with = 0; with < 3; with++) {
+            struct drc_config widen = { .flags = DRC_F_WIDEN_REMOTE };
+
+            drc_reg_mr_configure(with == 2 ? &widen : NULL);
             err = round_(pd, buf, with, k == 0, k == 2, &r);
             if (err) {
-                printf("%-18s %-12s failed: %s\n", names[k], with ? "drc" : "ibv_reg_mr", strerror(-err));
+                printf("%-18s %-12s failed: %s\n", names[k], labels[with], strerror(-err));
                 continue;
             }
-            printf("%-18s %-12s %9zu %10.2f %11zu %10.2f %16.3f\n", names[k], with ? "drc" : "ibv_reg_mr",
+            printf("%-18s %-12s %9zu %10.2f %11zu %10.2f %16.3f\n", names[k], labels[with],
                    r.mrs, r.gib, r.live, r.seconds * 1e3,
                    r.seconds * 1e6 / (NSUB * (k == 2 ? 2 : 1) + (k == 0)));
         }

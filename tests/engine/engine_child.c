@@ -428,16 +428,138 @@ static void private_dlopen(void)
     CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
 }
 
-/* A few registrations for the DRC_LOG test; the parent reads stderr. */
+/*
+ * Shaped like Mooncake's TENT engine and NCCL's IB transport: libibverbs opened with dlopen RTLD_LOCAL,
+ * and ibv_reg_mr, ibv_reg_mr_iova2, ibv_dereg_mr, ibv_dealloc_pd (and ibv_rereg_mr) taken by dlsym.
+ * The preload's dlsym interposer answers those names with drc's definitions (the same ones the
+ * preload exports: what dlsym(RTLD_DEFAULT) gives here); until it is wired, dlsym(handle) still
+ * gives libibverbs's own, which is only checked with DRC_TEST_DLSYM_SEAM=1. Checked: an MR of drc
+ * never reaches the provider's dereg or rereg, and dealloc_pd releases drc's cached MRs first.
+ */
+static void tent(void)
+{
+    static const char *const names[] = { "ibv_reg_mr", "ibv_reg_mr_iova2", "ibv_dereg_mr", "ibv_dealloc_pd",
+                                         "ibv_rereg_mr" };
+    void *lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *fn[5];
+    struct ibv_mr *(*reg)(struct ibv_pd *, void *, size_t, int);
+    struct ibv_mr *(*reg2)(struct ibv_pd *, void *, size_t, uint64_t, unsigned);
+    int (*dereg)(struct ibv_mr *), (*dealloc)(struct ibv_pd *);
+    int (*rereg)(struct ibv_mr *, int, struct ibv_pd *, void *, size_t, int);
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(4 * MiB), *h = host_buffer(1 * MiB, 7);
+    struct ibv_mr *a, *b, *own;
+    size_t from = ibvd_ncalls(), i;
+    uint32_t key;
+    int rc;
+
+    CHECK(lib, "dlopen libibverbs.so.1: %s", dlerror());
+    for (i = 0; i < 5; i++) {
+        void *mine = dlsym(lib, names[i]);
+
+        fn[i] = dlsym(RTLD_DEFAULT, names[i]);      /* what the preload's dlsym interposer answers */
+        CHECK(fn[i] && mine, "no %s", names[i]);
+        if (getenv("DRC_TEST_DLSYM_SEAM"))
+            CHECK(mine == fn[i], "dlsym(handle, \"%s\") is libibverbs's own, not drc's", names[i]);
+    }
+    *(void **)&reg = fn[0];
+    *(void **)&reg2 = fn[1];
+    *(void **)&dereg = fn[2];
+    *(void **)&dealloc = fn[3];
+    *(void **)&rereg = fn[4];
+    a = reg(pd, g, 4 * MiB, ACCESS | IBV_ACCESS_RELAXED_ORDERING);    /* as Mooncake asks where iova2 exists */
+    check_caller_mr(a, pd, g, 4 * MiB);
+    b = reg2(pd, g + 4096, 8192, (uintptr_t)(g + 4096), ACCESS | IBV_ACCESS_RELAXED_ORDERING);
+    check_caller_mr(b, pd, g + 4096, 8192);
+    CHECK(since(from, IBVD_REG_DMABUF) == 1 && since(from, IBVD_REG_VA) == 0, "not served by drc");
+    key = a->lkey;
+    /* rereg of an MR of drc: refused, the MR unchanged, the provider never sees it */
+    errno = 0;
+    rc = rereg(a, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(rc == IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "ibv_rereg_mr of an MR of drc gave %d, errno %d", rc,
+          errno);
+    CHECK(since(from, IBVD_REREG) == 0, "ibv_rereg_mr of an MR of drc reached the provider");
+    CHECK(ibvd_lkey_live(key) && a->lkey == key, "the MR changed");
+    /* rereg of the engine's own MR (ON_DEMAND: drc passes it through) still reaches the provider */
+    own = reg(pd, h, 1 * MiB, ACCESS | IBV_ACCESS_ON_DEMAND);
+    CHECK(own, "ON_DEMAND registration");
+    CHECK(rereg(own, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, ACCESS) == 0 && since(from, IBVD_REREG) == 1,
+          "ibv_rereg_mr of the engine's own MR was not passed on");
+    /* dereg of an MR of drc: never the provider's */
+    CHECK(dereg(b) == 0 && dereg(a) == 0 && dereg(own) == 0, "ibv_dereg_mr");
+    CHECK(since(from, IBVD_DEREG_UNKNOWN) == 0, "an MR of drc reached the provider's ibv_dereg_mr");
+    CHECK(ibvd_lkey_live(key), "the idle MR should stay cached");
+    /* dealloc_pd with drc's idle MR cached: released first, no EBUSY */
+    CHECK(dealloc(pd) == 0, "ibv_dealloc_pd failed (EBUSY: drc's cached MR was left)");
+    CHECK(!ibvd_lkey_live(key) && ibvd_live() == 0, "MRs left after ibv_dealloc_pd");
+}
+
+/*
+ * Widening through the interposer: a remote-access registration of 4 KiB in a 2 MiB allocation
+ * covers its page by default, the whole allocation with DRC_VERBS_WIDEN=always; a local-only one is
+ * widened by default and not with DRC_VERBS_WIDEN=never. The parent sets the variable.
+ */
+static void widen(void)
+{
+    const char *mode = getenv("DRC_VERBS_WIDEN");
+    int always = mode && !strcmp(mode, "always"), never = mode && !strcmp(mode, "never");
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(2 * MiB);
+    struct ibv_mr *remote, *local;
+    struct ibvd_call d;
+
+    remote = ibv_reg_mr(pd, g + 8192, 4096, ACCESS);
+    check_caller_mr(remote, pd, g + 8192, 4096);
+    CHECK(last(IBVD_REG_DMABUF, &d), "no dmabuf registration");
+    CHECK(always ? d.iova == (uintptr_t)g && d.len == 2 * MiB : d.iova == (uintptr_t)(g + 8192) && d.len == 4096,
+          "remote-access registration covers 0x%llx+%zu (DRC_VERBS_WIDEN=%s)", (unsigned long long)d.iova, d.len,
+          mode ? mode : "");
+    local = ibv_reg_mr(pd, g + 65536, 4096, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(local, pd, g + 65536, 4096);
+    if (!always) {      /* (always: a hit on the widened MR) */
+        CHECK(last(IBVD_REG_DMABUF, &d), "no dmabuf registration");
+        CHECK(never ? d.len == 4096 : d.iova == (uintptr_t)g && d.len == 2 * MiB,
+              "local registration covers 0x%llx+%zu (DRC_VERBS_WIDEN=%s)", (unsigned long long)d.iova, d.len,
+              mode ? mode : "");
+    }
+    CHECK(ibv_dereg_mr(remote) == 0 && ibv_dereg_mr(local) == 0 && ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0,
+          "MRs left");
+}
+
+/* DRC_VERBS=off: the front forwards everything untouched. */
+static void verbs_off(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(2 * MiB);
+    struct ibv_mr *a;
+    size_t from = ibvd_ncalls();
+
+    a = ibv_reg_mr(pd, g, 4096, ACCESS);
+    CHECK(a && since(from, IBVD_REG_VA) == 1 && since(from, IBVD_REG_DMABUF) == 0, "not passed through");
+    CHECK(ibv_dereg_mr(a) == 0 && since(from, IBVD_DEREG) == 1, "dereg not passed through");
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
+/*
+ * For the DRC_LOG test, shaped like an upstream transfer engine's life: 12 MRs on one PD (a buffer, then
+ * 11 tensors inside it), all deregistered, the PD deallocated, then exit. The parent reads stderr.
+ */
 static void log_run(void)
 {
     struct ibv_pd *pd = open_pd();
     char *g = gpu_alloc(2 * MiB);
-    struct ibv_mr *a = ibv_reg_mr(pd, g, 1 * MiB, ACCESS), *b = ibv_reg_mr(pd, g, 4096, ACCESS);
+    struct ibv_mr *mr[12];
+    int i;
 
-    check_caller_mr(a, pd, g, 1 * MiB);
-    check_caller_mr(b, pd, g, 4096);
-    CHECK(ibv_dereg_mr(a) == 0 && ibv_dereg_mr(b) == 0, "dereg");
+    mr[0] = ibv_reg_mr(pd, g, 1 * MiB, ACCESS);
+    check_caller_mr(mr[0], pd, g, 1 * MiB);
+    for (i = 1; i < 12; i++) {
+        mr[i] = ibv_reg_mr(pd, g + (size_t)i * 65536, 4096, ACCESS);
+        check_caller_mr(mr[i], pd, g + (size_t)i * 65536, 4096);
+    }
+    for (i = 0; i < 12; i++)
+        CHECK(ibv_dereg_mr(mr[i]) == 0, "dereg %d", i);
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left after ibv_dealloc_pd");
 }
 
 int main(int argc, char **argv)
@@ -451,6 +573,7 @@ int main(int argc, char **argv)
         { "passthrough", passthrough, 0 }, { "host_munmap", host_munmap, 0 }, { "host_madvise", host_madvise, 0 },
         { "host_jemalloc", host_jemalloc, 0 }, { "host_passthrough", host_passthrough, 1 },
         { "gpu_free", gpu_free, 1 },     { "private_dlopen", private_dlopen, 1 }, { "log", log_run, 1 },
+        { "tent", tent, 1 },             { "verbs_off", verbs_off, 1 },     { "widen", widen, 1 },
     };
     size_t i;
 

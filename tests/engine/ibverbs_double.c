@@ -29,8 +29,10 @@ static struct dmr *mrs;
 static size_t nlive;
 static uint32_t next_key = 0x100;
 static uintptr_t probe;
-static size_t counts[5];           /* per op, not capped like the record */
+static size_t counts[IBVD_NOPS];   /* per op, not capped like the record */
 static unsigned long long reg_bytes;
+static int fail_reg, probe_errno = EBADF, dereg_ret, query_ret;    /* controls, under lock */
+static unsigned long long query_max_mr;
 
 
 static struct ibv_device device;
@@ -73,6 +75,40 @@ void ibvd_reset(void)
     ncalls = 0;
     memset(counts, 0, sizeof(counts));
     reg_bytes = 0;
+    fail_reg = 0;
+    probe_errno = EBADF;
+    dereg_ret = 0;
+    query_ret = 0;
+    query_max_mr = 0;
+    pthread_mutex_unlock(&lock);
+}
+
+void ibvd_fail_next_reg(int err)
+{
+    pthread_mutex_lock(&lock);
+    fail_reg = err;
+    pthread_mutex_unlock(&lock);
+}
+
+void ibvd_set_probe_errno(int err)
+{
+    pthread_mutex_lock(&lock);
+    probe_errno = err;
+    pthread_mutex_unlock(&lock);
+}
+
+void ibvd_set_dereg_ret(int ret)
+{
+    pthread_mutex_lock(&lock);
+    dereg_ret = ret;
+    pthread_mutex_unlock(&lock);
+}
+
+void ibvd_set_query(int ret, unsigned long long max_mr_size)
+{
+    pthread_mutex_lock(&lock);
+    query_ret = ret;
+    query_max_mr = max_mr_size;
     pthread_mutex_unlock(&lock);
 }
 
@@ -108,7 +144,7 @@ size_t ibvd_count(enum ibvd_op op)
     size_t n;
 
     pthread_mutex_lock(&lock);
-    n = op >= 1 && op <= 4 ? counts[op] : 0;
+    n = op >= 1 && op < IBVD_NOPS ? counts[op] : 0;
     pthread_mutex_unlock(&lock);
     return n;
 }
@@ -162,14 +198,21 @@ int ibv_close_device(struct ibv_context *ctx)
 int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr)
 {
     const char *max = getenv("IBVD_MAX_MR_SIZE");
+    struct ibvd_call c = { .op = IBVD_QUERY, .ctx = ctx, .fd = -1 };
+    int ret;
 
-    (void)ctx;
-    memset(attr, 0, sizeof(*attr));
-    snprintf(attr->fw_ver, sizeof(attr->fw_ver), "double");
-    attr->max_mr_size = max ? strtoull(max, NULL, 0) : 1ull << 40;
-    attr->max_mr = 1 << 24;
-    attr->max_pd = 1 << 16;
-    return 0;
+    pthread_mutex_lock(&lock);
+    ret = c.ret = query_ret;
+    record(&c);
+    if (!ret) {
+        memset(attr, 0, sizeof(*attr));
+        snprintf(attr->fw_ver, sizeof(attr->fw_ver), "double");
+        attr->max_mr_size = query_max_mr ? query_max_mr : max ? strtoull(max, NULL, 0) : 1ull << 40;
+        attr->max_mr = 1 << 24;
+        attr->max_pd = 1 << 16;
+    }
+    pthread_mutex_unlock(&lock);
+    return ret;
 }
 
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
@@ -188,12 +231,15 @@ struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
 
 int ibv_dealloc_pd(struct ibv_pd *pd)
 {
+    struct ibvd_call c = { .op = IBVD_DEALLOC_PD, .pd = pd, .fd = -1 };
     struct dmr *m;
     int busy = 0;
 
     pthread_mutex_lock(&lock);
     for (m = mrs; m; m = m->next)
         busy |= m->mr.pd == pd;
+    c.ret = busy ? EBUSY : 0;
+    record(&c);
     pthread_mutex_unlock(&lock);
     if (busy)
         return EBUSY;
@@ -209,6 +255,14 @@ static struct ibv_mr *make_mr(struct ibvd_call *c, struct ibv_pd *pd, void *addr
         errno = EINVAL;
         return NULL;
     }
+    pthread_mutex_lock(&lock);
+    if (fail_reg) {
+        errno = fail_reg;
+        fail_reg = 0;
+        pthread_mutex_unlock(&lock);
+        return NULL;
+    }
+    pthread_mutex_unlock(&lock);
     m = calloc(1, sizeof(*m));
     if (!m) {
         errno = ENOMEM;
@@ -266,6 +320,15 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t leng
     char path[64];
     ssize_t n;
 
+    if (fd == -1 && offset == 0 && length == 0 && iova == 0 && access == 0) {
+        pthread_mutex_lock(&lock);
+        c.op = IBVD_PROBE;
+        c.ret = probe_errno;
+        record(&c);
+        pthread_mutex_unlock(&lock);
+        errno = c.ret;
+        return NULL;
+    }
     if (fd < 0 || fcntl(fd, F_GETFD) < 0) {
         errno = EBADF;
         return NULL;
@@ -274,7 +337,7 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t leng
     n = readlink(path, c.fd_link, sizeof(c.fd_link) - 1);
     c.fd_link[n > 0 ? n : 0] = 0;
     c.fd_size = (long long)lseek(fd, 0, SEEK_END);
-    if (c.fd_size >= 0 && offset + length > (unsigned long long)c.fd_size) {
+    if (c.fd_size > 0 && offset + length > (unsigned long long)c.fd_size) {    /* 0: /dev/null, no size */
         errno = EINVAL;     /* the kernel refuses a range past the end of the dmabuf */
         return NULL;
     }
@@ -334,8 +397,26 @@ int ibv_dereg_mr(struct ibv_mr *mr)
                 c.first_byte = b;
         }
     }
+    c.ret = dereg_ret;
     record(&c);
     pthread_mutex_unlock(&lock);
     free(m);
-    return 0;
+    return c.ret;
+}
+
+int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    struct ibvd_call c = { .op = IBVD_REREG, .mr = mr, .pd = pd, .addr = (uintptr_t)addr, .len = length,
+                           .access = (unsigned)access, .fd = -1, .kind = flags };
+    struct dmr *m;
+
+    pthread_mutex_lock(&lock);
+    for (m = mrs; m && &m->mr != mr; m = m->next)
+        ;
+    c.ret = m && flags == IBV_REREG_MR_CHANGE_ACCESS ? 0 : IBV_REREG_MR_ERR_INPUT;
+    record(&c);
+    pthread_mutex_unlock(&lock);
+    if (c.ret)
+        errno = EINVAL;
+    return c.ret;
 }

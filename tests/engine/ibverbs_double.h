@@ -14,7 +14,13 @@
  * dmabuf registration: what the fd is and how large). ibv_dereg_mr of an MR
  * it did not make is recorded and refused with EINVAL (the real library
  * would corrupt memory). ibv_dealloc_pd fails with EBUSY while MRs of the PD
- * are registered, as the kernel does. Thread-safe.
+ * are registered, as the kernel does. ibv_rereg_mr records its call and
+ * changes the access of an MR it made (EINVAL for any other). Thread-safe.
+ *
+ * The ONE verbs double of the tests: the engine tests find it through
+ * LD_LIBRARY_PATH, the in-process tests (tests/verbs/) dlopen it by path and
+ * fill drc's verbs ops table from it (drc__verbs_ops_dlopen), then steer it
+ * with the ibvd_* controls below (failures, the probe's answer, max_mr_size).
  */
 #ifndef IBVERBS_DOUBLE_H
 #define IBVERBS_DOUBLE_H
@@ -25,19 +31,28 @@
 struct ibv_pd;
 struct ibv_mr;
 
-enum ibvd_op { IBVD_REG_VA = 1, IBVD_REG_DMABUF = 2, IBVD_DEREG = 3, IBVD_DEREG_UNKNOWN = 4 };
+enum ibvd_op {
+    IBVD_REG_VA = 1, IBVD_REG_DMABUF = 2, IBVD_DEREG = 3, IBVD_DEREG_UNKNOWN = 4,
+    IBVD_PROBE = 5,         /* ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0): drc's buffer-less dmabuf probe */
+    IBVD_QUERY = 6,         /* ibv_query_device */
+    IBVD_REREG = 7,         /* ibv_rereg_mr, whatever it answered */
+    IBVD_DEALLOC_PD = 8,    /* ibv_dealloc_pd, whatever it answered */
+    IBVD_NOPS
+};
 
 struct ibvd_call {
     enum ibvd_op op;
     const struct ibv_pd *pd;
-    const struct ibv_mr *mr;    /* the MR made or released */
+    const void *ctx;            /* QUERY: the context asked */
+    const struct ibv_mr *mr;    /* the MR made, released or re-registered */
+    int ret;                    /* QUERY, REREG, DEALLOC_PD, DEREG: what the call returned; PROBE: its errno */
     uintptr_t addr;             /* REG_VA: the address; REG_DMABUF: the iova; DEREG: what the MR covered */
     size_t len;
     uint64_t iova, offset;      /* offset: REG_DMABUF only */
     int fd;                     /* REG_DMABUF */
     unsigned access;
     uint32_t lkey, rkey;
-    int kind;                   /* DEREG: the op that made the MR */
+    int kind;                   /* DEREG: the op that made the MR; REREG: the flags */
     int mapped;                 /* DEREG of a VA MR: 1 if every page of the range was still mapped */
     int first_byte;             /* DEREG of a VA MR: the byte ibvd_probe() named if the MR covers it, else
                                  * the range's first byte, as it was then; -1 if unmapped */
@@ -48,8 +63,16 @@ struct ibvd_call {
 /* Calls recorded so far (the first 65,536); ibvd_call copies the i-th (0 if there is none). */
 size_t ibvd_ncalls(void);
 int ibvd_call(size_t i, struct ibvd_call *out);
-/* Forget the record (MRs stay registered). */
+/* Forget the record (MRs stay registered) and put every control below back to its default. */
 void ibvd_reset(void);
+/* The next registration (VA or dmabuf, not the probe) fails with errno @err (0: none fails). */
+void ibvd_fail_next_reg(int err);
+/* The errno of drc's buffer-less dmabuf probe: EBADF (the default) says "this NIC does dmabuf". */
+void ibvd_set_probe_errno(int err);
+/* ibv_dereg_mr releases the MR and returns @ret (default 0). */
+void ibvd_set_dereg_ret(int ret);
+/* ibv_query_device returns @ret, and reports @max_mr_size (0: $IBVD_MAX_MR_SIZE, else 1 TiB). */
+void ibvd_set_query(int ret, unsigned long long max_mr_size);
 /* MRs registered now, and whether @lkey is one of them. */
 size_t ibvd_live(void);
 int ibvd_lkey_live(uint32_t lkey);

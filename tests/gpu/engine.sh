@@ -9,7 +9,7 @@ D=$(pwd)/.deps
 [ -d "$D" ] && export C_INCLUDE_PATH="$D/include" LIBRARY_PATH="$D/lib"
 echo "== drc engine GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n)"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/== GPU: /'
-T="$B/libdrc_verbs.so $B/engine/engine_child $B/engine/libibverbs.so.1 $B/bench/bench_engine"
+T="$B/libdrc_verbs.so $B/engine/engine_child $B/engine/tent_child $B/engine/libibverbs.so.1 $B/bench/bench_engine"
 make -s B="$B" $T >/dev/null 2>&1 || { echo "== build with -Werror FAILED: building with warnings off";
     make -s B="$B" WARN=-w $T; } || { echo "== build FAILED"; exit 1; }
 # the double and jemalloc on the library path; libcuda is the real driver
@@ -23,10 +23,14 @@ run() {
     rc=$?
     [ "$rc" -eq 0 ] || { fail=$((fail + 1)); echo "== FAILED (exit $rc): $*"; }
 }
-for s in gpu_dedup overlap refcount passthrough host_munmap host_madvise host_jemalloc gpu_free private_dlopen; do
+for s in gpu_dedup overlap refcount passthrough host_munmap host_madvise host_jemalloc gpu_free private_dlopen tent; do
     run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" "$C" "$s"
 done
 run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_VERBS_HOST=passthrough "$C" host_passthrough
+run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_VERBS=off "$C" verbs_off
+run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" "$C" widen
+run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_VERBS_WIDEN=always "$C" widen
+run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" "$B/engine/tent_child"
 run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_LOG=info "$C" log
 echo "== control: gpu_dedup without the preload must fail"
 env LD_LIBRARY_PATH="$L" "$C" gpu_dedup

@@ -1,10 +1,10 @@
 /*
- * Tests of drc_reg_mr / drc_dereg_mr / drc_pd_release (src/regmr.c): the
- * two-line patch a transfer engine applies, checked the way the engine would
- * see it. libibverbs is a DOUBLE here (-Wl,--wrap of ibv_reg_mr_iova2,
- * ibv_reg_dmabuf_mr, ibv_dereg_mr, ibv_query_device: there is no NIC in
- * CI) that records each registration; CUDA is the fake driver table of
- * fake_cuda.h (no GPU in CI).
+ * Tests of drc_reg_mr / drc_dereg_mr / drc_pd_release (src/verbs/regmr.c):
+ * the two-line patch a transfer engine applies, checked the way the engine
+ * would see it. libibverbs is the ONE verbs double (the recording
+ * tests/engine/libibverbs.so.1, dlopen'ed and installed as drc's verbs ops
+ * table: tests/verbs/verbs_double.h; there is no NIC in CI); CUDA is the
+ * fake driver table of fake_cuda.h (no GPU in CI).
  */
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -20,94 +20,34 @@
 #include "drc.h"
 #include "drc_verbs.h"
 #include "fake_cuda.h"
+#include "verbs_double.h"
 
 #define MiB (1ul << 20)
 #define GPU 0x7f0000000000ul
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
-/* ---- the libibverbs double ---- */
-enum { DMABUF = 1, VA = 2 };
-
-static struct {
-    int regs[3];                /* by kind */
-    int deregs, live;
-    int reg_errno;              /* next registration fails with this */
-    struct ibv_mr *last;        /* the last MR made */
-    struct ibv_mr *deregged;    /* the last MR released */
-    uint64_t max_mr_size;       /* what ibv_query_device reports; 0: 1 TiB */
-} v;
-
 static struct ibv_context ctx_a, ctx_b;
 static struct ibv_pd pd_a = { .context = &ctx_a }, pd_b = { .context = &ctx_b };
-static uint32_t next_key = 0x100;
 
-static struct ibv_mr *new_mr(struct ibv_pd *pd, int kind, void *addr, size_t len)
+/* The last MR the double made, or released (NULL if none). */
+static struct ibv_mr *last_of(enum ibvd_op a, enum ibvd_op b)
 {
-    struct ibv_mr *mr;
+    struct ibvd_call c;
+    struct ibv_mr *mr = NULL;
+    size_t i;
 
-    if (v.reg_errno) {
-        errno = v.reg_errno;
-        v.reg_errno = 0;
-        return NULL;
-    }
-    mr = calloc(1, sizeof(*mr));
-    assert_non_null(mr);
-    *mr = (struct ibv_mr){ .context = pd->context, .pd = pd, .addr = addr, .length = len,
-                           .handle = next_key, .lkey = next_key, .rkey = next_key + 0x10000 };
-    next_key++;
-    v.regs[kind]++;
-    v.live++;
-    v.last = mr;
+    for (i = 0; vd.call(i, &c); i++)
+        if (c.op == a || c.op == b)
+            mr = (struct ibv_mr *)c.mr;
     return mr;
 }
-
-struct ibv_mr *__wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
-                                        int access);
-struct ibv_mr *__wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
-                                        int access)
-{
-    (void)iova;
-    (void)access;
-    if (fd == -1) {
-        errno = EBADF;      /* the buffer-less probe: a NIC that does dmabuf */
-        return NULL;
-    }
-    return new_mr(pd, DMABUF, (void *)(uintptr_t)offset, length);  /* rdma-core leaves the offset in addr */
-}
-
-struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-                                       unsigned access);
-struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-                                       unsigned access)
-{
-    (void)iova;
-    (void)access;
-    return new_mr(pd, VA, addr, length);
-}
-
-int __wrap_ibv_dereg_mr(struct ibv_mr *mr);
-int __wrap_ibv_dereg_mr(struct ibv_mr *mr)
-{
-    v.deregs++;
-    v.live--;
-    v.deregged = mr;
-    free(mr);
-    return 0;
-}
-
-int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr);
-int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr)
-{
-    (void)ctx;
-    memset(attr, 0, sizeof(*attr));
-    attr->max_mr_size = v.max_mr_size ? v.max_mr_size : 1ull << 40;
-    return 0;
-}
+#define LAST_MR() last_of(IBVD_REG_VA, IBVD_REG_DMABUF)
+#define LAST_DEREGGED() last_of(IBVD_DEREG, IBVD_DEREG)
 
 static int setup(void **state)
 {
     (void)state;
-    memset(&v, 0, sizeof(v));
+    vd.reset();
     fc_reset();
     fc_add(GPU, 64 * MiB, 0, 1);
     return 0;
@@ -119,7 +59,8 @@ static int teardown(void **state)
     (void)state;
     assert_int_equal(drc_pd_release(&pd_a), 0);
     assert_int_equal(drc_pd_release(&pd_b), 0);
-    assert_int_equal(v.live, 0);
+    assert_int_equal(drc_reg_mr_configure(NULL), 0);
+    assert_int_equal(vd.live(), 0);
     return 0;
 }
 
@@ -139,12 +80,12 @@ static void test_nested_gpu_registrations_share_one_mr(void **state)
 
     (void)state;
     whole = drc_reg_mr(&pd_a, (void *)GPU, 64 * MiB, RW);
-    cached = v.last;
+    cached = LAST_MR();
     part = drc_reg_mr(&pd_a, (void *)(GPU + 4096 + 7), 100, RW);
     check_caller_mr(whole, &pd_a, GPU, 64 * MiB);
     check_caller_mr(part, &pd_a, GPU + 4096 + 7, 100);
-    assert_int_equal(v.regs[DMABUF], 1);
-    assert_int_equal(v.regs[VA], 0);
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
+    assert_int_equal(vd.count(IBVD_REG_VA), 0);
     assert_ptr_not_equal(whole, cached);
     assert_ptr_not_equal(part, whole);
     assert_int_equal(whole->lkey, cached->lkey);
@@ -152,7 +93,7 @@ static void test_nested_gpu_registrations_share_one_mr(void **state)
     assert_int_equal(part->handle, cached->handle);
     assert_int_equal(drc_dereg_mr(part), 0);
     assert_int_equal(drc_dereg_mr(whole), 0);
-    assert_int_equal(v.deregs, 0);      /* idle, cached */
+    assert_int_equal(vd.count(IBVD_DEREG), 0);      /* idle, cached */
 }
 
 /* Each drc_dereg_mr drops one reference; drc_pd_release refuses while one is held. */
@@ -165,13 +106,13 @@ static void test_dereg_is_refcounted_and_pd_release_waits(void **state)
     b = drc_reg_mr(&pd_a, (void *)GPU, 2 * MiB, RW);
     assert_non_null(a);
     assert_non_null(b);
-    assert_int_equal(v.regs[DMABUF], 1);
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
     assert_int_equal(drc_dereg_mr(a), 0);
     assert_int_equal(drc_pd_release(&pd_a), -EBUSY);
-    assert_int_equal(v.live, 1);
+    assert_int_equal(vd.live(), 1);
     assert_int_equal(drc_dereg_mr(b), 0);
     assert_int_equal(drc_pd_release(&pd_a), 0);
-    assert_int_equal(v.deregs, 1);
+    assert_int_equal(vd.count(IBVD_DEREG), 1);
 }
 
 /* Access bits drc cannot share go to ibv_reg_mr as asked, and drc_dereg_mr hands them back to ibv_dereg_mr. */
@@ -183,10 +124,10 @@ static void test_uncacheable_access_passes_through(void **state)
     (void)state;
     mr = drc_reg_mr(&pd_a, buf, sizeof(buf), RW | IBV_ACCESS_ON_DEMAND);
     assert_non_null(mr);
-    assert_ptr_equal(mr, v.last);   /* the library's own MR */
+    assert_ptr_equal(mr, LAST_MR());   /* the library's own MR */
     assert_int_equal(drc_dereg_mr(mr), 0);
-    assert_ptr_equal(v.deregged, mr);
-    assert_int_equal(v.deregs, 1);
+    assert_ptr_equal(LAST_DEREGGED(), mr);
+    assert_int_equal(vd.count(IBVD_DEREG), 1);
 }
 
 static void test_bad_arguments_and_failures_set_errno(void **state)
@@ -198,7 +139,7 @@ static void test_bad_arguments_and_failures_set_errno(void **state)
     errno = 0;
     assert_null(drc_reg_mr(&pd_a, (void *)GPU, 0, RW));
     assert_int_equal(errno, EINVAL);
-    v.reg_errno = ENOMEM;
+    vd.fail_next_reg(ENOMEM);
     errno = 0;
     assert_null(drc_reg_mr(&pd_a, (void *)GPU, 4096, RW));
     assert_int_equal(errno, ENOMEM);
@@ -217,13 +158,13 @@ static void test_invalidated_while_held(void **state)
     assert_non_null(held);
     old = held->lkey;
     assert_int_equal(drc_notify_free((void *)GPU, 64 * MiB), 1);
-    assert_int_equal(v.live, 1);
+    assert_int_equal(vd.live(), 1);
     fresh = drc_reg_mr(&pd_a, (void *)GPU, 4 * MiB, RW);
     assert_non_null(fresh);
     assert_int_not_equal(fresh->lkey, old);
-    assert_int_equal(v.regs[DMABUF], 2);
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 2);
     assert_int_equal(drc_dereg_mr(held), 0);
-    assert_int_equal(v.live, 1);        /* the stale one went at its last dereg */
+    assert_int_equal(vd.live(), 1);        /* the stale one went at its last dereg */
     assert_int_equal(drc_dereg_mr(fresh), 0);
 }
 
@@ -240,7 +181,7 @@ static void test_host_memory_and_two_pds(void **state)
     check_caller_mr(a1, &pd_a, (uintptr_t)buf, sizeof(buf));
     check_caller_mr(a2, &pd_a, (uintptr_t)buf + 100, 50);
     check_caller_mr(b1, &pd_b, (uintptr_t)buf, sizeof(buf));
-    assert_int_equal(v.regs[VA], 2);    /* one per PD */
+    assert_int_equal(vd.count(IBVD_REG_VA), 2);    /* one per PD */
     assert_int_equal(a1->lkey, a2->lkey);
     assert_int_not_equal(a1->lkey, b1->lkey);
     assert_int_equal(drc_dereg_mr(a1), 0);
@@ -248,20 +189,61 @@ static void test_host_memory_and_two_pds(void **state)
     assert_int_equal(drc_dereg_mr(b1), 0);
 }
 
-/* A small GPU registration registers its whole allocation: later tensors of it are hits. */
+/* A small local-only GPU registration registers its whole allocation: later tensors of it are hits. */
 static void test_gpu_registration_covers_the_allocation(void **state)
 {
     struct ibv_mr *a, *b;
 
     (void)state;
-    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, RW);
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_LOCAL_WRITE);
     check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
-    assert_int_equal(v.last->length, 64 * MiB);
-    b = drc_reg_mr(&pd_a, (void *)(GPU + 40 * MiB), 3 * MiB, RW);
+    assert_int_equal(LAST_MR()->length, 64 * MiB);
+    b = drc_reg_mr(&pd_a, (void *)(GPU + 40 * MiB), 3 * MiB, IBV_ACCESS_LOCAL_WRITE);
     check_caller_mr(b, &pd_a, GPU + 40 * MiB, 3 * MiB);
-    assert_int_equal(v.regs[DMABUF], 1);
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
     assert_int_equal(drc_dereg_mr(a), 0);
     assert_int_equal(drc_dereg_mr(b), 0);
+}
+
+/*
+ * An rkey grants only what was asked: a GPU registration asking remote access is not widened to its
+ * allocation (a peer holding a read-only rkey for a 4 KiB tensor used to be able to reach all 64 MiB),
+ * unless the user opts in with DRC_F_WIDEN_REMOTE; DRC_F_NO_WIDEN stops widening of local ones too.
+ */
+static void test_remote_access_is_not_widened_unless_asked(void **state)
+{
+    struct drc_config cfg = { 0 };
+    struct ibvd_call c;
+    struct ibv_mr *a;
+
+    (void)state;
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_REMOTE_READ);
+    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    assert_true(vd_reg(0, &c));
+    assert_true(c.iova == GPU + 5 * MiB && c.len == 4096);     /* the page of the range asked */
+    assert_int_equal(c.access, IBV_ACCESS_REMOTE_READ);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    assert_int_equal(drc_pd_release(&pd_a), 0);
+    /* opted in: widened */
+    cfg.flags = DRC_F_WIDEN_REMOTE;
+    assert_int_equal(drc_reg_mr_configure(&cfg), 0);
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, RW);
+    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    assert_true(vd_reg(1, &c));
+    assert_true(c.iova == GPU && c.len == 64 * MiB);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    assert_int_equal(drc_pd_release(&pd_a), 0);
+    /* never: not even a local-only registration */
+    cfg.flags = DRC_F_NO_WIDEN;
+    assert_int_equal(drc_reg_mr_configure(&cfg), 0);
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    assert_true(vd_reg(2, &c));
+    assert_true(c.iova == GPU + 5 * MiB && c.len == 4096);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    /* both at once is a contradiction */
+    cfg.flags = DRC_F_NO_WIDEN | DRC_F_WIDEN_REMOTE;
+    assert_int_equal(drc_reg_mr_configure(&cfg), -EINVAL);
 }
 
 /* An allocation larger than max_mr_size: the range as asked is registered. */
@@ -270,11 +252,11 @@ static void test_allocation_too_large_for_the_device(void **state)
     struct ibv_mr *a;
 
     (void)state;
-    v.max_mr_size = 16 * MiB;
-    a = drc_reg_mr(&pd_a, (void *)(GPU + 4096), 8192, RW);
+    vd.set_query(0, 16 * MiB);
+    a = drc_reg_mr(&pd_a, (void *)(GPU + 4096), 8192, IBV_ACCESS_LOCAL_WRITE);   /* would be widened */
     check_caller_mr(a, &pd_a, GPU + 4096, 8192);
-    assert_int_equal(v.regs[DMABUF], 1);
-    assert_int_equal(v.last->length, 8192);
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
+    assert_int_equal(LAST_MR()->length, 8192);
     assert_int_equal(drc_dereg_mr(a), 0);
 }
 
@@ -288,8 +270,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_invalidated_while_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_memory_and_two_pds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_registration_covers_the_allocation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_access_is_not_widened_unless_asked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_allocation_too_large_for_the_device, setup, teardown),
     };
 
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, vd_load, NULL);
 }

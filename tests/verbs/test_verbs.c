@@ -1,12 +1,15 @@
 /*
- * Tests of src/verbs.c with doubles: libibverbs is replaced at link time
- * (-Wl,--wrap of ibv_reg_dmabuf_mr, ibv_reg_mr_iova2, ibv_reg_mr,
- * ibv_dereg_mr, ibv_query_device, and close to count fd closes) and CUDA by
- * the fake driver table of tests/fake_cuda.h; /sys/module is a temporary
- * folder. There is no NIC and no GPU in CI. Each test checks what a user
- * would: the exact arguments of every registration, the method chosen and
- * why, the dmabuf fd closed exactly once, and nothing left after a failure.
+ * Tests of src/verbs/verbs.c against the ONE verbs double: the recording
+ * libibverbs (tests/engine/ibverbs_double.c), dlopen'ed by path and installed
+ * as drc's verbs ops table (tests/verbs/verbs_double.h). CUDA is the fake
+ * driver table of tests/fake_cuda.h; /sys/module is a temporary folder;
+ * close() is counted by a definition of close here (the library objects are
+ * linked into this program). There is no NIC and no GPU in CI. Each test
+ * checks what a user would: the exact arguments of every registration, the
+ * method chosen and why, the dmabuf fd closed exactly once, and nothing left
+ * after a failure.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <setjmp.h>
@@ -22,112 +25,43 @@
 #include "drc_verbs.h"
 #include "fake_cuda.h"
 #include "verbs/verbs.h"
+#include "verbs_double.h"
 
 #define MiB (1ul << 20)
 #define GPU 0x7f0000000000ul
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
-/* ---- the libibverbs double ------------------------------------------------ */
-enum { KIND_DMABUF = 1, KIND_VA = 2 };
-
-struct call {
-    int kind;
-    uint64_t offset, iova;
-    uintptr_t addr;
-    size_t len;
-    int fd, access, fd_open;
-};
-
-static struct {
-    struct call calls[32];
-    int ncalls, probes, deregs, live, queries;
-    int probe_errno;            /* errno of the buffer-less probe */
-    int reg_errno;              /* next registration fails with this */
-    int dereg_ret;              /* ibv_dereg_mr returns this */
-    int query_ret;
-    uint64_t max_mr_size;
-    int closes[64];             /* close() calls per fd */
-} v;
-
 static struct ibv_context fake_ctx;
 static struct ibv_pd fake_pd = { .context = &fake_ctx };
 
-static struct ibv_mr *new_mr(void)
-{
-    struct ibv_mr *mr;
+/* close() calls per fd, counted here: drc's objects are linked into this program. */
+static int closes[64];
 
-    if (v.reg_errno) {
-        errno = v.reg_errno;
-        v.reg_errno = 0;
-        return NULL;
-    }
-    mr = calloc(1, sizeof(*mr));
-    mr->pd = &fake_pd;
-    mr->lkey = 0x100 + (uint32_t)v.ncalls;
-    mr->rkey = 0x200 + (uint32_t)v.ncalls;
-    v.live++;
-    return mr;
-}
-
-struct ibv_mr *__wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
-                                        int access);
-struct ibv_mr *__wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
-                                        int access)
+int close(int fd)
 {
-    assert_ptr_equal(pd, &fake_pd);
-    if (fd == -1 && length == 0 && offset == 0 && iova == 0 && access == 0) {
-        v.probes++;
-        errno = v.probe_errno;
-        return NULL;
-    }
-    v.calls[v.ncalls++] = (struct call){ KIND_DMABUF, offset, iova, 0, length, fd, access, fd_is_open(fd) };
-    return new_mr();
-}
+    static int (*real_close)(int);
 
-struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-                                       unsigned access);
-struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-                                       unsigned access)
-{
-    assert_ptr_equal(pd, &fake_pd);
-    v.calls[v.ncalls++] = (struct call){ KIND_VA, 0, iova, (uintptr_t)addr, length, -1, (int)access, 0 };
-    return new_mr();
-}
-
-struct ibv_mr *__wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access);
-struct ibv_mr *__wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
-{
-    return __wrap_ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned)access);
-}
-
-int __wrap_ibv_dereg_mr(struct ibv_mr *mr);
-int __wrap_ibv_dereg_mr(struct ibv_mr *mr)
-{
-    v.deregs++;
-    v.live--;
-    free(mr);
-    return v.dereg_ret;
-}
-
-int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr);
-int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr)
-{
-    assert_ptr_equal(ctx, &fake_ctx);
-    v.queries++;
-    if (v.query_ret)
-        return v.query_ret;
-    memset(attr, 0, sizeof(*attr));
-    attr->max_mr_size = v.max_mr_size;
-    return 0;
-}
-
-int __real_close(int fd);
-int __wrap_close(int fd);
-int __wrap_close(int fd)
-{
+    if (!real_close)
+        *(void **)&real_close = dlsym(RTLD_NEXT, "close");
     if (fd >= 0 && fd < 64)
-        v.closes[fd]++;
-    return __real_close(fd);
+        closes[fd]++;
+    return real_close(fd);
+}
+
+/* Registrations (VA and dmabuf) recorded since the test began. */
+static size_t nregs(void)
+{
+    return vd.count(IBVD_REG_VA) + vd.count(IBVD_REG_DMABUF);
+}
+
+/* The @n-th registration, checked to be on our PD. */
+static struct ibvd_call reg_call(int n)
+{
+    struct ibvd_call c;
+
+    assert_true(vd_reg(n, &c));
+    assert_ptr_equal(c.pd, &fake_pd);
+    return c;
 }
 
 /* ---- fixtures ---------------------------------------------------------------- */
@@ -149,9 +83,8 @@ static int setup(void **state)
     char path[128];
 
     (void)state;
-    memset(&v, 0, sizeof(v));
-    v.probe_errno = EBADF;
-    v.max_mr_size = 1ull << 40;
+    vd.reset();
+    memset(closes, 0, sizeof(closes));
     fc_reset();
     fc_add(GPU, 64 * MiB, 0, 1);
     fc_add(GPU + 64 * MiB, 64 * MiB, 1, 2);
@@ -177,7 +110,7 @@ static int teardown(void **state)
     rmdir(path);
     rmdir(sysroot);
     drc__verbs_set_sysfs_root(NULL);
-    assert_int_equal(v.live, 0);    /* every MR deregistered */
+    assert_int_equal(vd.live(), 0);     /* every MR deregistered */
     return 0;
 }
 
@@ -205,22 +138,28 @@ static void host_memory_via_reg_mr_iova2(void **state)
     struct ibv_mr *mr;
 
     (void)state;
-    assert_int_equal(v.queries, 1);
+    assert_int_equal(vd.count(IBVD_QUERY), 1);
+    {
+        struct ibvd_call q;
+
+        assert_true(vd_nth(IBVD_QUERY, 0, &q));
+        assert_ptr_equal(q.ctx, &fake_ctx);     /* the PD's own context */
+    }
     assert_int_equal(drc_get(c, buf + 100, 5000, RW | IBV_ACCESS_MW_BIND, &r), 0);
-    assert_int_equal(v.ncalls, 1);
-    assert_int_equal(v.calls[0].kind, KIND_VA);
-    assert_true(v.calls[0].addr == (uintptr_t)buf && v.calls[0].iova == (uintptr_t)buf);
-    assert_int_equal(v.calls[0].len, 8192);
-    assert_int_equal(v.calls[0].access, RW | IBV_ACCESS_MW_BIND);
+    assert_int_equal(nregs(), 1);
+    assert_int_equal(reg_call(0).op, IBVD_REG_VA);
+    assert_true(reg_call(0).addr == (uintptr_t)buf && reg_call(0).iova == (uintptr_t)buf);
+    assert_int_equal(reg_call(0).len, 8192);
+    assert_int_equal(reg_call(0).access, RW | IBV_ACCESS_MW_BIND);
     mr = drc_region_mr(r);
     assert_non_null(mr);
     assert_int_equal(drc_region_lkey(r), mr->lkey);
     assert_int_equal(drc_region_rkey(r), mr->rkey);
-    assert_int_equal(v.probes, 0);      /* host memory never needs the probe */
+    assert_int_equal(vd.count(IBVD_PROBE), 0);      /* host memory never needs the probe */
     assert_int_equal(drc_cache_verbs_method(c, -1), DRC_METHOD_HOST);
     assert_int_equal(drc_put(c, r), 0);
     assert_int_equal(drc_invalidate(c, buf, sizeof(buf)), 1);
-    assert_int_equal(v.deregs, 1);
+    assert_int_equal(vd.count(IBVD_DEREG), 1);
     finish(c);
 }
 
@@ -231,33 +170,66 @@ static void gpu_memory_via_dmabuf(void **state)
     int fd;
 
     (void)state;
-    assert_int_equal(drc_get(c, (void *)(GPU + 8192 + 7), 4100, RW | IBV_ACCESS_MW_BIND | IBV_ACCESS_REMOTE_ATOMIC,
-                             &r), 0);
-    assert_int_equal(v.probes, 1);
-    assert_int_equal(v.ncalls, 1);
-    assert_int_equal(v.calls[0].kind, KIND_DMABUF);
-    assert_int_equal(v.calls[0].offset, 0);
-    assert_int_equal(v.calls[0].len, 8192);     /* [+8192, +16384): 7 + 4100 crosses a page */
-    assert_true(v.calls[0].iova == GPU + 8192);
+    assert_int_equal(drc_get(c, (void *)(GPU + 8192 + 7), 4100, RW | IBV_ACCESS_REMOTE_ATOMIC, &r), 0);
+    assert_int_equal(vd.count(IBVD_PROBE), 1);
+    assert_int_equal(nregs(), 1);
+    assert_int_equal(reg_call(0).op, IBVD_REG_DMABUF);
+    assert_int_equal(reg_call(0).offset, 0);
+    assert_int_equal(reg_call(0).len, 8192);     /* [+8192, +16384): 7 + 4100 crosses a page */
+    assert_true(reg_call(0).iova == GPU + 8192);
     fd = fc.exports[0].fd;
-    assert_int_equal(v.calls[0].fd, fd);
+    assert_int_equal(reg_call(0).fd, fd);
     assert_true(fc.exports[0].ptr == GPU + 8192 && fc.exports[0].size == 8192);
-    /* MW_BIND is not a bit ibv_reg_dmabuf_mr takes: dropped, the rest passed */
-    assert_int_equal(v.calls[0].access, RW | IBV_ACCESS_REMOTE_ATOMIC);
-    assert_true(v.calls[0].fd_open);
-    assert_int_equal(v.closes[fd], 1);          /* closed once the MR holds it */
+    assert_int_equal(reg_call(0).access, RW | IBV_ACCESS_REMOTE_ATOMIC);
+    assert_int_equal(drc_region_access(r), RW | IBV_ACCESS_REMOTE_ATOMIC);
+    assert_true(reg_call(0).fd_link[0] != 0);
+    assert_int_equal(closes[fd], 1);          /* closed once the MR holds it */
     assert_int_equal(drc_cache_verbs_method(c, 0), DRC_METHOD_DMABUF);
     assert_int_equal(drc_put(c, r), 0);
     /* a second GPU: decided anew, the NIC not probed again */
-    memset(v.closes, 0, sizeof(v.closes));  /* the fd number may be reused */
+    memset(closes, 0, sizeof(closes));  /* the fd number may be reused */
     assert_int_equal(drc_get(c, (void *)(GPU + 64 * MiB), 4096, RW, &r), 0);
-    assert_int_equal(v.probes, 1);
-    assert_int_equal(v.calls[1].kind, KIND_DMABUF);
+    assert_int_equal(vd.count(IBVD_PROBE), 1);
+    assert_int_equal(reg_call(1).op, IBVD_REG_DMABUF);
     assert_int_equal(drc_cache_verbs_method(c, 1), DRC_METHOD_DMABUF);
     assert_int_equal(drc_put(c, r), 0);
-    assert_int_equal(v.closes[fc.exports[1].fd], 1);
+    assert_int_equal(closes[fc.exports[1].fd], 1);
     finish(c);
-    assert_int_equal(v.deregs, 2);
+    assert_int_equal(vd.count(IBVD_DEREG), 2);
+}
+
+/*
+ * A dmabuf MR cannot be bound to a memory window (the kernel takes no MW_BIND for it). drc used to drop
+ * the bit and record it as granted: drc_region_access said MW_BIND, and a later get asking MW_BIND hit
+ * that MR. Now such a get fails, nothing records MW_BIND, and the region that exists keeps serving the
+ * gets it can serve. On host memory and through peermem MW_BIND is registered as asked.
+ */
+static void mw_bind_is_never_granted_on_dmabuf(void **state)
+{
+    static char buf[4096] __attribute__((aligned(4096)));
+    drc_cache_t *c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    drc_region_t *r, *again;
+
+    (void)state;
+    assert_int_equal(drc_get(c, (void *)GPU, 8192, RW | IBV_ACCESS_MW_BIND, &r), -EOPNOTSUPP);
+    assert_int_equal(nregs(), 0);
+    assert_int_equal(closes[fc.exports[0].fd], 1);      /* the export was closed all the same */
+    assert_int_equal(drc_get(c, (void *)GPU, 8192, RW, &r), 0);
+    assert_int_equal(drc_region_access(r), RW);
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &again),
+                     -EOPNOTSUPP);                     /* no hit on the MR that lacks it */
+    assert_int_equal(nregs(), 1);
+    assert_true(drc_region_valid(r));
+    assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &again), 0);
+    assert_ptr_equal(again, r);                        /* and it still serves what it has */
+    assert_int_equal(drc_put(c, again), 0);
+    assert_int_equal(drc_put(c, r), 0);
+    /* host memory: MW_BIND is a bit ibv_reg_mr takes, and is registered */
+    assert_int_equal(drc_get(c, buf, sizeof(buf), RW | IBV_ACCESS_MW_BIND, &r), 0);
+    assert_int_equal(reg_call(1).access, RW | IBV_ACCESS_MW_BIND);
+    assert_int_equal(drc_region_access(r), RW | IBV_ACCESS_MW_BIND);
+    assert_int_equal(drc_put(c, r), 0);
+    finish(c);
 }
 
 static void nic_without_dmabuf_falls_back_to_peermem(void **state)
@@ -266,15 +238,15 @@ static void nic_without_dmabuf_falls_back_to_peermem(void **state)
     drc_region_t *r;
 
     (void)state;
-    v.probe_errno = EOPNOTSUPP;
+    vd.set_probe_errno(EOPNOTSUPP);
     peermem(1);
     c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
     assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), 0);
-    assert_int_equal(v.ncalls, 1);
-    assert_int_equal(v.calls[0].kind, KIND_VA);
-    assert_true(v.calls[0].addr == GPU && v.calls[0].iova == GPU && v.calls[0].len == 4096);
-    assert_int_equal(v.calls[0].access, RW);
-    assert_int_equal(v.closes[fc.exports[0].fd], 1);  /* exported all the same, closed once */
+    assert_int_equal(nregs(), 1);
+    assert_int_equal(reg_call(0).op, IBVD_REG_VA);
+    assert_true(reg_call(0).addr == GPU && reg_call(0).iova == GPU && reg_call(0).len == 4096);
+    assert_int_equal(reg_call(0).access, RW);
+    assert_int_equal(closes[fc.exports[0].fd], 1);  /* exported all the same, closed once */
     assert_int_equal(drc_cache_verbs_method(c, 0), DRC_METHOD_PEERMEM);
     assert_non_null(strstr(drc__verbs_reason(c, 0), "peermem"));
     assert_int_equal(drc_put(c, r), 0);
@@ -287,11 +259,11 @@ static void no_dmabuf_no_peermem_is_a_clear_error(void **state)
     drc_region_t *r;
 
     (void)state;
-    v.probe_errno = EPROTONOSUPPORT;
+    vd.set_probe_errno(EPROTONOSUPPORT);
     c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
     assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), -EOPNOTSUPP);
-    assert_int_equal(v.ncalls, 0);
-    assert_int_equal(v.closes[fc.exports[0].fd], 1);
+    assert_int_equal(nregs(), 0);
+    assert_int_equal(closes[fc.exports[0].fd], 1);
     assert_int_equal(drc_cache_verbs_method(c, 0), -EOPNOTSUPP);
     assert_non_null(strstr(drc__verbs_reason(c, 0), "5.12"));   /* the kernel is what to upgrade */
     assert_string_equal(drc__verbs_advice(-EPROTONOSUPPORT), drc__verbs_reason(c, 0));
@@ -310,13 +282,13 @@ static void gpu_without_dmabuf_export(void **state)
     assert_int_equal(drc_cache_verbs_method(c, 1), -EOPNOTSUPP);
     assert_non_null(strstr(drc__verbs_reason(c, 1), "open kernel module"));
     assert_int_equal(drc_get(c, (void *)(GPU + 64 * MiB), 4096, RW, &r), -EOPNOTSUPP);
-    assert_int_equal(v.ncalls, 0);
+    assert_int_equal(nregs(), 0);
     finish(c);
     /* with peermem loaded, a new cache uses it for that GPU */
     peermem(1);
     c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
     assert_int_equal(drc_get(c, (void *)(GPU + 64 * MiB), 4096, RW, &r), 0);
-    assert_int_equal(v.calls[0].kind, KIND_VA);
+    assert_int_equal(reg_call(0).op, IBVD_REG_VA);
     assert_int_equal(drc_put(c, r), 0);
     finish(c);
 }
@@ -328,20 +300,19 @@ static void policies(void **state)
 
     (void)state;
     /* DMABUF_ONLY never uses peermem, even where it is loaded */
-    v.probe_errno = EOPNOTSUPP;
+    vd.set_probe_errno(EOPNOTSUPP);
     peermem(1);
     c = cache(DRC_DMABUF_ONLY, 0);
     assert_int_equal(drc_cache_verbs_method(c, 0), -EOPNOTSUPP);
     assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), -EOPNOTSUPP);
-    assert_int_equal(v.ncalls, 0);
+    assert_int_equal(nregs(), 0);
     finish(c);
     /* PEERMEM_ONLY never probes nor registers a dmabuf */
-    v.probe_errno = EBADF;
-    v.probes = 0;
+    vd.reset();
     c = cache(DRC_PEERMEM_ONLY, 0);
     assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), 0);
-    assert_int_equal(v.probes, 0);
-    assert_int_equal(v.calls[0].kind, KIND_VA);
+    assert_int_equal(vd.count(IBVD_PROBE), 0);
+    assert_int_equal(reg_call(0).op, IBVD_REG_VA);
     assert_int_equal(drc_cache_verbs_method(c, 0), DRC_METHOD_PEERMEM);
     assert_int_equal(drc_put(c, r), 0);
     finish(c);
@@ -364,15 +335,15 @@ static void policies(void **state)
 static void probe_answers(void **state)
 {
     (void)state;
-    v.probe_errno = EBADF;
+    vd.set_probe_errno(EBADF);
     assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), 0);
-    v.probe_errno = EOPNOTSUPP;
+    vd.set_probe_errno(EOPNOTSUPP);
     assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), -EOPNOTSUPP);
-    v.probe_errno = EPROTONOSUPPORT;
+    vd.set_probe_errno(EPROTONOSUPPORT);
     assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), -EPROTONOSUPPORT);
-    v.probe_errno = EINVAL;     /* unexpected: reported, and dmabuf is tried */
+    vd.set_probe_errno(EINVAL);     /* unexpected: reported, and dmabuf is tried */
     assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), -EINVAL);
-    assert_int_equal(v.probes, 4);
+    assert_int_equal(vd.count(IBVD_PROBE), 4);
     assert_non_null(strstr(drc__verbs_advice(-EOPNOTSUPP), "rdma-core"));
 }
 
@@ -382,21 +353,21 @@ static void max_mr_size_is_never_exceeded(void **state)
     drc_region_t *r;
 
     (void)state;
-    v.max_mr_size = 64 * 1024;
+    vd.set_query(0, 64 * 1024);
     c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
     assert_int_equal(drc_get(c, (void *)GPU, 64 * 1024 + 1, RW, &r), -E2BIG);
-    assert_int_equal(v.ncalls, 0);
+    assert_int_equal(nregs(), 0);
     assert_int_equal(drc_get(c, (void *)GPU, 32 * 1024, RW, &r), 0);
     assert_int_equal(drc_put(c, r), 0);
     /* the union (48 KiB) fits: merged */
     assert_int_equal(drc_get(c, (void *)(GPU + 16 * 1024), 32 * 1024, RW, &r), 0);
-    assert_int_equal(v.calls[1].len, 48 * 1024);
-    assert_true(v.calls[1].iova == GPU);
+    assert_int_equal(reg_call(1).len, 48 * 1024);
+    assert_true(reg_call(1).iova == GPU);
     assert_int_equal(drc_put(c, r), 0);
     /* the union (80 KiB) would not: registered alone */
     assert_int_equal(drc_get(c, (void *)(GPU + 40 * 1024), 40 * 1024, RW, &r), 0);
-    assert_int_equal(v.calls[2].len, 40 * 1024);
-    assert_true(v.calls[2].iova == GPU + 40 * 1024);
+    assert_int_equal(reg_call(2).len, 40 * 1024);
+    assert_true(reg_call(2).iova == GPU + 40 * 1024);
     assert_int_equal(drc_put(c, r), 0);
     assert_string_equal(drc_strerror(-E2BIG),
                         "the range is larger than the RDMA device's max_mr_size: register it in smaller pieces");
@@ -410,21 +381,21 @@ static void registration_failure_leaves_nothing(void **state)
     drc_region_t *r;
 
     (void)state;
-    v.reg_errno = EFAULT;
+    vd.fail_next_reg(EFAULT);
     assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), -EFAULT);
-    assert_int_equal(v.closes[fc.exports[0].fd], 1);
+    assert_int_equal(closes[fc.exports[0].fd], 1);
     drc_cache_stats(c, &s);
     assert_int_equal(s.regions, 0);
-    assert_int_equal(v.live, 0);
+    assert_int_equal(vd.live(), 0);
     /* the next try registers */
     assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), 0);
     assert_int_equal(drc_put(c, r), 0);
     /* a dereg error reaches the last put of an invalidated region */
     assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), 0);
     assert_int_equal(drc_invalidate(c, (void *)GPU, 4096), 1);
-    v.dereg_ret = EBUSY;
+    vd.set_dereg_ret(EBUSY);
     assert_int_equal(drc_put(c, r), -EBUSY);
-    v.dereg_ret = 0;
+    vd.set_dereg_ret(0);
     finish(c);
 }
 
@@ -433,7 +404,7 @@ static void create_failures(void **state)
     drc_cache_t *c = NULL;
 
     (void)state;
-    v.query_ret = ENODEV;
+    vd.set_query(ENODEV, 0);
     assert_int_equal(drc_cache_create_verbs(&fake_pd, NULL, &c), -ENODEV);
     assert_null(c);
 }
@@ -459,6 +430,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(host_memory_via_reg_mr_iova2, setup, teardown),
         cmocka_unit_test_setup_teardown(gpu_memory_via_dmabuf, setup, teardown),
+        cmocka_unit_test_setup_teardown(mw_bind_is_never_granted_on_dmabuf, setup, teardown),
         cmocka_unit_test_setup_teardown(nic_without_dmabuf_falls_back_to_peermem, setup, teardown),
         cmocka_unit_test_setup_teardown(no_dmabuf_no_peermem_is_a_clear_error, setup, teardown),
         cmocka_unit_test_setup_teardown(gpu_without_dmabuf_export, setup, teardown),
@@ -470,5 +442,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(not_a_verbs_cache, setup, teardown),
     };
 
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, vd_load, NULL);
 }

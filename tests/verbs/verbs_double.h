@@ -1,0 +1,100 @@
+/*
+ * The in-process tests' way to the ONE verbs double (tests/engine/ibverbs_double.c,
+ * built as <build>/engine/libibverbs.so.1): dlopen it by path, fill drc's verbs
+ * ops table from it and install that table, and reach its ibvd_* record and
+ * controls through the same handle. Any other library with libibverbs's entry
+ * points (a loopback provider that moves bytes) loads the same way:
+ * vd_load_path("<path>").
+ */
+#ifndef DRC_TEST_VERBS_DOUBLE_H
+#define DRC_TEST_VERBS_DOUBLE_H
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+
+#include "buildpath.h"
+#include "engine/ibverbs_double.h"
+#include "verbs/ops.h"
+
+static struct {
+    void *handle;
+    struct drc__verbs_ops ops;
+    size_t (*ncalls)(void);
+    int (*call)(size_t i, struct ibvd_call *out);
+    void (*reset)(void);
+    size_t (*live)(void);
+    int (*lkey_live)(uint32_t lkey);
+    size_t (*count)(enum ibvd_op op);
+    void (*fail_next_reg)(int err);
+    void (*set_probe_errno)(int err);
+    void (*set_dereg_ret)(int ret);
+    void (*set_query)(int ret, unsigned long long max_mr_size);
+} vd;
+
+/* Load the library at @path into drc's table; 0 or -1 (with a message). */
+static inline int vd_load_path(const char *path)
+{
+    if (drc__verbs_ops_dlopen(path, &vd.ops, &vd.handle)) {
+        fprintf(stderr, "cannot use %s as libibverbs: %s\n", path, vd.handle ? "entry points missing" : dlerror());
+        return -1;
+    }
+    drc__verbs_install(&vd.ops);
+#define VD_SYM(field, name) (*(void **)&vd.field = dlsym(vd.handle, name))
+    VD_SYM(ncalls, "ibvd_ncalls");
+    VD_SYM(call, "ibvd_call");
+    VD_SYM(reset, "ibvd_reset");
+    VD_SYM(live, "ibvd_live");
+    VD_SYM(lkey_live, "ibvd_lkey_live");
+    VD_SYM(count, "ibvd_count");
+    VD_SYM(fail_next_reg, "ibvd_fail_next_reg");
+    VD_SYM(set_probe_errno, "ibvd_set_probe_errno");
+    VD_SYM(set_dereg_ret, "ibvd_set_dereg_ret");
+    VD_SYM(set_query, "ibvd_set_query");
+#undef VD_SYM
+    return 0;
+}
+
+/* The recording double of this build (a cmocka group setup). */
+static inline int vd_load(void **state)
+{
+    char build[PATH_MAX], path[PATH_MAX + 32];
+
+    (void)state;
+    if (find_build_dir(build, sizeof(build), "engine/libibverbs.so.1")) {
+        fprintf(stderr, "no engine/libibverbs.so.1 above this test: build it with make\n");
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/engine/libibverbs.so.1", build);
+    if (vd_load_path(path))
+        return -1;
+    if (!vd.call || !vd.fail_next_reg) {
+        fprintf(stderr, "%s is not the recording double\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* The @n-th call of kind @op recorded since the last reset (0 if there is none). */
+static inline int vd_nth(enum ibvd_op op, int n, struct ibvd_call *out)
+{
+    size_t i;
+
+    for (i = 0; vd.call(i, out); i++)
+        if (out->op == op && n-- == 0)
+            return 1;
+    return 0;
+}
+
+/* Registrations (VA and dmabuf) in order: the @n-th since the last reset. */
+static inline int vd_reg(int n, struct ibvd_call *out)
+{
+    size_t i;
+
+    for (i = 0; vd.call(i, out); i++)
+        if ((out->op == IBVD_REG_VA || out->op == IBVD_REG_DMABUF) && n-- == 0)
+            return 1;
+    return 0;
+}
+
+#endif
