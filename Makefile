@@ -6,8 +6,11 @@ LIBDIR  ?= $(PREFIX)/lib
 B       := build
 FUZZ_SECONDS ?= 60
 
-WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wpointer-arith -Wcast-align \
-            -Wswitch-enum -Wundef
+# -Werror only where the compiler is known: CI (.ci/run) and development (make test and the other
+# development goals below) set it; a plain `make`/`make install` (a distribution's build, perhaps
+# with a newer compiler that warns more) does not. WERROR= on the command line turns it off anywhere.
+WARN     = -Wall -Wextra $(WERROR) -Wshadow -Wstrict-prototypes -Wpointer-arith -Wcast-align \
+           -Wswitch-enum -Wundef
 CFLAGS   ?= -O2 -g
 CPPFLAGS += -Iinclude -Isrc -D_GNU_SOURCE
 PICFLAGS := -fPIC -fvisibility=hidden
@@ -37,12 +40,21 @@ TEST_HDRS := $(wildcard tests/*.h)
 ASAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN := -fsanitize=thread
 
-# The first command on a fresh machine may be `make test` or `make demo`: install what they need first.
-ifneq ($(filter test test-unit test-asan test-tsan demo fuzz bench,$(MAKECMDGOALS)),)
+# Dependencies. The first command on a fresh machine may be `make test` or `make demo`: those install
+# what they need (.ci/deps, as root) and build with -Werror. A plain `make` or `make install` installs
+# nothing: it names the missing Debian packages and the apt-get line, then stops.
+DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-pkg demo fuzz bench
+ifneq ($(filter $(DEV_GOALS),$(MAKECMDGOALS)),)
+  WERROR ?= -Werror
   ifneq ($(shell sh .ci/deps >&2; echo $$?),0)
     $(error missing build dependencies: see above)
   endif
+else ifneq ($(if $(MAKECMDGOALS),$(filter all install,$(MAKECMDGOALS)),all),)
+  ifneq ($(shell CC='$(CC)' sh .ci/deps --check >&2; echo $$?),0)
+    $(error missing build dependencies: install the packages named above)
+  endif
 endif
+WERROR ?=
 
 .PHONY: $B/drc.pc all test test-unit test-asan test-tsan test-gpu fuzz bench demo install clean
 all: $B/libdrc.a $B/libdrc.so $B/libdrc_host.so $B/drc $B/drc.pc
