@@ -4,6 +4,8 @@ CLANG   ?= clang
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
 B       := build
+# The version lives in include/drc.h (DRC_VERSION_*); the pc and CMake files take it from there.
+VERSION := $(shell sed -n 's/^\#define DRC_VERSION_\(MAJOR\|MINOR\|PATCH\) *//p' include/drc.h | paste -sd.)
 FUZZ_SECONDS ?= 60
 
 # -Werror only where the compiler is known: CI (.ci/run) and development (make test and the other
@@ -43,7 +45,7 @@ TSAN := -fsanitize=thread
 # Dependencies. The first command on a fresh machine may be `make test` or `make demo`: those install
 # what they need (.ci/deps, as root) and build with -Werror. A plain `make` or `make install` installs
 # nothing: it names the missing Debian packages and the apt-get line, then stops.
-DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-pkg demo fuzz bench
+DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-abi test-pkg demo fuzz bench
 ifneq ($(filter $(DEV_GOALS),$(MAKECMDGOALS)),)
   WERROR ?= -Werror
   ifneq ($(shell sh .ci/deps >&2; echo $$?),0)
@@ -81,14 +83,14 @@ $B/libdrc.a: $(LIB_OBJS)
 	rm -f $@ && ar rcs $@ $B/libdrc-all.o
 $B/libdrc.so: $(LIB_OBJS) src/drc.map
 	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -Wl,-z,nodelete -o $@ $(LIB_OBJS) $(LDLIBS)
-$B/libdrc_host.so: $(HOST_OBJS) $B/libdrc.so src/drc.map
-	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc_host.so.0 -o $@ $(HOST_OBJS) \
+$B/libdrc_host.so: $(HOST_OBJS) $B/libdrc.so src/host/drc_host.map
+	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/host/drc_host.map -Wl,-soname,libdrc_host.so.0 -o $@ $(HOST_OBJS) \
 	  -L$B -l:libdrc.so -ljemalloc -lpthread
 $B/drc: $B/obj/tools/drc.o $B/obj/tools/doctor.o $B/libdrc.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
 $B/drc.pc: Makefile
 	@mkdir -p $(@D)
-	printf 'prefix=%s\nlibdir=%s\nincludedir=$${prefix}/include\n\nName: drc\nDescription: RDMA registration cache with DMA-BUF for GPU memory\nVersion: 0.1.0\nLibs: -L$${libdir} -ldrc\nLibs.private: %s\nCflags: -I$${includedir}\n' \
+	printf 'prefix=%s\nlibdir=%s\nincludedir=$${prefix}/include\n\nName: drc\nDescription: RDMA registration cache with DMA-BUF for GPU memory\nVersion: $(VERSION)\nLibs: -L$${libdir} -ldrc\nLibs.private: %s\nCflags: -I$${includedir}\n' \
 	  '$(PREFIX)' '$(LIBDIR)' '$(LDLIBS)' > $@
 
 # ---- tests -----------------------------------------------------------------
@@ -150,6 +152,20 @@ test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
 	  else echo "!! $$f failed on its corpus"; echo "$$f 0 1" >> $B/test-results/fuzz-replay; fi; \
 	done
 test: test-fuzz-replay
+
+# ---- the ABI: exported names = version script = DRC_API declarations (tests/abi/check_exports.sh) ----
+# Each library with its version script and the headers that declare its names. A failure says
+# which name to add to (or remove from) which file.
+ABI_CHECKS := "$B/libdrc.so src/drc.map include/drc.h include/drc_verbs.h include/drc_cuda.h" \
+              "$B/libdrc_host.so src/host/drc_host.map include/drc_host.h"
+.PHONY: test-abi
+test-abi: $B/libdrc.so $B/libdrc_host.so
+	@mkdir -p $B/test-results && : > $B/test-results/abi && for c in $(ABI_CHECKS); do \
+	  set -- $$c; \
+	  if tests/abi/check_exports.sh $$c; then echo "abi-exports:$$1 1 0" >> $B/test-results/abi; \
+	  else echo "abi-exports:$$1 0 1" >> $B/test-results/abi; fi; \
+	done
+test: test-abi
 
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))

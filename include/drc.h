@@ -35,6 +35,15 @@ extern "C" {
 
 #define DRC_API __attribute__((visibility("default")))
 
+/*
+ * The version of this header. The library's soname is libdrc.so.0 for every
+ * 0.x release; each release's new names get their own symbol version node
+ * (DRC_0.1, ...), and drc_version() says which library is actually loaded.
+ */
+#define DRC_VERSION_MAJOR 0
+#define DRC_VERSION_MINOR 1
+#define DRC_VERSION_PATCH 0
+
 typedef struct drc_cache  drc_cache_t;   /* opaque */
 typedef struct drc_region drc_region_t;  /* opaque: one registered range */
 
@@ -166,6 +175,13 @@ DRC_API void drc_cache_stats(drc_cache_t *c, struct drc_stats *s);
 
 /* A sentence for a negative errno returned by drc (static storage, never NULL). */
 DRC_API const char *drc_strerror(int err);
+
+/*
+ * The version of the loaded library (which may be newer than the header a
+ * program was built with): stores its parts in each non-NULL argument and
+ * returns them as "MAJOR.MINOR.PATCH" (static storage). Thread-safe.
+ */
+DRC_API const char *drc_version(unsigned *major, unsigned *minor, unsigned *patch);
 
 /* ---- Invalidation from the allocator ------------------------------------ */
 
