@@ -872,13 +872,17 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     drc_cache_t *c;
     int err;
 
-    if (!be || !out || !be->reg || !be->dereg || (cfg && (cfg->flags & ~KNOWN_FLAGS)))
+    /* drc.h's ABI rule: only the fields a caller's comp_mask covers are read (none after 0.1's yet) */
+    if (!be || !out || !be->reg || !be->dereg || be->comp_mask ||
+        (cfg && ((cfg->flags & ~KNOWN_FLAGS) || cfg->comp_mask)))
         return -EINVAL;
     c = aligned_alloc(64, sizeof(*c));
     if (!c)
         return -ENOMEM;
     memset(c, 0, sizeof(*c));
-    c->be = *be;
+    c->be.reg = be->reg;
+    c->be.dereg = be->dereg;
+    c->be.ctx = be->ctx;
     c->page = (size_t)sysconf(_SC_PAGESIZE);
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
@@ -974,11 +978,16 @@ int drc_cache_destroy(drc_cache_t *c)
 
 void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
 {
+    uint32_t want;
     int i;
 
     if (!s)
         return;
-    memset(s, 0, sizeof(*s));
+    want = s->comp_mask & DRC_STATS_ALL;    /* drc.h's ABI rule: write only what the caller's struct has */
+    memset(s, 0, offsetof(struct drc_stats, comp_mask));
+    s->comp_mask = want;
+    if (want & DRC_STATS_DETACHED)
+        s->detached = 0;
     if (!c)
         return;
     for (i = 0; i <= HIT_SLOTS; i++)
@@ -993,6 +1002,8 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     s->regions = c->regions;
     s->bytes = c->bytes;
     s->in_use = held_in(&c->tree) + held_in(&c->detached);
+    if (want & DRC_STATS_DETACHED)
+        s->detached = held_in(&c->detached);
     pthread_mutex_unlock(&c->lock);
 }
 

@@ -38,8 +38,10 @@ def lib_path():
 class _RegArgs(ctypes.Structure):
     _fields_ = [("start", ctypes.c_size_t), ("len", ctypes.c_size_t), ("type", ctypes.c_int),
                 ("device", ctypes.c_int), ("dmabuf_fd", ctypes.c_int), ("dmabuf_offset", ctypes.c_uint64),
-                ("access", ctypes.c_uint)]
+                ("access", ctypes.c_uint), ("comp_mask", ctypes.c_uint32)]
 
+
+_STATS_ALL = 1     # DRC_STATS_DETACHED
 
 _REG = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_RegArgs), ctypes.POINTER(ctypes.c_void_p),
                         ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32))
@@ -47,12 +49,13 @@ _DEREG = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 
 
 class _Backend(ctypes.Structure):
-    _fields_ = [("reg", _REG), ("dereg", _DEREG), ("ctx", ctypes.c_void_p)]
+    _fields_ = [("reg", _REG), ("dereg", _DEREG), ("ctx", ctypes.c_void_p), ("comp_mask", ctypes.c_uint32)]
 
 
 class _Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in
-                ("hits", "misses", "merges", "invalidated", "evicted", "regs", "deregs", "regions", "bytes", "in_use")]
+                ("hits", "misses", "merges", "invalidated", "evicted", "regs", "deregs", "regions", "bytes", "in_use")] + \
+               [("comp_mask", ctypes.c_uint32), ("detached", ctypes.c_uint64)]
 
 
 def _load(path=None):
@@ -171,9 +174,9 @@ class Cache:
         return Region(self, r)
 
     def stats(self):
-        s = _Stats()
+        s = _Stats(comp_mask=_STATS_ALL)
         self.lib.drc_cache_stats(self.c, ctypes.byref(s))
-        return {n: getattr(s, n) for n, _ in _Stats._fields_}
+        return {n: getattr(s, n) for n, _ in _Stats._fields_ if n != "comp_mask"}
 
     def close(self):
         if self.c:
