@@ -45,7 +45,7 @@ TSAN := -fsanitize=thread
 # Dependencies. The first command on a fresh machine may be `make test` or `make demo`: those install
 # what they need (.ci/deps, as root) and build with -Werror. A plain `make` or `make install` installs
 # nothing: it names the missing Debian packages and the apt-get line, then stops.
-DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-abi test-pkg demo fuzz bench
+DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-abi test-python test-pkg demo fuzz bench
 ifneq ($(filter $(DEV_GOALS),$(MAKECMDGOALS)),)
   WERROR ?= -Werror
   ifneq ($(shell sh .ci/deps >&2; echo $$?),0)
@@ -167,6 +167,15 @@ test-abi: $B/libdrc.so $B/libdrc_host.so
 	done
 test: test-abi
 
+# ---- the PyTorch helper without torch (issue 8, issue 9 item 7) ----
+# tests/python: the package imports and finds libdrc with torch hidden; views register their own
+# bytes; dropped caches and regions are destroyed/put.
+.PHONY: test-python
+test-python: $B/libdrc.so
+	@mkdir -p $B/test-results && : > $B/test-results/python && \
+	  DRC_LIB=$(abspath $B/libdrc.so) python3 tests/python/test_drc_torch.py $B/test-results/python
+test: test-python
+
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
 $B/bench/%: tests/bench/%.c $B/libdrc.a
@@ -244,8 +253,9 @@ install: all
 	install -m 755 $B/libdrc_host.so $(DESTDIR)$(LIBDIR)/libdrc_host.so.0
 	ln -sf libdrc_host.so.0 $(DESTDIR)$(LIBDIR)/libdrc_host.so
 	install -m 755 $B/libdrc_hook.so $B/libdrc_verbs.so $(DESTDIR)$(LIBDIR)/
-	install -d $(DESTDIR)$(PREFIX)/share/drc/python
-	install -m 644 src/python/drc_torch.py $(DESTDIR)$(PREFIX)/share/drc/python/
+	install -d $(DESTDIR)$(PREFIX)/share/drc/python/drc_torch
+	install -m 644 src/python/pyproject.toml $(DESTDIR)$(PREFIX)/share/drc/python/
+	install -m 644 src/python/drc_torch/*.py $(DESTDIR)$(PREFIX)/share/drc/python/drc_torch/
 
 # ---- CUDA layer and verbs backend (issue 3) ----
 # test_verbs replaces libibverbs with doubles and counts close() of the dmabuf fds.
