@@ -3,6 +3,10 @@ CC      ?= cc
 CLANG   ?= clang
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+BINDIR  ?= $(PREFIX)/bin
+DATADIR ?= $(PREFIX)/share
+CMAKEDIR ?= $(LIBDIR)/cmake/drc
 B       := build
 # The version lives in include/drc.h (DRC_VERSION_*); the pc and CMake files take it from there.
 VERSION := $(shell sed -n 's/^\#define DRC_VERSION_\(MAJOR\|MINOR\|PATCH\) *//p' include/drc.h | paste -sd.)
@@ -59,8 +63,8 @@ else ifneq ($(if $(MAKECMDGOALS),$(filter all install,$(MAKECMDGOALS)),all),)
 endif
 WERROR ?=
 
-.PHONY: $B/drc.pc all test test-unit test-asan test-tsan test-gpu fuzz bench demo install clean
-all: $B/libdrc.a $B/libdrc.so $B/libdrc.so.0 $B/libdrc_host.so $B/drc $B/drc.pc
+.PHONY: all test test-unit test-asan test-tsan test-gpu fuzz bench demo install uninstall clean
+all: $B/libdrc.a $B/libdrc.so $B/libdrc.so.0 $B/libdrc_host.so $B/drc
 
 # ---- objects, one tree per flavour ----------------------------------------
 $B/obj/%.o: src/%.c $(HDRS)
@@ -92,10 +96,22 @@ $B/libdrc.so.0: $B/libdrc.so
 	ln -sf libdrc.so $@
 $B/drc: $B/obj/tools/drc.o $B/obj/tools/doctor.o $B/libdrc.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
-$B/drc.pc: Makefile
+# pkg-config and CMake files (pkg/*.in), for PREFIX/LIBDIR/INCLUDEDIR as given to this make: regenerated
+# on every run (they depend on the command line). The CMake files locate the tree relative to
+# themselves, so a DESTDIR-staged or moved tree works.
+PKG_FILES := $B/pkg/drc.pc $B/pkg/drc_host.pc $B/pkg/drcConfig.cmake $B/pkg/drcConfigVersion.cmake
+pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$1)
+$(PKG_FILES): $B/pkg/%: pkg/%.in FORCE
 	@mkdir -p $(@D)
-	printf 'prefix=%s\nlibdir=%s\nincludedir=$${prefix}/include\n\nName: drc\nDescription: RDMA registration cache with DMA-BUF for GPU memory\nVersion: $(VERSION)\nLibs: -L$${libdir} -ldrc\nLibs.private: %s\nCflags: -I$${includedir}\n' \
-	  '$(PREFIX)' '$(LIBDIR)' '$(LDLIBS)' > $@
+	@sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@PC_LIBDIR@|$(call pc_dir,$(LIBDIR))|g' \
+	    -e 's|@PC_INCLUDEDIR@|$(call pc_dir,$(INCLUDEDIR))|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    -e 's|@VERSION_MAJOR@|$(firstword $(subst ., ,$(VERSION)))|g' \
+	    -e "s|@REL_PREFIX@|$$(realpath -m --relative-to='$(CMAKEDIR)' '$(PREFIX)')|g" \
+	    -e "s|@REL_LIBDIR@|$$(realpath -m --relative-to='$(PREFIX)' '$(LIBDIR)')|g" \
+	    -e "s|@REL_INCLUDEDIR@|$$(realpath -m --relative-to='$(PREFIX)' '$(INCLUDEDIR)')|g" $< > $@.tmp && mv $@.tmp $@
+.PHONY: FORCE
+FORCE:
+all: $(PKG_FILES)
 
 # ---- tests -----------------------------------------------------------------
 # $(call test_rules,FLAVOUR_DIR,FLAGS): link rules for one flavour (plain, asan, tsan).
@@ -183,6 +199,14 @@ test-late-load: $B/libdrc.so $B/libdrc_host.so $B/libdrc.so.0
 	@mkdir -p $B/test-results && tests/pkg/test_late_load.sh $(abspath $B) $B/test-results/late-load
 test: test-python test-late-load
 
+# ---- install, and consumers built against the installed tree (tests/pkg/test_install.sh) ----
+# make install into a staging folder; a tiny program built with pkg-config and with CMake against it,
+# and run; the Python package pip-installed from it; make uninstall. Needs `all` built first.
+.PHONY: test-pkg
+test-pkg: all
+	@mkdir -p $B/test-results && tests/pkg/test_install.sh $B $B/test-results/install
+test: test-pkg
+
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
 $B/bench/%: tests/bench/%.c $B/libdrc.a
@@ -249,20 +273,37 @@ demo: $B/drc
 test-gpu:
 	$(MAKE) -C tests/gpu B=$(abspath $B)
 
+# ---- install, uninstall ----------------------------------------------------
+# Headers, libdrc (.so.0 and .a), libdrc_host, the pkg-config and CMake files, the drc program, the
+# preload libraries that were built, and the Python package's files (pip installs them from there).
+# Distributions: make WERROR= install DESTDIR=... PREFIX=/usr [LIBDIR=/usr/lib/x86_64-linux-gnu].
+PRELOAD_LIBS := $B/libdrc_hook.so $B/libdrc_verbs.so
+PY_DIR       := $(DATADIR)/drc/python
+D            := $(DESTDIR)
 install: all
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/bin
-	install -m 644 include/drc.h include/drc_verbs.h include/drc_cuda.h include/drc_host.h $(DESTDIR)$(PREFIX)/include/
-	install -m 644 $B/libdrc.a $(DESTDIR)$(LIBDIR)/
-	install -m 755 $B/libdrc.so $(DESTDIR)$(LIBDIR)/libdrc.so.0
-	ln -sf libdrc.so.0 $(DESTDIR)$(LIBDIR)/libdrc.so
-	install -m 644 $B/drc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
-	install -m 755 $B/drc $(DESTDIR)$(PREFIX)/bin/
-	install -m 755 $B/libdrc_host.so $(DESTDIR)$(LIBDIR)/libdrc_host.so.0
-	ln -sf libdrc_host.so.0 $(DESTDIR)$(LIBDIR)/libdrc_host.so
-	install -m 755 $B/libdrc_hook.so $B/libdrc_verbs.so $(DESTDIR)$(LIBDIR)/
-	install -d $(DESTDIR)$(PREFIX)/share/drc/python/drc_torch
-	install -m 644 src/python/pyproject.toml $(DESTDIR)$(PREFIX)/share/drc/python/
-	install -m 644 src/python/drc_torch/*.py $(DESTDIR)$(PREFIX)/share/drc/python/drc_torch/
+	install -d $D$(INCLUDEDIR) $D$(LIBDIR)/pkgconfig $D$(CMAKEDIR) $D$(BINDIR) $D$(PY_DIR)/drc_torch
+	install -m 644 $(wildcard include/*.h) $D$(INCLUDEDIR)/
+	install -m 644 $B/libdrc.a $D$(LIBDIR)/
+	install -m 755 $B/libdrc.so $D$(LIBDIR)/libdrc.so.0
+	ln -sf libdrc.so.0 $D$(LIBDIR)/libdrc.so
+	install -m 755 $B/libdrc_host.so $D$(LIBDIR)/libdrc_host.so.0
+	ln -sf libdrc_host.so.0 $D$(LIBDIR)/libdrc_host.so
+	for f in $(PRELOAD_LIBS); do if [ -e "$$f" ]; then install -m 755 "$$f" $D$(LIBDIR)/ || exit 1; fi; done
+	install -m 644 $B/pkg/drc.pc $B/pkg/drc_host.pc $D$(LIBDIR)/pkgconfig/
+	install -m 644 $B/pkg/drcConfig.cmake $B/pkg/drcConfigVersion.cmake $D$(CMAKEDIR)/
+	install -m 755 $B/drc $D$(BINDIR)/
+	install -m 644 src/python/pyproject.toml $D$(PY_DIR)/
+	install -m 644 src/python/drc_torch/*.py $D$(PY_DIR)/drc_torch/
+	@echo "drc: installed in $D$(PREFIX). The PyTorch helper: python3 -m pip install src/python (in this tree), or"
+	@echo "drc: from a writable copy of $(PY_DIR) (setuptools builds in the folder); offline: add --no-build-isolation"
+
+uninstall:
+	rm -f $(addprefix $D$(INCLUDEDIR)/,$(notdir $(wildcard include/*.h)))
+	rm -f $(addprefix $D$(LIBDIR)/,libdrc.a libdrc.so libdrc.so.0 libdrc_host.so libdrc_host.so.0 $(notdir $(PRELOAD_LIBS)))
+	rm -f $D$(LIBDIR)/pkgconfig/drc.pc $D$(LIBDIR)/pkgconfig/drc_host.pc $D$(BINDIR)/drc
+	rm -f $D$(CMAKEDIR)/drcConfig.cmake $D$(CMAKEDIR)/drcConfigVersion.cmake
+	rm -rf $D$(PY_DIR)
+	-rmdir $D$(CMAKEDIR) $D$(DATADIR)/drc 2>/dev/null
 
 # ---- CUDA layer and verbs backend (issue 3) ----
 # test_verbs replaces libibverbs with doubles and counts close() of the dmabuf fds.
