@@ -50,7 +50,7 @@ TSAN := -fsanitize=thread
 # what they need (.ci/deps, as root) and build with -Werror. A plain `make` or `make install` installs
 # nothing: it names the missing Debian packages and the apt-get line, then stops.
 DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-abi test-python test-late-load test-pkg \
-             demo fuzz bench
+             test-deps demo fuzz bench
 ifneq ($(filter $(DEV_GOALS),$(MAKECMDGOALS)),)
   WERROR ?= -Werror
   ifneq ($(shell sh .ci/deps >&2; echo $$?),0)
@@ -202,10 +202,13 @@ test: test-python test-late-load
 # ---- install, and consumers built against the installed tree (tests/pkg/test_install.sh) ----
 # make install into a staging folder; a tiny program built with pkg-config and with CMake against it,
 # and run; the Python package pip-installed from it; make uninstall. Needs `all` built first.
-.PHONY: test-pkg
+.PHONY: test-pkg test-deps
 test-pkg: all
 	@mkdir -p $B/test-results && tests/pkg/test_install.sh $B $B/test-results/install
-test: test-pkg
+# plain make without a build dependency: names the Debian package, stops before compiling
+test-deps:
+	@mkdir -p $B/test-results && tests/pkg/test_deps.sh $B/test-results/deps
+test: test-pkg test-deps
 
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
