@@ -21,9 +21,11 @@ sed 's:/\*.*\*/::g; /\/\*/,/\*\//d; s/#.*//' "$map" > "$t/map"
 tr ' \t{}' '\n\n\n\n' < "$t/map" | sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\);$/\1/p' | sort -u > "$t/listed"
 nodes=$(sed -n 's/^[[:space:]]*\([A-Za-z_][A-Za-z0-9_.]*\)[[:space:]]*{.*/\1/p' "$t/map")
 newest=$(echo "$nodes" | tail -n 1)
-# every DRC_API declaration: the identifier before the first "(" after DRC_API, with its header
+# every DRC_API declaration, also one spread over lines: without preprocessor lines and comments,
+# one declaration per line (split at ";"), the identifier before its first "(", with its header
 for h in "$@"; do
-    grep -v '^[[:space:]]*#' "$h" | grep -o 'DRC_API[^(;]*(' | sed 's/[[:space:]]*($//; s/.*[[:space:]*]//' | sed "s|\$| $h|"
+    grep -v '^[[:space:]]*#' "$h" | sed 's://.*$::' | tr '\n' ' ' | sed 's:/\*[^*]*\*\+\([^/*][^*]*\*\+\)*/: :g' |
+        tr ';' '\n' | grep -w 'DRC_API' | sed 's/(.*//; s/[[:space:]]*$//; s/.*[[:space:]*]//' | sed "s|\$| $h|"
 done | sort -u > "$t/declared_where"
 cut -d' ' -f1 "$t/declared_where" | sort -u > "$t/declared"
 bad=0
