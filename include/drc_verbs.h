@@ -20,7 +20,8 @@ extern "C" {
  * ibv_reg_dmabuf_mr (or, per cfg->policy, ibv_reg_mr with nvidia-peermem),
  * host memory through ibv_reg_mr_iova2. The method is decided once per GPU
  * and reported by drc_cache_verbs_method(). Regions never exceed the device's
- * max_mr_size. Returns 0, -EINVAL, -ENOMEM or the error of ibv_query_device.
+ * max_mr_size. Returns 0, -EINVAL (NULL pd/out, an unknown policy, flag or
+ * comp_mask bit: see drc.h's ABI rule), -ENOMEM or the error of ibv_query_device.
  */
 DRC_API int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_cache_t **out);
 
