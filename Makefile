@@ -3,15 +3,24 @@ CC      ?= cc
 CLANG   ?= clang
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+BINDIR  ?= $(PREFIX)/bin
+DATADIR ?= $(PREFIX)/share
+CMAKEDIR ?= $(LIBDIR)/cmake/drc
 B       := build
+# The version lives in include/drc.h (DRC_VERSION_*); the pc and CMake files take it from there.
+VERSION := $(shell sed -n 's/^\#define DRC_VERSION_\(MAJOR\|MINOR\|PATCH\) *//p' include/drc.h | paste -sd.)
 FUZZ_SECONDS ?= 60
 
-WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wpointer-arith -Wcast-align \
-            -Wswitch-enum -Wundef
+# -Werror only where the compiler is known: CI (.ci/run) and development (make test and the other
+# development goals below) set it; a plain `make`/`make install` (a distribution's build, perhaps
+# with a newer compiler that warns more) does not. WERROR= on the command line turns it off anywhere.
+WARN     = -Wall -Wextra $(WERROR) -Wshadow -Wstrict-prototypes -Wpointer-arith -Wcast-align \
+           -Wswitch-enum -Wundef
 CFLAGS   ?= -O2 -g
 CPPFLAGS += -Iinclude -Isrc -D_GNU_SOURCE
 PICFLAGS := -fPIC -fvisibility=hidden
-LDLIBS   := -libverbs -ldl -lpthread
+LDLIBS   := -ldl -lpthread
 
 # One folder per dependency (README.md, "Layout"):
 #   src/core     the cache, the tree, notify, errors: libc only
@@ -37,15 +46,25 @@ TEST_HDRS := $(wildcard tests/*.h)
 ASAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN := -fsanitize=thread
 
-# The first command on a fresh machine may be `make test` or `make demo`: install what they need first.
-ifneq ($(filter test test-unit test-asan test-tsan demo fuzz bench,$(MAKECMDGOALS)),)
+# Dependencies. The first command on a fresh machine may be `make test` or `make demo`: those install
+# what they need (.ci/deps, as root) and build with -Werror. A plain `make` or `make install` installs
+# nothing: it names the missing Debian packages and the apt-get line, then stops.
+DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-abi test-python test-late-load test-pkg \
+             test-deps demo fuzz bench
+ifneq ($(filter $(DEV_GOALS),$(MAKECMDGOALS)),)
+  WERROR ?= -Werror
   ifneq ($(shell sh .ci/deps >&2; echo $$?),0)
     $(error missing build dependencies: see above)
   endif
+else ifneq ($(if $(MAKECMDGOALS),$(filter all install,$(MAKECMDGOALS)),all),)
+  ifneq ($(shell CC='$(CC)' sh .ci/deps --check >&2; echo $$?),0)
+    $(error missing build dependencies: install the packages named above)
+  endif
 endif
+WERROR ?=
 
-.PHONY: $B/drc.pc all test test-unit test-asan test-tsan test-gpu fuzz bench demo install clean
-all: $B/libdrc.a $B/libdrc.so $B/libdrc_host.so $B/drc $B/drc.pc
+.PHONY: all test test-unit test-asan test-tsan test-gpu fuzz bench demo install uninstall clean
+all: $B/libdrc.a $B/libdrc.so $B/libdrc.so.0 $B/libdrc_host.so $B/drc
 
 # ---- objects, one tree per flavour ----------------------------------------
 $B/obj/%.o: src/%.c $(HDRS)
@@ -69,15 +88,30 @@ $B/libdrc.a: $(LIB_OBJS)
 	rm -f $@ && ar rcs $@ $B/libdrc-all.o
 $B/libdrc.so: $(LIB_OBJS) src/drc.map
 	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -Wl,-z,nodelete -o $@ $(LIB_OBJS) $(LDLIBS)
-$B/libdrc_host.so: $(HOST_OBJS) $B/libdrc.so src/drc.map
-	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc_host.so.0 -o $@ $(HOST_OBJS) \
+$B/libdrc_host.so: $(HOST_OBJS) $B/libdrc.so src/host/drc_host.map
+	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/host/drc_host.map -Wl,-soname,libdrc_host.so.0 -o $@ $(HOST_OBJS) \
 	  -L$B -l:libdrc.so -ljemalloc -lpthread
+# the soname beside the library, so that LD_LIBRARY_PATH=build finds what libdrc_host.so needs
+$B/libdrc.so.0: $B/libdrc.so
+	ln -sf libdrc.so $@
 $B/drc: $B/obj/tools/drc.o $B/obj/tools/doctor.o $B/libdrc.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
-$B/drc.pc: Makefile
+# pkg-config and CMake files (pkg/*.in), for PREFIX/LIBDIR/INCLUDEDIR as given to this make: regenerated
+# on every run (they depend on the command line). The CMake files locate the tree relative to
+# themselves, so a DESTDIR-staged or moved tree works.
+PKG_FILES := $B/pkg/drc.pc $B/pkg/drc_host.pc $B/pkg/drcConfig.cmake $B/pkg/drcConfigVersion.cmake
+pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$1)
+$(PKG_FILES): $B/pkg/%: pkg/%.in FORCE
 	@mkdir -p $(@D)
-	printf 'prefix=%s\nlibdir=%s\nincludedir=$${prefix}/include\n\nName: drc\nDescription: RDMA registration cache with DMA-BUF for GPU memory\nVersion: 0.1.0\nLibs: -L$${libdir} -ldrc\nLibs.private: %s\nCflags: -I$${includedir}\n' \
-	  '$(PREFIX)' '$(LIBDIR)' '$(LDLIBS)' > $@
+	@sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@PC_LIBDIR@|$(call pc_dir,$(LIBDIR))|g' \
+	    -e 's|@PC_INCLUDEDIR@|$(call pc_dir,$(INCLUDEDIR))|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    -e 's|@VERSION_MAJOR@|$(firstword $(subst ., ,$(VERSION)))|g' \
+	    -e "s|@REL_PREFIX@|$$(realpath -m --relative-to='$(CMAKEDIR)' '$(PREFIX)')|g" \
+	    -e "s|@REL_LIBDIR@|$$(realpath -m --relative-to='$(PREFIX)' '$(LIBDIR)')|g" \
+	    -e "s|@REL_INCLUDEDIR@|$$(realpath -m --relative-to='$(PREFIX)' '$(INCLUDEDIR)')|g" $< > $@.tmp && mv $@.tmp $@
+.PHONY: FORCE
+FORCE:
+all: $(PKG_FILES)
 
 # ---- tests -----------------------------------------------------------------
 # $(call test_rules,FLAVOUR_DIR,FLAGS): link rules for one flavour (plain, asan, tsan).
@@ -139,6 +173,46 @@ test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
 	done
 test: test-fuzz-replay
 
+# ---- the ABI: exported names = version script = DRC_API declarations (tests/abi/check_exports.sh) ----
+# Each library with its version script and the headers that declare its names. A failure says
+# which name to add to (or remove from) which file.
+ABI_CHECKS := "$B/libdrc.so src/drc.map include/drc.h include/drc_verbs.h include/drc_cuda.h" \
+              "$B/libdrc_host.so src/host/drc_host.map include/drc_host.h"
+.PHONY: test-abi
+test-abi: $B/libdrc.so $B/libdrc_host.so
+	@mkdir -p $B/test-results && : > $B/test-results/abi && for c in $(ABI_CHECKS); do \
+	  set -- $$c; \
+	  if tests/abi/check_exports.sh $$c; then echo "abi-exports:$$1 1 0" >> $B/test-results/abi; \
+	  else echo "abi-exports:$$1 0 1" >> $B/test-results/abi; fi; \
+	done; \
+	for h in $(wildcard include/*.h); do case ' $(ABI_CHECKS) ' in *" $$h"[\ \"]*) ;; \
+	  *) echo "check_exports: $$h is in no check: add it to ABI_CHECKS in the Makefile, after its library"; \
+	     echo "abi-headers:$$h 0 1" >> $B/test-results/abi;; esac; done
+test: test-abi
+
+# ---- the PyTorch helper without torch, and loading drc late (issue 8, issue 9 item 7) ----
+# tests/python: the package imports and finds libdrc with torch hidden; views register their own
+# bytes; dropped caches and regions are destroyed/put. tests/pkg/test_late_load.sh: ctypes.CDLL of
+# libdrc.so works (no jemalloc in it), libdrc_host.so with the documented workaround.
+.PHONY: test-python test-late-load
+test-python: $B/libdrc.so
+	@mkdir -p $B/test-results && : > $B/test-results/python && \
+	  DRC_LIB=$(abspath $B/libdrc.so) python3 tests/python/test_drc_torch.py $B/test-results/python
+test-late-load: $B/libdrc.so $B/libdrc_host.so $B/libdrc.so.0
+	@mkdir -p $B/test-results && tests/pkg/test_late_load.sh $(abspath $B) $B/test-results/late-load
+test: test-python test-late-load
+
+# ---- install, and consumers built against the installed tree (tests/pkg/test_install.sh) ----
+# make install into a staging folder; a tiny program built with pkg-config and with CMake against it,
+# and run; the Python package pip-installed from it; make uninstall. Needs `all` built first.
+.PHONY: test-pkg test-deps
+test-pkg: all
+	@mkdir -p $B/test-results && tests/pkg/test_install.sh $B $B/test-results/install
+# plain make without a build dependency: names the Debian package, stops before compiling
+test-deps:
+	@mkdir -p $B/test-results && tests/pkg/test_deps.sh $B/test-results/deps
+test: test-pkg test-deps
+
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
 $B/bench/%: tests/bench/%.c $B/libdrc.a
@@ -156,8 +230,6 @@ bench: $(addprefix $B/bench/,$(BENCHES))
 # (build/O0/), and the preload test runs against both: RTLD_NEXT must not depend on tail calls.
 PRELOAD_SRCS := $(wildcard src/preload/*.c)
 PRELOAD_LINK  = -shared $(LDFLAGS) -Wl,-soname,libdrc_preload.so -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
-$B/libdrc.so.0: $B/libdrc.so
-	ln -sf libdrc.so $@
 $B/libdrc_host.so.0: $B/libdrc_host.so
 	ln -sf libdrc_host.so $@
 $B/libdrc_preload.so: $(call objs,$B,$(PRELOAD_SRCS)) $B/libdrc.so.0 $B/libdrc_host.so.0
@@ -238,21 +310,39 @@ demo: $B/drc
 test-gpu:
 	$(MAKE) -C tests/gpu B=$(abspath $B)
 
+# ---- install, uninstall ----------------------------------------------------
+# Headers, libdrc (.so.0 and .a), libdrc_host, the pkg-config and CMake files, the drc program, the
+# preload libraries that were built, and the Python package's files (pip installs them from there).
+# Distributions: make WERROR= install DESTDIR=... PREFIX=/usr [LIBDIR=/usr/lib/x86_64-linux-gnu].
+PRELOAD_LIBS := $B/libdrc_preload.so $B/libdrc_hook.so $B/libdrc_verbs.so
+PY_DIR       := $(DATADIR)/drc/python
+D            := $(DESTDIR)
 install: all
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/bin
-	install -m 644 include/drc.h include/drc_verbs.h include/drc_cuda.h include/drc_host.h $(DESTDIR)$(PREFIX)/include/
-	install -m 644 $B/libdrc.a $(DESTDIR)$(LIBDIR)/
-	install -m 755 $B/libdrc.so $(DESTDIR)$(LIBDIR)/libdrc.so.0
-	ln -sf libdrc.so.0 $(DESTDIR)$(LIBDIR)/libdrc.so
-	install -m 644 $B/drc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
-	install -m 755 $B/drc $(DESTDIR)$(PREFIX)/bin/
-	install -m 755 $B/libdrc_host.so $(DESTDIR)$(LIBDIR)/libdrc_host.so.0
-	ln -sf libdrc_host.so.0 $(DESTDIR)$(LIBDIR)/libdrc_host.so
-	install -m 755 $B/libdrc_preload.so $(DESTDIR)$(LIBDIR)/
-	ln -sf libdrc_preload.so $(DESTDIR)$(LIBDIR)/libdrc_hook.so
-	ln -sf libdrc_preload.so $(DESTDIR)$(LIBDIR)/libdrc_verbs.so
-	install -d $(DESTDIR)$(PREFIX)/share/drc/python
-	install -m 644 src/python/drc_torch.py $(DESTDIR)$(PREFIX)/share/drc/python/
+	install -d $D$(INCLUDEDIR) $D$(LIBDIR)/pkgconfig $D$(CMAKEDIR) $D$(BINDIR) $D$(PY_DIR)/drc_torch
+	install -m 644 $(wildcard include/*.h) $D$(INCLUDEDIR)/
+	install -m 644 $B/libdrc.a $D$(LIBDIR)/
+	install -m 755 $B/libdrc.so $D$(LIBDIR)/libdrc.so.0
+	ln -sf libdrc.so.0 $D$(LIBDIR)/libdrc.so
+	install -m 755 $B/libdrc_host.so $D$(LIBDIR)/libdrc_host.so.0
+	ln -sf libdrc_host.so.0 $D$(LIBDIR)/libdrc_host.so
+	install -m 755 $B/libdrc_preload.so $D$(LIBDIR)/
+	ln -sf libdrc_preload.so $D$(LIBDIR)/libdrc_hook.so
+	ln -sf libdrc_preload.so $D$(LIBDIR)/libdrc_verbs.so
+	install -m 644 $B/pkg/drc.pc $B/pkg/drc_host.pc $D$(LIBDIR)/pkgconfig/
+	install -m 644 $B/pkg/drcConfig.cmake $B/pkg/drcConfigVersion.cmake $D$(CMAKEDIR)/
+	install -m 755 $B/drc $D$(BINDIR)/
+	install -m 644 src/python/pyproject.toml $D$(PY_DIR)/
+	install -m 644 src/python/drc_torch/*.py $D$(PY_DIR)/drc_torch/
+	@echo "drc: installed in $D$(PREFIX). The PyTorch helper: python3 -m pip install src/python (in this tree), or"
+	@echo "drc: from a writable copy of $(PY_DIR) (setuptools builds in the folder); offline: add --no-build-isolation"
+
+uninstall:
+	rm -f $(addprefix $D$(INCLUDEDIR)/,$(notdir $(wildcard include/*.h)))
+	rm -f $(addprefix $D$(LIBDIR)/,libdrc.a libdrc.so libdrc.so.0 libdrc_host.so libdrc_host.so.0 $(notdir $(PRELOAD_LIBS)))
+	rm -f $D$(LIBDIR)/pkgconfig/drc.pc $D$(LIBDIR)/pkgconfig/drc_host.pc $D$(BINDIR)/drc
+	rm -f $D$(CMAKEDIR)/drcConfig.cmake $D$(CMAKEDIR)/drcConfigVersion.cmake
+	rm -rf $D$(PY_DIR)
+	-rmdir $D$(CMAKEDIR) $D$(DATADIR)/drc 2>/dev/null
 
 
 clean:

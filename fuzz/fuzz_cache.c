@@ -154,7 +154,7 @@ static size_t distinct_held(const struct state *st)
 
 static void check_invariants(struct state *st)
 {
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
     unsigned long i, live = 0;
     int k;
 
@@ -219,7 +219,7 @@ static void op_get(struct state *st, struct fuzz_in *in, int fail, int race)
     size_t len = 1 + fuzz_range(in, 0, 4 * page);
     unsigned access = acc[fuzz_u8(in) % 8];
     uintptr_t first = a & ~(uintptr_t)(page - 1), end = (a + len + page - 1) & ~(uintptr_t)(page - 1);
-    struct drc_stats before, after;
+    struct drc_stats before = { .comp_mask = DRC_STATS_ALL }, after = { .comp_mask = DRC_STATS_ALL };
     drc_region_t *r = NULL;
     struct handle *h;
     uintptr_t rs;
@@ -289,7 +289,7 @@ static void op_put(struct state *st, struct fuzz_in *in)
         still |= st->holds[i].r == r;
     /* one put too many, while its registration is known to be this region's and idle in the cache */
     if (!still && handle_of(r)->live && fuzz_u8(in) & 1) {
-        struct drc_stats a, b;
+        struct drc_stats a = { .comp_mask = DRC_STATS_ALL }, b = { .comp_mask = DRC_STATS_ALL };
 
         drc_cache_stats(st->c, &a);
         FUZZ_ASSERT(drc_put(st->c, r) == -EINVAL);

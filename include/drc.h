@@ -29,6 +29,24 @@
  * call is ever made for it (a child must not deregister the parent's MRs),
  * and its locks are made anew (another parent thread may have held them at
  * the fork). Caches created in the child work as usual.
+ *
+ * The ABI rule (from 0.1.0 on). The soname stays libdrc.so.0: calls are only
+ * added, never changed or removed, each release's new names under a symbol
+ * version node of their own (DRC_0.1, DRC_0.2, ...). The structs that cross
+ * the boundary (drc_config, drc_backend, drc_reg_args, drc_stats) grow only
+ * at their end, behind a comp_mask, as rdma-core's extended structs do:
+ *   - the fields before comp_mask are the 0.1 fields and are always used;
+ *   - each field after it has a bit DRC_<STRUCT>_<FIELD> and is used only when
+ *     that bit is set in comp_mask, so a program built with an older header
+ *     (whose struct ends earlier) is never read or written past its end;
+ *   - inputs (drc_config, drc_backend): zero-initialise, set the bit of each
+ *     later field you fill; a library older than your header answers a bit it
+ *     does not know with -EINVAL;
+ *   - outputs (drc_stats): set comp_mask to the bits of the fields your struct
+ *     has (DRC_STATS_ALL); the library fills the 0.1 fields and each asked one
+ *     it knows, and sets comp_mask to the bits it filled;
+ *   - drc_reg_args, handed to a backend: drc sets comp_mask to the later fields
+ *     it filled; a backend reads one only when its bit is set.
  */
 #ifndef DRC_H
 #define DRC_H
@@ -42,6 +60,15 @@ extern "C" {
 #endif
 
 #define DRC_API __attribute__((visibility("default")))
+
+/*
+ * The version of this header. The library's soname is libdrc.so.0 for every
+ * 0.x release; each release's new names get their own symbol version node
+ * (DRC_0.1, ...), and drc_version() says which library is actually loaded.
+ */
+#define DRC_VERSION_MAJOR 0
+#define DRC_VERSION_MINOR 1
+#define DRC_VERSION_PATCH 0
 
 typedef struct drc_cache  drc_cache_t;   /* opaque */
 typedef struct drc_region drc_region_t;  /* opaque: one registered range */
@@ -79,6 +106,8 @@ struct drc_reg_args {
     int       dmabuf_fd;       /* -1 unless the memory was exported as a dmabuf */
     uint64_t  dmabuf_offset;   /* start - export base, page offset kept */
     unsigned  access;          /* IBV_ACCESS_* bits */
+    uint32_t  comp_mask;       /* set by drc: the later fields it filled (none yet) */
+    /* fields added after 0.1 go here, each with a bit (see the ABI rule at the top) */
 };
 
 /*
@@ -94,6 +123,7 @@ struct drc_backend {
     int  (*reg)(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey);
     int  (*dereg)(void *ctx, void *handle);   /* both return 0 or a negative errno */
     void *ctx;
+    uint32_t comp_mask;        /* 0: no later field is set (none exist yet); see the ABI rule */
 };
 
 /* drc_config.flags */
@@ -113,13 +143,15 @@ struct drc_config {            /* NULL means defaults; zero-initialise what you 
     size_t   max_bytes;        /* likewise for registered bytes; 0 = no limit */
     unsigned flags;            /* DRC_F_* */
     enum drc_policy policy;    /* verbs caches only */
+    uint32_t comp_mask;        /* 0: no later field is set (none exist yet); see the ABI rule */
 };
 
 /*
  * Create a cache in front of a registration backend.
  * @be   copied; its functions are called from whichever thread misses or frees.
  * @cfg  NULL for defaults (no limits, coalescing on).
- * Returns 0, -EINVAL (NULL be/out, missing reg/dereg, unknown flags) or -ENOMEM.
+ * Returns 0, -EINVAL (NULL be/out, missing reg/dereg, unknown flags, a
+ * comp_mask bit of @be or @cfg this library does not know) or -ENOMEM.
  * The cache subscribes to drc_notify_free(). Thread-safe.
  */
 DRC_API int  drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg, drc_cache_t **out);
@@ -184,8 +216,16 @@ DRC_API unsigned drc_region_access(const drc_region_t *r);    /* the IBV_ACCESS_
 struct drc_stats {
     uint64_t hits, misses, merges, invalidated, evicted, regs, deregs;  /* events since create */
     uint64_t regions, bytes, in_use;  /* now: regions a lookup can find, their bytes, regions referenced */
+    uint32_t comp_mask;        /* in: the DRC_STATS_* fields your struct has; out: those filled */
+    uint64_t detached;         /* DRC_STATS_DETACHED: invalidated or superseded regions still referenced */
 };
-/* A snapshot of the counters; each is exact, the set is not one instant. Thread-safe. */
+#define DRC_STATS_DETACHED (1u << 0)
+#define DRC_STATS_ALL      DRC_STATS_DETACHED   /* every later field this header has */
+/*
+ * A snapshot of the counters; each is exact, the set is not one instant.
+ * Set s->comp_mask first (DRC_STATS_ALL, or 0 for the 0.1 fields only): the
+ * library writes nothing your struct does not have. Thread-safe.
+ */
 DRC_API void drc_cache_stats(drc_cache_t *c, struct drc_stats *s);
 
 /*
@@ -195,6 +235,13 @@ DRC_API void drc_cache_stats(drc_cache_t *c, struct drc_stats *s);
  * calls strerror()).
  */
 DRC_API const char *drc_strerror(int err);
+
+/*
+ * The version of the loaded library (which may be newer than the header a
+ * program was built with): stores its parts in each non-NULL argument and
+ * returns them as "MAJOR.MINOR.PATCH" (static storage). Thread-safe.
+ */
+DRC_API const char *drc_version(unsigned *major, unsigned *minor, unsigned *patch);
 
 /* ---- Invalidation from the allocator ------------------------------------ */
 

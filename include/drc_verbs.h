@@ -51,7 +51,8 @@ extern "C" {
  * that registers through dmabuf fails with -EOPNOTSUPP instead of returning
  * a region that lacks it; drc_region_access() is what the MR allows.
  *
- * Returns 0, -EINVAL (NULL @pd or @out, unknown policy), -ENOMEM, -ENOSYS
+ * Returns 0, -EINVAL (NULL @pd or @out, an unknown policy, flag or comp_mask
+ * bit: see drc.h's ABI rule), -ENOMEM, -ENOSYS
  * (no libibverbs.so.1 could be loaded) or the error of ibv_query_device.
  * Thread-safe.
  */

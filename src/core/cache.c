@@ -1071,12 +1071,16 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     drc_cache_t *c;
     int err;
 
-    if (!be || !out || !be->reg || !be->dereg || (cfg && (cfg->flags & ~KNOWN_FLAGS)))
+    /* drc.h's ABI rule: only the fields a caller's comp_mask covers are read (none after 0.1's yet) */
+    if (!be || !out || !be->reg || !be->dereg || be->comp_mask ||
+        (cfg && ((cfg->flags & ~KNOWN_FLAGS) || cfg->comp_mask)))
         return -EINVAL;
     c = mem_alloc(sizeof(*c));
     if (!c)
         return -ENOMEM;
-    c->be = *be;
+    c->be.reg = be->reg;      /* field by field: an older caller's struct may end earlier */
+    c->be.dereg = be->dereg;
+    c->be.ctx = be->ctx;
     c->page = (size_t)sysconf(_SC_PAGESIZE);
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
@@ -1226,11 +1230,16 @@ static uint64_t tally_sum(const drc_cache_t *c, int what)
 void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
 {
     uint64_t used, idled, again;
+    uint32_t want;
     int tries;
 
     if (!s)
         return;
-    memset(s, 0, sizeof(*s));
+    want = s->comp_mask & DRC_STATS_ALL;    /* drc.h's ABI rule: write only what the caller's struct has */
+    memset(s, 0, offsetof(struct drc_stats, comp_mask));
+    s->comp_mask = want;
+    if (want & DRC_STATS_DETACHED)
+        s->detached = 0;
     if (!c)
         return;
     s->hits = tally_sum(c, ST_HITS);
@@ -1251,6 +1260,12 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     s->regs = LD(c->regs);
     s->regions = LD(c->regions);
     s->bytes = LD(c->bytes);
+    if (want & DRC_STATS_DETACHED) {
+        /* the one count not kept incrementally: walks the (few) detached regions under the lock */
+        lock(c);
+        s->detached = held_in(&c->detached);
+        unlock(c);
+    }
 }
 
 int drc_region_valid(const drc_region_t *r)

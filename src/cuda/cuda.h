@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "drc.h"   /* DRC_API: the few names libdrc_preload.so needs are exported under DRC_PRIVATE (drc.map) */
+
 /* The CUDA constants drc uses, from cuda.h and cuda_runtime_api.h (CUDA 11.7 - 13): here and nowhere else. */
 enum {
     DRC__CUDA_SUCCESS = 0,
@@ -208,7 +210,7 @@ void *drc__cuda_primary_ctx(const struct drc__cuda_driver *d, int device);
  * RANGE_SIZE) is asked, which needs no context. Allocates nothing.
  */
 __attribute__((visibility("default")))    /* the preload's verbs front uses it (drc.map, DRC_PRIVATE_0) */
-int drc__cuda_alloc_range(uintptr_t addr, uintptr_t *base, size_t *len);
+DRC_API int drc__cuda_alloc_range(uintptr_t addr, uintptr_t *base, size_t *len);
 
 /* CU_DEVICE_ATTRIBUTE_* @attr of CUDA ordinal @device: 0 with *value, or -ENODEV / -EIO. */
 int drc__cuda_device_attr(int device, int attr, int *value);

@@ -143,7 +143,7 @@ static int attr(int dev, int a)
 static void try_gpu(struct findings *f, struct ibv_pd *pd)
 {
     const struct drc__cuda_driver *d = drc__cuda_driver();
-    struct drc_config cfg = { 0, 0, 0, DRC_DMABUF_THEN_PEERMEM };
+    struct drc_config cfg = { .flags = 0, .policy = DRC_DMABUF_THEN_PEERMEM };
     unsigned long long p = 0;
     struct drc__mem m;
     drc_cache_t *c = NULL;

@@ -46,7 +46,7 @@ static int check(int err, const char *what)
 
 static void print_stats(drc_cache_t *c, const char *when)
 {
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
 
     drc_cache_stats(c, &s);
     printf("%-34s hits %6llu  misses %4llu  merges %3llu  invalidated %3llu  regions %3llu  bytes %9llu\n", when,
@@ -58,7 +58,7 @@ static int demo(void)
 {
     enum { BUFS = 8, BUF_LEN = 1 << 20, MSG = 4096 };
     struct demo_backend b = { 0, 0 };
-    struct drc_backend be = { demo_reg, demo_dereg, &b };
+    struct drc_backend be = { .reg = demo_reg, .dereg = demo_dereg, .ctx = &b };
     drc_cache_t *c;
     drc_region_t *r;
     char *buf[BUFS];

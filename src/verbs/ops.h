@@ -31,6 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "drc.h"   /* DRC_API: the few names libdrc_preload.so needs are exported under DRC_PRIVATE (drc.map) */
+
 struct ibv_context;
 struct ibv_device;
 struct ibv_device_attr;
@@ -60,7 +62,7 @@ struct drc__verbs_ops {
 const struct drc__verbs_ops *drc__verbs(void);
 
 /* Use @ops (copied) from now on; NULL goes back to the default (libibverbs.so.1, filled on next use). */
-void drc__verbs_install(const struct drc__verbs_ops *ops);
+DRC_API void drc__verbs_install(const struct drc__verbs_ops *ops);
 
 /*
  * Fill @ops with @lookup(arg, name, version) for each entry (rdma-core's
@@ -70,7 +72,7 @@ void drc__verbs_install(const struct drc__verbs_ops *ops);
  * dealloc_pd) were found, else -ENOSYS (the table is filled all the same).
  */
 typedef void *drc__verbs_lookup_fn(void *arg, const char *name, const char *version);
-int drc__verbs_ops_fill(struct drc__verbs_ops *ops, drc__verbs_lookup_fn *lookup, void *arg);
+DRC_API int drc__verbs_ops_fill(struct drc__verbs_ops *ops, drc__verbs_lookup_fn *lookup, void *arg);
 
 /*
  * Fill @ops from the library at @path (dlopen RTLD_NOW | RTLD_LOCAL; a name

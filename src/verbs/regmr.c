@@ -380,7 +380,7 @@ int drc_pd_release(struct ibv_pd *pd)
 void drc__regmr_totals(struct drc__regmr_totals *t)
 {
     struct pd_entry *e, *tmp;
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
 
     memset(t, 0, sizeof(*t));
     t->pds = __atomic_load_n(&n_pds, __ATOMIC_RELAXED);

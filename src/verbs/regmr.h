@@ -24,7 +24,7 @@ DRC_API void drc__regmr_configure(const struct drc_config *cfg);   /* DRC_API: l
 DRC_API int drc__regmr_dereg(struct ibv_mr *mr);
 
 /* 1 if @mr is a caller MR handed out by drc_reg_mr and not yet deregistered. */
-int drc__regmr_owns(const struct ibv_mr *mr);
+DRC_API int drc__regmr_owns(const struct ibv_mr *mr);
 
 /*
  * What drc_reg_mr did over the process's life, for the interposer's exit

@@ -239,7 +239,7 @@ static void verbs_release(void *ctx)
 
 int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_cache_t **out)
 {
-    struct drc_backend be = { verbs_reg, verbs_dereg, NULL };
+    struct drc_backend be = { .reg = verbs_reg, .dereg = verbs_dereg, .ctx = NULL };
     struct drc__cache_opts o = { 0, verbs_release };
     const struct drc__verbs_ops *ops = drc__verbs();
     struct drc_config core_cfg;

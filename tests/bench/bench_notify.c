@@ -78,7 +78,7 @@ static int fake_free(drc__cuptr d)
 
 int main(void)
 {
-    struct drc_backend be = { reg, dereg, NULL };
+    struct drc_backend be = { .reg = reg, .dereg = dereg, .ctx = NULL };
     struct drc__cuda_driver drv = { .cuMemGetAddressRange = fake_range, .cuMemFree = fake_free };
     const uintptr_t base = 0x10000000000ull, far = 0x30000000000ull;
     size_t pg = (size_t)sysconf(_SC_PAGESIZE);

@@ -521,7 +521,7 @@ static void registration_always_raced_fails_with_nothing_cached(void **state)
     drc_cache_t *c = mk(b, NULL);
     struct in_reg x = { .c = c, .times = -1 };
     drc_region_t *r = NULL;
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
 
     (void)state;
     b->reg_hook = invalidate_in_reg;
@@ -704,6 +704,7 @@ static int reenter(struct tb *b, unsigned long id, void *arg)
     (void)id;
     if (x->fired++)
         return 0;
+    x->seen.comp_mask = DRC_STATS_ALL;
     drc_cache_stats(x->c, &x->seen);
     x->inner_get = drc_get(x->c, at(x->get_page, 0), pg(), LW, &r);
     x->inner_id = r ? rid(r) : 0;
@@ -860,7 +861,7 @@ static void bad_invalidate_and_create_arguments(void **state)
 
 static void null_accessors_are_safe(void **state)
 {
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
     uintptr_t st = 1;
     size_t len = 1;
     struct tb *b = tb_new();

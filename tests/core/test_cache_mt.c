@@ -72,7 +72,7 @@ static void concurrent_misses_leave_one_region(void **state)
     struct same s = { .c = mk(b, NULL) };
     struct same_arg args[THREADS];
     pthread_t th[THREADS];
-    struct drc_stats st;
+    struct drc_stats st = { .comp_mask = DRC_STATS_ALL };
     int i, k;
 
     (void)state;
@@ -157,7 +157,7 @@ static void invalidation_while_reg_is_blocked(void **state)
     drc_cache_t *c = mk(b, NULL);
     struct gate g = { .m = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .block_id = 1 };
     struct getter x = { .c = c, .addr = at(0, 0), .len = 2 * pg() };
-    struct drc_stats st;
+    struct drc_stats st = { .comp_mask = DRC_STATS_ALL };
     drc_region_t *o;
     pthread_t th;
 
@@ -314,7 +314,7 @@ static void race_invalidations(const struct drc_config *cfg)
     struct hitter h[HITTERS];
     pthread_t th[HITTERS];
     uint64_t rng = 42;
-    struct drc_stats st;
+    struct drc_stats st = { .comp_mask = DRC_STATS_ALL };
     unsigned long before;
     int i, k;
     size_t p;

@@ -47,8 +47,8 @@ static int seen_dereg(void *ctx, void *h)
 
 static drc_cache_t *seen_cache(struct seen *s, unsigned flags)
 {
-    struct drc_backend be = { seen_reg, seen_dereg, s };
-    struct drc_config cfg = { 0, 0, flags, DRC_DMABUF_THEN_PEERMEM };
+    struct drc_backend be = { .reg = seen_reg, .dereg = seen_dereg, .ctx = s };
+    struct drc_config cfg = { .flags = flags, .policy = DRC_DMABUF_THEN_PEERMEM };
     drc_cache_t *c;
 
     memset(s, 0, sizeof(*s));
@@ -366,7 +366,7 @@ static void validate_catches_realloc(void **state)
 {
     struct seen s, s2;
     drc_cache_t *c = seen_cache(&s, DRC_F_VALIDATE), *plain;
-    struct drc_stats st;
+    struct drc_stats st = { .comp_mask = DRC_STATS_ALL };
     drc_region_t *r;
 
     (void)state;
@@ -386,7 +386,7 @@ static void validate_catches_realloc(void **state)
     assert_int_equal(drc_put(c, r), 0);
     /* without the flag the stale region is returned: what the flag is for */
     {
-        struct drc_backend be = { seen_reg, seen_dereg, &s2 };
+        struct drc_backend be = { .reg = seen_reg, .dereg = seen_dereg, .ctx = &s2 };
         memset(&s2, 0, sizeof(s2));
         assert_int_equal(drc_cache_create(&be, NULL, &plain), 0);
     }
@@ -407,7 +407,7 @@ static void no_coalescing_across_allocations(void **state)
 {
     struct seen s;
     drc_cache_t *c = seen_cache(&s, 0);
-    struct drc_stats st;
+    struct drc_stats st = { .comp_mask = DRC_STATS_ALL };
     drc_region_t *r;
 
     (void)state;

@@ -50,8 +50,8 @@ static drc_cache_t *cache;
 
 static int setup(void **state)
 {
-    struct drc_backend be = { rec_reg, rec_dereg, &rec };
-    struct drc_config cfg = { 0, 0, 0, DRC_DMABUF_THEN_PEERMEM };
+    struct drc_backend be = { .reg = rec_reg, .dereg = rec_dereg, .ctx = &rec };
+    struct drc_config cfg = { .policy = DRC_DMABUF_THEN_PEERMEM };
 
     fc_reset();
     memset(&rec, 0, sizeof(rec));

@@ -82,7 +82,7 @@ static void test_free_racing_get_never_returns_the_old_region(void **state)
     struct drc__cuda_driver d = { .cuMemGetAddressRange = fake_range, .cuMemFree = fake_free };
     pthread_t t[GETTERS];
     unsigned long stale[GETTERS];
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
     int i, frees = 1;
 
     (void)state;

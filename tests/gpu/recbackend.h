@@ -82,8 +82,8 @@ static inline unsigned long long rec_buffer_id(const drc_region_t *reg)
 
 static inline drc_cache_t *rec_cache(struct rec *r, unsigned flags)
 {
-    struct drc_backend be = { rec_reg, rec_dereg, r };
-    struct drc_config cfg = { 0, 0, flags, DRC_DMABUF_THEN_PEERMEM };
+    struct drc_backend be = { .reg = rec_reg, .dereg = rec_dereg, .ctx = r };
+    struct drc_config cfg = { .flags = flags, .policy = DRC_DMABUF_THEN_PEERMEM };
     drc_cache_t *c = NULL;
 
     memset(r, 0, sizeof(*r));

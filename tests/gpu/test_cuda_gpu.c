@@ -70,8 +70,8 @@ static int rec_dereg(void *ctx, void *handle)
 
 static drc_cache_t *rec_cache(struct rec *r, unsigned flags)
 {
-    struct drc_backend be = { rec_reg, rec_dereg, r };
-    struct drc_config cfg = { 0, 0, flags, DRC_DMABUF_THEN_PEERMEM };
+    struct drc_backend be = { .reg = rec_reg, .dereg = rec_dereg, .ctx = r };
+    struct drc_config cfg = { .flags = flags, .policy = DRC_DMABUF_THEN_PEERMEM };
     drc_cache_t *c = NULL;
 
     memset(r, 0, sizeof(*r));
@@ -302,7 +302,7 @@ static void test_coalesce(void)
     CUdeviceptr a, b;
     struct rec r;
     drc_cache_t *c = rec_cache(&r, 0);
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
     int e;
 
     printf("coalescing: inside one cuMemAlloc, never across two\n");
@@ -340,7 +340,7 @@ static void test_validate(void)
     struct rec r, r2;
     drc_cache_t *c = rec_cache(&r, DRC_F_VALIDATE);
     drc_cache_t *plain;
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
     struct drc__mem m1, m2;
     CUdeviceptr p, q;
     int e;

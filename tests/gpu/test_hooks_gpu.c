@@ -120,7 +120,7 @@ static size_t free_mem(void)
 static void hazard(drc_cache_t *c, enum how h, int expect_caught)
 {
     const size_t size = 256u << 20, mib = 1u << 20;
-    struct drc_stats s0, s1;
+    struct drc_stats s0 = { .comp_mask = DRC_STATS_ALL }, s1 = { .comp_mask = DRC_STATS_ALL };
     drc_region_t *r1, *r2;
     size_t before, after;
     uintptr_t id1, id2;
@@ -212,7 +212,7 @@ static void cost(drc_cache_t *c)
 
 int main(int argc, char **argv)
 {
-    struct drc_backend be = { hold_reg, hold_dereg, NULL };
+    struct drc_backend be = { .reg = hold_reg, .dereg = hold_dereg, .ctx = NULL };
     const char *mode = argc > 1 ? argv[1] : "wrappers";
     drc_cache_t *c;
     int rt_ver = 0;

@@ -188,7 +188,7 @@ static int ibv_dlsym(void)
 
 int main(int argc, char **argv)
 {
-    struct drc_backend be = { reg, dereg, NULL };
+    struct drc_backend be = { .reg = reg, .dereg = dereg, .ctx = NULL };
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 4 * pg, off = pg;
     struct seen s = { 0 };
     unsigned long long d;

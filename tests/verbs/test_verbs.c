@@ -116,7 +116,7 @@ static int teardown(void **state)
 
 static drc_cache_t *cache(enum drc_policy policy, unsigned flags)
 {
-    struct drc_config cfg = { 0, 0, flags, policy };
+    struct drc_config cfg = { .flags = flags, .policy = policy };
     drc_cache_t *c = NULL;
 
     assert_int_equal(drc_cache_create_verbs(&fake_pd, &cfg, &c), 0);
@@ -323,7 +323,7 @@ static void policies(void **state)
     finish(c);
     /* an unknown policy */
     {
-        struct drc_config cfg = { 0, 0, 0, (enum drc_policy)7 };
+        struct drc_config cfg = { .flags = 0, .policy = (enum drc_policy)7 };
         drc_cache_t *x = NULL;
 
         assert_int_equal(drc_cache_create_verbs(&fake_pd, &cfg, &x), -EINVAL);
@@ -377,7 +377,7 @@ static void max_mr_size_is_never_exceeded(void **state)
 static void registration_failure_leaves_nothing(void **state)
 {
     drc_cache_t *c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
     drc_region_t *r;
 
     (void)state;
