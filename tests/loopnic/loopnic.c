@@ -117,7 +117,6 @@ static struct table *g_tab;
 static int g_regfd = -1;
 static int g_ndev = 2;
 static int g_eth;                   /* link layer Ethernet (RoCE) instead of InfiniBand */
-static int g_peermem;
 static uint64_t g_max_mr_size = UINT64_MAX;
 static struct ibv_device g_dev[MAXDEV];
 static struct loopnic_counters g_cnt[MAXDEV];
@@ -253,8 +252,6 @@ static void init_once(void)
         g_ndev = g_ndev < 0 ? 0 : MAXDEV;
     s = getenv("LOOPNIC_LINK_LAYER");
     g_eth = s && (!strcasecmp(s, "eth") || !strcasecmp(s, "ethernet") || !strcasecmp(s, "roce"));
-    s = getenv("LOOPNIC_PEERMEM");
-    g_peermem = s && *s && strcmp(s, "0");
     g_max_mr_size = env_ul("LOOPNIC_MAX_MR_SIZE", UINT64_MAX);
     g_fail_reg_at = env_ul("LOOPNIC_FAIL_REG", 0);
     g_fail_dmabuf_at = env_ul("LOOPNIC_FAIL_DMABUF_REG", 0);
@@ -1007,7 +1004,8 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
             gpu_buffer_id(a, &buffer_id);
         }
     } else if (is_gpu(a)) {
-        if (!g_peermem) { /* no nvidia-peermem: the kernel cannot pin GPU pages */
+        const char *pm = getenv("LOOPNIC_PEERMEM"); /* read each time: tests flip it */
+        if (!pm || !*pm || !strcmp(pm, "0")) { /* no nvidia-peermem: the kernel cannot pin GPU pages */
             err = EFAULT;
             goto fail;
         }

@@ -21,8 +21,12 @@ $B/loopnic/test_loopnic_inplace $B/loopnic/test_loopnic_preload: $B/loopnic/test
 	  $(if $(findstring inplace,$@),'LOOPNIC_TEST_MODE=inplace LD_LIBRARY_PATH="$$d$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"',\
 	    'LOOPNIC_TEST_MODE=preload LD_PRELOAD="$$d/libloopnic.so$${LD_PRELOAD:+ $$LD_PRELOAD}"') > $@
 	chmod +x $@
+# A CUDA double whose device memory is host memory, so the GPU paths run without a GPU.
+$B/loopnic/fakecuda/libcuda.so.1: tests/loopnic/fake_cuda_lite.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -fvisibility=hidden -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 LOOPNIC_TESTS := $B/loopnic/test_loopnic_inplace $B/loopnic/test_loopnic_preload
 .PHONY: test-loopnic
-test-loopnic: $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so $(LOOPNIC_TESTS)
+test-loopnic: $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so $B/loopnic/fakecuda/libcuda.so.1 $(LOOPNIC_TESTS)
 	@mkdir -p $B/test-results && tests/run.sh $B/test-results/loopnic $(LOOPNIC_TESTS)
 test: test-loopnic
