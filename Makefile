@@ -115,6 +115,7 @@ test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
 	  else echo "!! $$f failed on its corpus"; echo "$$f 0 1" >> $B/test-results/fuzz-replay; fi; \
 	done
 test: test-fuzz-replay
+include tests/loopnic/loopnic.mk
 
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
