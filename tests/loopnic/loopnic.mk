@@ -25,7 +25,13 @@ $B/loopnic/test_loopnic_inplace $B/loopnic/test_loopnic_preload: $B/loopnic/test
 $B/loopnic/fakecuda/libcuda.so.1: tests/loopnic/fake_cuda_lite.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -fvisibility=hidden -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
-LOOPNIC_TESTS := $B/loopnic/test_loopnic_inplace $B/loopnic/test_loopnic_preload
+# End to end: drc's verbs cache (libdrc.a) on the provider, its libibverbs.so.1 through the rpath.
+$B/loopnic/test_e2e_drc: tests/loopnic/test_e2e_drc.c tests/loopnic/loopnic.h include/drc.h $B/libdrc.a \
+                         $B/loopnic/libibverbs.so.1
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/loopnic -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/loopnic -l:libibverbs.so.1 \
+	  -Wl,-rpath,'$$ORIGIN' -lcmocka $(filter-out -libverbs,$(LDLIBS))
+LOOPNIC_TESTS := $B/loopnic/test_loopnic_inplace $B/loopnic/test_loopnic_preload $B/loopnic/test_e2e_drc
 .PHONY: test-loopnic
 test-loopnic: $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so $B/loopnic/fakecuda/libcuda.so.1 $(LOOPNIC_TESTS)
 	@mkdir -p $B/test-results && tests/run.sh $B/test-results/loopnic $(LOOPNIC_TESTS)
