@@ -115,6 +115,7 @@ static __thread int t_in;           /* >0 while this thread is inside the provid
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static struct table *g_tab;
 static int g_regfd = -1;
+static char g_regpath[PATH_MAX];
 static int g_ndev = 2;
 static int g_eth;                   /* link layer Ethernet (RoCE) instead of InfiniBand */
 static uint64_t g_max_mr_size = UINT64_MAX;
@@ -236,9 +237,34 @@ static struct table *table_shared(const char *path)
             t->qp[i].in_use = 0;
     flock(fd, LOCK_UN);
     g_regfd = fd;
+    snprintf(g_regpath, sizeof(g_regpath), "%s", path);
     /* Yama (ptrace_scope 1) would refuse process_vm_writev from a peer that is not our parent. */
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     return t;
+}
+
+/* fork(): no other thread holds g_lock in the child, and the child gets an open file description
+ * of its own for the registry (flock() locks belong to the description, shared across fork). */
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&g_lock);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void atfork_child(void)
+{
+    if (g_regfd >= 0) {
+        int fd = open(g_regpath, O_RDWR | O_CLOEXEC);
+        if (fd >= 0) {
+            dup3(fd, g_regfd, O_CLOEXEC);
+            close(fd);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
 }
 
 static void init_once(void)
@@ -272,6 +298,7 @@ static void init_once(void)
         g_tab = table_shared(s);
     if (!g_tab)
         g_tab = table_private();
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     if (!g_tab)
         fprintf(stderr, "loopnic: cannot map the MR table\n");
     else if (g_tab->next_pd_id == 0)

@@ -1374,6 +1374,86 @@ static void test_two_processes(void **state)
     munmap(buf, PEER_LEN);
 }
 
+/* ---- the environment variables, read at start-up: checked in a child started with them ---- */
+#define CHILD_CHECK(cond, code) do { if (!(cond)) { fprintf(stderr, "env child: %s\n", #cond); return code; } } while (0)
+
+static int env_child_main(void)
+{
+    struct ibv_device **l;
+    struct ibv_device_attr da;
+    struct ibv_port_attr pa;
+    struct ibv_gid_entry ge;
+    struct ibv_qp_attr qa;
+    struct ibv_mr *m1, *m2, *m3;
+    struct ibv_sge sg;
+    struct ibv_wc wc;
+    struct side a, b;
+    unsigned char *p = mmap(NULL, 4 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    int n = 0, fd = memfd_create("loopnic-env", MFD_CLOEXEC);
+
+    l = ibv_get_device_list(&n);
+    CHILD_CHECK(l && n == 3, 20);
+    CHILD_CHECK(!strcmp(ibv_get_device_name(l[2]), "loop2"), 21);
+    devs = l;
+    ndevs = n;
+    side_open(&a, 0);
+    side_open(&b, 2);
+    CHILD_CHECK(ibv_query_device(a.ctx, &da) == 0 && da.max_mr_size == 65536, 22);
+    CHILD_CHECK(ibv_query_port(a.ctx, 1, &pa) == 0 && pa.link_layer == IBV_LINK_LAYER_ETHERNET, 23);
+    CHILD_CHECK(ibv_query_gid_ex(a.ctx, 1, 0, &ge, 0) == 0 && ge.gid_type == IBV_GID_TYPE_ROCE_V2, 24);
+    /* RoCE: RTR without a GRH is refused */
+    CHILD_CHECK(to_init(a.qp, ALL_ACCESS) == 0, 25);
+    memset(&qa, 0, sizeof(qa));
+    qa.qp_state = IBV_QPS_RTR;
+    qa.path_mtu = IBV_MTU_1024;
+    qa.dest_qp_num = b.qp->qp_num;
+    qa.max_dest_rd_atomic = 1;
+    CHILD_CHECK(ibv_modify_qp(a.qp, &qa, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == EINVAL, 26);
+    CHILD_CHECK(to_rtr(a.qp, b.qp->qp_num, 0) == 0 && to_rts(a.qp) == 0, 27);
+    connect_qp(b.qp, a.qp->qp_num, ALL_ACCESS);
+    /* LOOPNIC_FAIL_REG=2, LOOPNIC_FAIL_DMABUF_REG=1, LOOPNIC_FAIL_WR=1 */
+    m1 = ibv_reg_mr(a.pd, p, 4096, ALL_ACCESS);
+    m2 = ibv_reg_mr(a.pd, p, 4096, ALL_ACCESS);
+    CHILD_CHECK(m1 && !m2 && errno == ENOMEM, 28);
+    m3 = ibv_reg_mr(b.pd, p + 4096, 4096, ALL_ACCESS);
+    CHILD_CHECK(m3, 29);
+    CHILD_CHECK(fd >= 0 && ftruncate(fd, 4096) == 0, 30);
+    CHILD_CHECK(!ibv_reg_dmabuf_mr(a.pd, 0, 4096, (uintptr_t)p, fd, ALL_ACCESS), 31);
+    sg = sge(m1, p, 4096);
+    memset(p, 1, 4096);
+    CHILD_CHECK(post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)p + 4096, m3->rkey, IBV_SEND_SIGNALED, 1) == 0, 32);
+    CHILD_CHECK(ibv_poll_cq(a.cq, 1, &wc) == 1 && wc.status == IBV_WC_RETRY_EXC_ERR, 33);
+    CHILD_CHECK(all(p + 4096, 4096, 0), 34);
+    return 0;
+}
+
+static void test_environment_variables(void **state)
+{
+    char fdless[8];
+    int status;
+    pid_t pid;
+
+    (void)state;
+    NEED_LOOPNIC();
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("LOOPNIC_DEVICES", "3", 1);
+        setenv("LOOPNIC_LINK_LAYER", "eth", 1);
+        setenv("LOOPNIC_MAX_MR_SIZE", "65536", 1);
+        setenv("LOOPNIC_FAIL_REG", "2", 1);
+        setenv("LOOPNIC_FAIL_DMABUF_REG", "1", 1);
+        setenv("LOOPNIC_FAIL_WR", "1", 1);
+        snprintf(fdless, sizeof(fdless), "-");
+        execl("/proc/self/exe", "test_loopnic", "--env-child", fdless, (char *)NULL);
+        _exit(127);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -1408,6 +1488,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_async_events),
         cmocka_unit_test(test_write_with_imm),
         cmocka_unit_test(test_two_processes),
+        cmocka_unit_test(test_environment_variables),
         cmocka_unit_test(test_gpu_memory),   /* last: it loads a CUDA double into the process */
     };
     int rc, own_registry = 0;
@@ -1415,6 +1496,8 @@ int main(int argc, char **argv)
     page = sysconf(_SC_PAGESIZE);
     if (argc == 3 && !strcmp(argv[1], "--child"))
         return child_main(atoi(argv[2]));
+    if (argc == 3 && !strcmp(argv[1], "--env-child"))
+        return env_child_main();
     mode = getenv("LOOPNIC_TEST_MODE");
     if (!getenv("LOOPNIC_REGISTRY")) { /* set before the first verbs call: the provider reads it then */
         snprintf(registry, sizeof(registry), "/dev/shm/loopnic-test-%d", (int)getpid());
