@@ -131,6 +131,11 @@ struct inode_seen { uint64_t dev, ino, devmask; };
 static struct inode_seen *g_inodes;
 static size_t g_ninodes, g_capinodes;
 static long g_page = 4096;
+/* LOOPNIC_PAGEMAP=1: the page frames of each host MR, read from /proc/self/pagemap at registration
+ * (after faulting the pages in, as pinning does) and compared at WR time. Process-local. */
+struct pfns { uint64_t *pfn; uint64_t first_page, npages; };
+static struct pfns g_pfns[NMR];
+static int g_pagemap_fd = -1;
 
 static void lock(void)
 {
@@ -419,6 +424,75 @@ static int host_mapped(uint64_t a, uint64_t n)
     return 1;
 }
 
+/* ---- page identity (LOOPNIC_PAGEMAP=1) ---- */
+static int pagemap_on(void)
+{
+    const char *s = getenv("LOOPNIC_PAGEMAP"); /* read each time: tests flip it */
+    return s && *s && strcmp(s, "0");
+}
+
+/* The page frame numbers of pages [first, first+n) of this process (0 where not present), or -1
+ * if pagemap cannot be read. Without CAP_SYS_ADMIN the kernel reports every PFN as 0. */
+static int read_pfns(uint64_t first, uint64_t n, uint64_t *out)
+{
+    size_t want = n * sizeof(*out), got = 0;
+
+    if (g_pagemap_fd < 0)
+        g_pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (g_pagemap_fd < 0)
+        return -1;
+    while (got < want) {
+        ssize_t r = pread(g_pagemap_fd, (char *)out + got, want - got, (off_t)(first * sizeof(*out) + got));
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = (out[i] >> 63) ? out[i] & ((1ull << 55) - 1) : 0;
+    return 0;
+}
+
+/* Fault [a, a+n) in writable (as pinning for the NIC does) and read its frames. NULL if the
+ * frames are not visible. */
+static uint64_t *pin_pfns(uint64_t a, uint64_t n, uint64_t *first, uint64_t *npages)
+{
+    uint64_t s = a & ~(uint64_t)(g_page - 1), e = (a + n + (uint64_t)g_page - 1) & ~(uint64_t)(g_page - 1);
+    uint64_t *pfn, nz = 0;
+
+    if (madvise((void *)(uintptr_t)s, e - s, MADV_POPULATE_WRITE) != 0)
+        madvise((void *)(uintptr_t)s, e - s, MADV_POPULATE_READ);
+    *first = s / (uint64_t)g_page;
+    *npages = (e - s) / (uint64_t)g_page;
+    pfn = malloc(*npages * sizeof(*pfn));
+    if (pfn && read_pfns(*first, *npages, pfn) == 0)
+        for (uint64_t i = 0; i < *npages; i++)
+            nz |= pfn[i];
+    if (!nz) {
+        free(pfn);
+        return NULL;
+    }
+    return pfn;
+}
+
+/* Do the pages of [a, a+n) still have the frames they had at registration? */
+static int pfns_changed(const struct pfns *p, uint64_t a, uint64_t n)
+{
+    uint64_t first = a / (uint64_t)g_page, last = (a + n - 1) / (uint64_t)g_page, cur[64];
+
+    if (!p->pfn || !n)
+        return 0;
+    for (uint64_t pg = first; pg <= last; pg += 64) {
+        uint64_t k = last - pg + 1 < 64 ? last - pg + 1 : 64;
+        if (read_pfns(pg, k, cur) != 0)
+            return 1;
+        for (uint64_t i = 0; i < k; i++)
+            if (pg + i >= p->first_page && pg + i < p->first_page + p->npages &&
+                cur[i] != p->pfn[pg + i - p->first_page])
+                return 1;
+    }
+    return 0;
+}
+
 /* ---- stale tracking ---- */
 static void add_stale(struct sh_mr *m, uint64_t lo, uint64_t hi)
 {
@@ -469,6 +543,8 @@ static int mr_stale(struct sh_mr *m, uint64_t a, uint64_t n)
     for (uint32_t i = 0; i < m->nstale; i++)
         if (a < m->stale[i][1] && a + n > m->stale[i][0])
             return 1;
+    if (!(m->flags & F_GPU) && m->pid == getpid() && pfns_changed(&g_pfns[m - g_tab->mr], a, n))
+        return 1;
     if ((m->flags & F_GPU) && m->pid == getpid()) {
         uint64_t id;
         if (gpu_buffer_id(m->addr, &id) != 0 || id != m->buffer_id)
@@ -981,6 +1057,7 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
     struct sh_mr *m = NULL;
     uint64_t a = (uintptr_t)addr, buffer_id = 0;
     uint32_t flags = 0, slot = 0;
+    struct pfns pin = { NULL, 0, 0 };
     int err = 0, dev;
 
     if (!pd || !init()) {
@@ -1042,8 +1119,11 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
         err = EFAULT;
         goto fail;
     }
+    if (!(flags & F_GPU) && kind == REG_VA && pagemap_on())
+        pin.pfn = pin_pfns(a, length, &pin.first_page, &pin.npages);
     lm = calloc(1, sizeof(*lm));
     if (!lm) {
+        free(pin.pfn);
         err = ENOMEM;
         goto fail;
     }
@@ -1058,6 +1138,7 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
     }
     if (!m || own_add(slot) != 0) {
         unlock();
+        free(pin.pfn);
         free(lm);
         err = ENOMEM;
         goto fail;
@@ -1080,6 +1161,8 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
     m->access = (uint32_t)access;
     m->flags = flags;
     m->nstale = 0;
+    free(g_pfns[slot].pfn);
+    g_pfns[slot] = pin;
     p->nmr++;
     if (!(flags & F_GPU))
         atomic_fetch_add(&g_nown_host, 1);
@@ -1143,6 +1226,8 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
         return EINVAL;
     }
     m->in_use = 0;
+    free(g_pfns[lm->slot].pfn);
+    g_pfns[lm->slot].pfn = NULL;
     if (!(m->flags & F_GPU))
         atomic_fetch_sub(&g_nown_host, 1);
     own_del(lm->slot);

@@ -857,6 +857,89 @@ static void test_stale_after_madvise_mremap_and_raw_munmap(void **state)
     munmap(r1, L);
 }
 
+/* LOOPNIC_PAGEMAP=1: a remap at the same VA that no interposer sees (raw syscalls) is caught by
+ * the page frames. Needs the frames to be visible in /proc/self/pagemap (CAP_SYS_ADMIN). */
+static int pfns_visible(void)
+{
+    volatile unsigned char *p = map_anon(4096);
+    uint64_t e = 0;
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+
+    p[0] = 1;
+    if (fd >= 0 && pread(fd, &e, sizeof(e), (off_t)((uintptr_t)p / 4096 * 8)) != (ssize_t)sizeof(e))
+        e = 0;
+    if (fd >= 0)
+        close(fd);
+    munmap((void *)p, 4096);
+    return (e >> 63) && (e & ((1ull << 55) - 1));
+}
+
+static void raw_remap(void *p, size_t n, unsigned char v)
+{
+    assert_int_equal(syscall(SYS_munmap, p, n), 0);
+    assert_true((void *)syscall(SYS_mmap, p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                                -1, 0) == p);
+    memset(p, v, n);
+}
+
+static void test_stale_unseen_remap_with_pagemap(void **state)
+{
+    enum { L = 2 * 4096 };
+    struct side a, b;
+    struct ibv_mr *ml, *mr;
+    struct ibv_sge sg;
+    struct loopnic_counters c0;
+    unsigned char *src = map_anon(L), *r = map_anon(L);
+
+    (void)state;
+    NEED_LOOPNIC();
+    if (!pfns_visible())
+        skip();
+    pair_open(&a, &b);
+    fill(src, L, 15);
+    /* control, without LOOPNIC_PAGEMAP: the unseen remap goes unnoticed and the WRITE lands in
+     * the new mapping (the limit the page-frame check lifts) */
+    unsetenv("LOOPNIC_PAGEMAP");
+    ml = ibv_reg_mr(a.pd, src, L, ALL_ACCESS);
+    mr = ibv_reg_mr(b.pd, r, L, ALL_ACCESS);
+    sg = sge(ml, src, L);
+    raw_remap(r, L, 0x5a);
+    c0 = counters(-1);
+    assert_int_equal(post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)r, mr->rkey, IBV_SEND_SIGNALED, 1), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_SUCCESS);
+    assert_true(check(r, L, 15));
+    assert_int_equal(ibv_dereg_mr(mr) | ibv_dereg_mr(ml), 0);
+
+    setenv("LOOPNIC_PAGEMAP", "1", 1);
+    ml = ibv_reg_mr(a.pd, src, L, ALL_ACCESS);
+    mr = ibv_reg_mr(b.pd, r, L, ALL_ACCESS);
+    sg = sge(ml, src, L);
+    memset(r, 0, L);
+    assert_int_equal(post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)r, mr->rkey, IBV_SEND_SIGNALED, 2), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_SUCCESS);    /* control: same pages, it lands */
+    assert_true(check(r, L, 15));
+    raw_remap(r, L, 0x5a);
+    assert_int_equal(post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)r, mr->rkey, IBV_SEND_SIGNALED, 3), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_REM_ACCESS_ERR);
+    assert_true(all(r, L, 0x5a));
+    assert_int_equal(counters(-1).stale_uses - c0.stale_uses, 1);
+    assert_int_equal(ibv_dereg_mr(mr), 0);
+    /* the local side */
+    reconnect(&a, &b);
+    mr = ibv_reg_mr(b.pd, r, L, ALL_ACCESS);
+    raw_remap(src, L, 0x77);
+    assert_int_equal(post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)r, mr->rkey, IBV_SEND_SIGNALED, 4), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_LOC_PROT_ERR);
+    assert_true(all(r, L, 0x5a));
+    assert_int_equal(counters(-1).stale_uses - c0.stale_uses, 2);
+    unsetenv("LOOPNIC_PAGEMAP");
+    assert_int_equal(ibv_dereg_mr(mr) | ibv_dereg_mr(ml), 0);
+    side_close(&a);
+    side_close(&b);
+    munmap(src, L);
+    munmap(r, L);
+}
+
 static void test_failure_injection(void **state)
 {
     struct side a, b;
@@ -1483,6 +1566,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dealloc_pd_busy),
         cmocka_unit_test(test_stale_after_munmap_and_map_fixed),
         cmocka_unit_test(test_stale_after_madvise_mremap_and_raw_munmap),
+        cmocka_unit_test(test_stale_unseen_remap_with_pagemap),
         cmocka_unit_test(test_failure_injection),
         cmocka_unit_test(test_completion_channel_events),
         cmocka_unit_test(test_async_events),
