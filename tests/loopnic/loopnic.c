@@ -301,8 +301,15 @@ static void init_once(void)
     s = getenv("LOOPNIC_REGISTRY");
     if (s && *s)
         g_tab = table_shared(s);
-    if (!g_tab)
-        g_tab = table_private();
+    if (!g_tab && (g_tab = table_private()) != NULL) {
+        /* private: start each process's keys and QP numbers elsewhere, so that a peer's numbers
+         * used without LOOPNIC_REGISTRY do not happen to name objects of this process */
+        uint32_t salt = (uint32_t)getpid();
+        for (size_t i = 0; i < NMR; i++)
+            g_tab->mr[i].key = (salt & 0x1ffff) << 15;
+        for (size_t i = 0; i < NQP; i++)
+            g_tab->qp[i].qp_num = (salt & 0xfff) << 12;
+    }
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     if (!g_tab)
         fprintf(stderr, "loopnic: cannot map the MR table\n");
