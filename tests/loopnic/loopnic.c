@@ -122,14 +122,18 @@ static uint64_t g_max_mr_size = UINT64_MAX;
 static struct ibv_device g_dev[MAXDEV];
 static struct loopnic_counters g_cnt[MAXDEV];
 static struct lqp *g_qp_local[NQP];
-static uint32_t *g_own;             /* table slots of this process's MRs */
-static size_t g_nown, g_capown;
+/* Nothing allocates or frees memory while holding g_lock: a thread inside the allocator (jemalloc
+ * purging with its locks held) may be waiting for g_lock in an interposer. Hence fixed arrays. */
+static uint32_t g_own[NMR];         /* table slots of this process's MRs */
+static size_t g_nown;
+static _Atomic uint64_t g_host_lo = UINT64_MAX, g_host_hi; /* span of this process's host MRs (widen only) */
 static atomic_size_t g_nown_host;   /* fast path of the libc interposers */
 static unsigned long g_reg_calls, g_fail_reg_at, g_dmabuf_calls, g_fail_dmabuf_at, g_wr_calls, g_fail_wr_at;
 static int g_fail_reg_err, g_fail_dmabuf_err, g_fail_wr_status;
 struct inode_seen { uint64_t dev, ino, devmask; };
-static struct inode_seen *g_inodes;
-static size_t g_ninodes, g_capinodes;
+enum { MAX_INODES = 4096 };
+static struct inode_seen g_inodes[MAX_INODES];
+static size_t g_ninodes;
 static long g_page = 4096;
 /* LOOPNIC_PAGEMAP=1: the page frames of each host MR, read from /proc/self/pagemap at registration
  * (after faulting the pages in, as pinning does) and compared at WR time. Process-local. */
@@ -527,6 +531,8 @@ static void note_unmap(uint64_t a, uint64_t n)
     if (!g_tab || atomic_load(&g_nown_host) == 0 || !n || t_in)
         return;
     e = a + ((n + (uint64_t)g_page - 1) & ~(uint64_t)(g_page - 1));
+    if (e <= atomic_load(&g_host_lo) || a >= atomic_load(&g_host_hi))
+        return; /* nowhere near a registered range: no lock */
     pid = getpid();
     lock();
     for (size_t i = 0; i < g_nown; i++) {
@@ -1016,14 +1022,8 @@ static void count_inode(int dev, const struct stat *st)
             g_inodes[i].devmask |= 1ull << dev;
             return;
         }
-    if (g_ninodes == g_capinodes) {
-        size_t cap = g_capinodes ? 2 * g_capinodes : 64;
-        struct inode_seen *n = realloc(g_inodes, cap * sizeof(*n));
-        if (!n)
-            return;
-        g_inodes = n;
-        g_capinodes = cap;
-    }
+    if (g_ninodes == MAX_INODES)
+        return; /* documented: distinct inodes are counted up to MAX_INODES */
     g_inodes[g_ninodes].dev = (uint64_t)st->st_dev;
     g_inodes[g_ninodes].ino = (uint64_t)st->st_ino;
     g_inodes[g_ninodes].devmask = 1ull << dev;
@@ -1032,14 +1032,8 @@ static void count_inode(int dev, const struct stat *st)
 
 static int own_add(uint32_t slot)
 {
-    if (g_nown == g_capown) {
-        size_t cap = g_capown ? 2 * g_capown : 256;
-        uint32_t *n = realloc(g_own, cap * sizeof(*n));
-        if (!n)
-            return -1;
-        g_own = n;
-        g_capown = cap;
-    }
+    if (g_nown == NMR)
+        return -1;
     g_own[g_nown++] = slot;
     return 0;
 }
@@ -1168,11 +1162,15 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
     m->access = (uint32_t)access;
     m->flags = flags;
     m->nstale = 0;
-    free(g_pfns[slot].pfn);
-    g_pfns[slot] = pin;
+    g_pfns[slot] = pin; /* its previous array was freed by ibv_dereg_mr */
     p->nmr++;
-    if (!(flags & F_GPU))
+    if (!(flags & F_GPU)) {
         atomic_fetch_add(&g_nown_host, 1);
+        if (a < atomic_load(&g_host_lo))
+            atomic_store(&g_host_lo, a);
+        if (a + length > atomic_load(&g_host_hi))
+            atomic_store(&g_host_hi, a + length);
+    }
     g_cnt[dev].live_mrs++;
     g_cnt[dev].total_regs++;
     if (kind == REG_DMABUF) {
@@ -1223,6 +1221,7 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
 {
     struct lmr *lm = (struct lmr *)mr;
     struct sh_mr *m;
+    uint64_t *old_pfn;
 
     if (!mr)
         return EINVAL;
@@ -1233,7 +1232,7 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
         return EINVAL;
     }
     m->in_use = 0;
-    free(g_pfns[lm->slot].pfn);
+    old_pfn = g_pfns[lm->slot].pfn;
     g_pfns[lm->slot].pfn = NULL;
     if (!(m->flags & F_GPU))
         atomic_fetch_sub(&g_nown_host, 1);
@@ -1242,6 +1241,7 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
     g_cnt[lm->pd->dev].live_mrs--;
     g_cnt[lm->pd->dev].deregs++;
     unlock();
+    free(old_pfn);
     free(lm);
     return 0;
 }
@@ -1301,26 +1301,33 @@ API int ibv_destroy_comp_channel(struct ibv_comp_channel *ch)
     return 0;
 }
 
+/* Room for the events of every CQ of the channel, sized when a CQ joins it (chan_push runs
+ * under g_lock, where nothing may allocate). c->lock held. */
+static int chan_grow(struct lchan *c, unsigned cap)
+{
+    struct ibv_cq **n;
+
+    if (cap <= c->qcap)
+        return 0;
+    n = malloc(cap * sizeof(*n));
+    if (!n)
+        return -1;
+    for (unsigned i = 0; i < c->qn; i++)
+        n[i] = c->q[(c->qh + i) % c->qcap];
+    free(c->q);
+    c->q = n;
+    c->qh = 0;
+    c->qcap = cap;
+    return 0;
+}
+
 static void chan_push(struct lchan *c, struct ibv_cq *cq)
 {
     char b = 1;
-    int ok = 1;
+    int ok;
 
     pthread_mutex_lock(&c->lock);
-    if (c->qn == c->qcap) {
-        unsigned cap = c->qcap ? 2 * c->qcap : 16;
-        struct ibv_cq **n = malloc(cap * sizeof(*n));
-        if (n) {
-            for (unsigned i = 0; i < c->qn; i++)
-                n[i] = c->q[(c->qh + i) % c->qcap];
-            free(c->q);
-            c->q = n;
-            c->qh = 0;
-            c->qcap = cap;
-        } else {
-            ok = 0;
-        }
-    }
+    ok = c->qn < c->qcap; /* else dropped: a CQ re-armed many times without its events read */
     if (ok) {
         c->q[(c->qh + c->qn) % c->qcap] = cq;
         c->qn++;
@@ -1386,10 +1393,21 @@ API struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_cont
     pthread_mutex_init(&c->lock, NULL);
     if (channel) {
         struct lchan *ch = (struct lchan *)channel;
+        int rc;
         pthread_mutex_lock(&ch->lock);
-        ch->ncq++;
-        ch->ch.refcnt++;
+        rc = chan_grow(ch, 16 + 4 * ((unsigned)ch->ncq + 1));
+        if (rc == 0) {
+            ch->ncq++;
+            ch->ch.refcnt++;
+        }
         pthread_mutex_unlock(&ch->lock);
+        if (rc) {
+            pthread_mutex_destroy(&c->lock);
+            free(c->ring);
+            free(c);
+            errno = ENOMEM;
+            return NULL;
+        }
     }
     return &c->cq;
 }
