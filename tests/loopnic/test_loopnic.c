@@ -15,8 +15,10 @@
 #include <limits.h>
 #include <link.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1128,6 +1130,129 @@ static void test_write_with_imm(void **state)
     munmap(p, 2 * 4096);
 }
 
+static void test_cq_overrun_raises_cq_err(void **state)
+{
+    struct side a, b;
+    struct ibv_cq *small;
+    struct ibv_qp *qp;
+    struct ibv_qp_init_attr ia;
+    struct ibv_mr *ml, *mr;
+    struct ibv_sge sg;
+    struct ibv_async_event ev;
+    struct ibv_wc wc[4];
+    unsigned char *p = map_anon(2 * 4096);
+
+    (void)state;
+    NEED_LOOPNIC();
+    pair_open(&a, &b);
+    small = ibv_create_cq(a.ctx, 2, NULL, NULL, 0);
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = ia.recv_cq = small;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 8;
+    ia.cap.max_send_sge = 1;
+    qp = ibv_create_qp(a.pd, &ia);
+    assert_non_null(qp);
+    {
+        struct ibv_qp_attr qa;
+        memset(&qa, 0, sizeof(qa));
+        qa.qp_state = IBV_QPS_RESET;
+        assert_int_equal(ibv_modify_qp(b.qp, &qa, IBV_QP_STATE), 0);
+        connect_qp(b.qp, qp->qp_num, ALL_ACCESS);
+        connect_qp(qp, b.qp->qp_num, ALL_ACCESS);
+    }
+    ml = ibv_reg_mr(a.pd, p, 4096, ALL_ACCESS);
+    mr = ibv_reg_mr(b.pd, p + 4096, 4096, ALL_ACCESS);
+    sg = sge(ml, p, 8);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(post(qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)p + 4096, mr->rkey, IBV_SEND_SIGNALED,
+                              (uint64_t)i), 0);
+    assert_int_equal(ibv_poll_cq(small, 4, wc), 2);  /* the third did not fit */
+    assert_int_equal(ibv_get_async_event(a.ctx, &ev), 0);
+    assert_int_equal(ev.event_type, IBV_EVENT_CQ_ERR);
+    assert_ptr_equal(ev.element.cq, small);
+    ibv_ack_async_event(&ev);
+    assert_int_equal(ibv_dereg_mr(ml) | ibv_dereg_mr(mr), 0);
+    assert_int_equal(ibv_destroy_qp(qp), 0);
+    assert_int_equal(ibv_destroy_cq(small), 0);
+    side_close(&a);
+    side_close(&b);
+    munmap(p, 2 * 4096);
+}
+
+/* Threads posting on their own QPs while another maps, unmaps and discards memory (the
+ * interposers) and registers and deregisters: every byte arrives, nothing deadlocks. */
+enum { THREADS = 3, ROUNDS = 300 };
+static atomic_int churn_stop;
+
+static void *churn(void *arg)
+{
+    struct side *s = arg;
+    while (!atomic_load(&churn_stop)) {
+        void *p = mmap(NULL, 8 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        struct ibv_mr *mr;
+        memset(p, 1, 8 * 4096);
+        mr = ibv_reg_mr(s->pd, p, 8 * 4096, ALL_ACCESS);
+        madvise(p, 4096, MADV_DONTNEED);
+        if (mr)
+            ibv_dereg_mr(mr);
+        munmap(p, 8 * 4096);
+        free(malloc(1 << 20));
+    }
+    return NULL;
+}
+
+static void *poster(void *arg)
+{
+    struct side a, b;
+    struct ibv_mr *ml, *mr;
+    struct ibv_sge sg;
+    unsigned char *src = malloc(4096), *dst = malloc(4096);
+    uintptr_t bad = 0;
+
+    (void)arg;
+    pair_open(&a, &b);
+    ml = ibv_reg_mr(a.pd, src, 4096, ALL_ACCESS);
+    mr = ibv_reg_mr(b.pd, dst, 4096, ALL_ACCESS);
+    for (int i = 0; i < ROUNDS && !bad; i++) {
+        struct ibv_wc wc;
+        memset(src, i & 0xff, 4096);
+        sg = sge(ml, src, 4096);
+        if (post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)dst, mr->rkey, IBV_SEND_SIGNALED, (uint64_t)i) ||
+            ibv_poll_cq(a.cq, 1, &wc) != 1 || wc.status != IBV_WC_SUCCESS || !all(dst, 4096, (unsigned char)i))
+            bad = 1;
+    }
+    ibv_dereg_mr(ml);
+    ibv_dereg_mr(mr);
+    side_close(&a);
+    side_close(&b);
+    free(src);
+    free(dst);
+    return (void *)bad;
+}
+
+static void test_threads(void **state)
+{
+    pthread_t t[THREADS], c;
+    struct side s;
+    void *ret;
+
+    (void)state;
+    NEED_LOOPNIC();
+    side_open(&s, 0);
+    atomic_store(&churn_stop, 0);
+    assert_int_equal(pthread_create(&c, NULL, churn, &s), 0);
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, poster, NULL), 0);
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(pthread_join(t[i], &ret), 0);
+        assert_null(ret);
+    }
+    atomic_store(&churn_stop, 1);
+    assert_int_equal(pthread_join(c, NULL), 0);
+    side_close(&s);
+}
+
 /* ---- GPU memory, with the CUDA double build/loopnic/fakecuda/libcuda.so.1 ---- */
 typedef int cu_alloc_fn(unsigned long long *, size_t);
 typedef int cu_free_fn(unsigned long long);
@@ -1571,6 +1696,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_completion_channel_events),
         cmocka_unit_test(test_async_events),
         cmocka_unit_test(test_write_with_imm),
+        cmocka_unit_test(test_cq_overrun_raises_cq_err),
+        cmocka_unit_test(test_threads),
         cmocka_unit_test(test_two_processes),
         cmocka_unit_test(test_environment_variables),
         cmocka_unit_test(test_gpu_memory),   /* last: it loads a CUDA double into the process */
