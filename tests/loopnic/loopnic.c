@@ -1888,6 +1888,15 @@ static int lq_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             rc = EINVAL;
             break;
         }
+        if (wr->send_flags & IBV_SEND_INLINE) {
+            uint64_t len = 0;
+            for (int i = 0; i < wr->num_sge; i++)
+                len += wr->sg_list[i].length;
+            if (wr->opcode == IBV_WR_RDMA_READ || len > q->cap.max_inline_data) {
+                rc = EINVAL;
+                break;
+            }
+        }
         cnt->wrs++;
         if (qp->state == IBV_QPS_ERR) {
             st = IBV_WC_WR_FLUSH_ERR;

@@ -87,6 +87,7 @@ static void side_open(struct side *s, int dev)
     ia.qp_type = IBV_QPT_RC;
     ia.cap.max_send_wr = ia.cap.max_recv_wr = 32;
     ia.cap.max_send_sge = ia.cap.max_recv_sge = 4;
+    ia.cap.max_inline_data = 64;
     s->qp = ibv_create_qp(s->pd, &ia);
     assert_non_null(s->qp);
 }
@@ -1263,6 +1264,36 @@ static void test_threads(void **state)
     side_close(&s);
 }
 
+static void test_inline_write(void **state)
+{
+    struct side a, b;
+    struct ibv_mr *mr;
+    struct ibv_sge sg;
+    unsigned char src[100], *dst = map_anon(4096);
+
+    (void)state;
+    NEED_LOOPNIC();
+    pair_open(&a, &b);
+    mr = ibv_reg_mr(b.pd, dst, 4096, ALL_ACCESS);
+    fill(src, sizeof(src), 16);
+    sg.addr = (uintptr_t)src;   /* not registered: inline data needs no lkey */
+    sg.length = 64;
+    sg.lkey = 0;
+    assert_int_equal(post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)dst, mr->rkey,
+                          IBV_SEND_SIGNALED | IBV_SEND_INLINE, 1), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_SUCCESS);
+    assert_true(check(dst, 64, 16));
+    assert_true(all(dst + 64, 4096 - 64, 0));
+    sg.length = 65;             /* more than max_inline_data */
+    assert_int_equal(post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)dst, mr->rkey,
+                          IBV_SEND_SIGNALED | IBV_SEND_INLINE, 2), EINVAL);
+    assert_cq_empty(a.cq);
+    assert_int_equal(ibv_dereg_mr(mr), 0);
+    side_close(&a);
+    side_close(&b);
+    munmap(dst, 4096);
+}
+
 /* ---- GPU memory, with the CUDA double build/loopnic/fakecuda/libcuda.so.1 ---- */
 typedef int cu_alloc_fn(unsigned long long *, size_t);
 typedef int cu_free_fn(unsigned long long);
@@ -1740,6 +1771,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_completion_channel_events),
         cmocka_unit_test(test_async_events),
         cmocka_unit_test(test_write_with_imm),
+        cmocka_unit_test(test_inline_write),
         cmocka_unit_test(test_cq_overrun_raises_cq_err),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_two_processes),
