@@ -122,6 +122,7 @@ static uint64_t g_max_mr_size = UINT64_MAX;
 static struct ibv_device g_dev[MAXDEV];
 static struct loopnic_counters g_cnt[MAXDEV];
 static struct lqp *g_qp_local[NQP];
+static struct lmr *g_mr_local[NMR]; /* this process's MR objects, to refuse foreign ones */
 /* Nothing allocates or frees memory while holding g_lock: a thread inside the allocator (jemalloc
  * purging with its locks held) may be waiting for g_lock in an interposer. Hence fixed arrays. */
 static uint32_t g_own[NMR];         /* table slots of this process's MRs */
@@ -1178,6 +1179,7 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
         count_inode(dev, &st);
     }
     lm->slot = slot;
+    g_mr_local[slot] = lm;
     lm->pd = p;
     lm->mr.context = pd->context;
     lm->mr.pd = pd;
@@ -1201,14 +1203,16 @@ API struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length
     return reg_common(pd, addr, length, iova, (int)access, REG_VA, 0, -1);
 }
 
+/* As in rdma-core, ibv_reg_mr and ibv_reg_mr_iova call ibv_reg_mr_iova2 through the PLT, so an
+ * interposer of ibv_reg_mr_iova2 (libdrc_verbs.so) sees them even from a dlopen()ed handle. */
 API struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
 {
-    return reg_common(pd, addr, length, (uintptr_t)addr, access, REG_VA, 0, -1);
+    return ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned int)access);
 }
 
 API struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access)
 {
-    return reg_common(pd, addr, length, iova, access, REG_VA, 0, -1);
+    return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned int)access);
 }
 
 API struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova,
@@ -1222,15 +1226,28 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
     struct lmr *lm = (struct lmr *)mr;
     struct sh_mr *m;
     uint64_t *old_pfn;
+    int foreign = 0;
+    static int warned;
 
     if (!mr)
         return EINVAL;
     lock();
-    m = &g_tab->mr[lm->slot];
-    if (!m->in_use || m->key != mr->lkey || m->pid != getpid()) {
-        unlock();
-        return EINVAL;
+    if (g_mr_local[mr->lkey & (NMR - 1)] != lm) {
+        /* Not an ibv_mr this provider handed out. If it is a copy naming one of ours (a cache's
+         * caller MR: same handle and keys), do what the kernel does with rdma-core: deregister
+         * the MR by its handle. rdma-core would then free() the foreign pointer; we leave both
+         * objects alone, count it, and later calls with the owner's pointer get EINVAL. */
+        struct lmr *owner = g_mr_local[mr->lkey & (NMR - 1)];
+        if (!owner || owner->mr.lkey != mr->lkey || owner->mr.handle != mr->handle) {
+            unlock();
+            return EINVAL;
+        }
+        lm = owner;
+        foreign = 1;
+        g_cnt[lm->pd->dev].foreign_deregs++;
     }
+    m = &g_tab->mr[lm->slot];
+    g_mr_local[lm->slot] = NULL;
     m->in_use = 0;
     old_pfn = g_pfns[lm->slot].pfn;
     g_pfns[lm->slot].pfn = NULL;
@@ -1242,7 +1259,12 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
     g_cnt[lm->pd->dev].deregs++;
     unlock();
     free(old_pfn);
-    free(lm);
+    if (!foreign)
+        free(lm);
+    else if (!warned++)
+        fprintf(stderr, "loopnic: ibv_dereg_mr of an ibv_mr it did not allocate (a copy of MR handle %u): "
+                        "deregistered by handle, as the kernel would; rdma-core would also free() it\n",
+                mr->handle);
     return 0;
 }
 
@@ -1256,11 +1278,14 @@ API int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr
 API int loopnic_mr_is_stale(struct ibv_mr *mr)
 {
     struct lmr *lm = (struct lmr *)mr;
-    int r;
+    struct sh_mr *m;
+    int r = 0;
 
     lock();
-    r = g_tab->mr[lm->slot].in_use && mr_stale(&g_tab->mr[lm->slot], g_tab->mr[lm->slot].addr,
-                                                g_tab->mr[lm->slot].len);
+    if (mr && g_mr_local[mr->lkey & (NMR - 1)] == lm) {
+        m = &g_tab->mr[lm->slot];
+        r = mr_stale(m, m->addr, m->len);
+    }
     unlock();
     return r;
 }
@@ -2055,6 +2080,7 @@ API int loopnic_get_counters(int dev, struct loopnic_counters *out)
         out->prot_errors += c->prot_errors;
         out->stale_uses += c->stale_uses;
         out->bytes_moved += c->bytes_moved;
+        out->foreign_deregs += c->foreign_deregs;
     }
     for (size_t i = 0; i < g_ninodes; i++)
         if (dev == -1 || (g_inodes[i].devmask & (1ull << dev)))

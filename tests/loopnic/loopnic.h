@@ -27,6 +27,7 @@ struct loopnic_counters {
     uint64_t prot_errors;     /* IBV_WC_LOC_PROT_ERR + IBV_WC_REM_ACCESS_ERR completions */
     uint64_t stale_uses;      /* work requests through an MR whose memory was freed or remapped */
     uint64_t bytes_moved;     /* payload bytes really copied */
+    uint64_t foreign_deregs;  /* ibv_dereg_mr of a copy of one of our ibv_mr (deregistered by handle) */
 };
 
 /* Counters of device dev (0 .. loopnic_num_devices()-1), or of all devices with dev = -1.

@@ -31,7 +31,16 @@ $B/loopnic/test_e2e_drc: tests/loopnic/test_e2e_drc.c tests/loopnic/loopnic.h in
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/loopnic -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/loopnic -l:libibverbs.so.1 \
 	  -Wl,-rpath,'$$ORIGIN' -lcmocka $(filter-out -libverbs,$(LDLIBS))
-LOOPNIC_TESTS := $B/loopnic/test_loopnic_inplace $B/loopnic/test_loopnic_preload $B/loopnic/test_e2e_drc
+# End to end: an engine on plain verbs with libdrc_verbs.so preloaded, on the in-place provider.
+$B/loopnic/test_e2e_drc_verbs: tests/loopnic/test_e2e_drc_verbs.c tests/loopnic/loopnic.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/loopnic -O1 -g $(WARN) -o $@ $< -libverbs -lcmocka -ldl
+$B/loopnic/test_e2e_drc_verbs_run: $B/loopnic/test_e2e_drc_verbs $B/libdrc_verbs.so $B/loopnic/libibverbs.so.1
+	printf '#!/bin/sh\nd=$$(cd "$$(dirname "$$0")" && pwd)\n%s exec "$$d/test_e2e_drc_verbs" "$$@"\n' \
+	  'LD_PRELOAD="$$d/../libdrc_verbs.so" LD_LIBRARY_PATH="$$d$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"' > $@
+	chmod +x $@
+LOOPNIC_TESTS := $B/loopnic/test_loopnic_inplace $B/loopnic/test_loopnic_preload $B/loopnic/test_e2e_drc \
+                 $B/loopnic/test_e2e_drc_verbs_run
 .PHONY: test-loopnic
 test-loopnic: $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so $B/loopnic/fakecuda/libcuda.so.1 $(LOOPNIC_TESTS)
 	@mkdir -p $B/test-results && tests/run.sh $B/test-results/loopnic $(LOOPNIC_TESTS)

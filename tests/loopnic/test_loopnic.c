@@ -730,6 +730,41 @@ static void test_dmabuf(void **state)
     close(fd2);
 }
 
+/* ibv_dereg_mr of an ibv_mr the provider did not hand out: a copy naming a live MR deregisters it
+ * by handle (as the kernel would under rdma-core); anything else is EINVAL. */
+static void test_dereg_foreign_mr(void **state)
+{
+    struct side a, b;
+    struct ibv_mr *ml, *mr, copy, bogus;
+    struct ibv_sge sg;
+    struct loopnic_counters c0;
+    unsigned char *p = map_anon(2 * 4096);
+
+    (void)state;
+    NEED_LOOPNIC();
+    pair_open(&a, &b);
+    ml = ibv_reg_mr(a.pd, p, 4096, ALL_ACCESS);
+    mr = ibv_reg_mr(b.pd, p + 4096, 4096, ALL_ACCESS);
+    sg = sge(ml, p, 4096);
+    assert_int_equal(post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)p + 4096, mr->rkey, IBV_SEND_SIGNALED, 1), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_SUCCESS);   /* control */
+    c0 = counters(-1);
+    bogus = *mr;
+    bogus.lkey ^= 0x100000;
+    assert_int_equal(ibv_dereg_mr(&bogus), EINVAL);
+    copy = *mr;
+    assert_int_equal(ibv_dereg_mr(&copy), 0);
+    assert_int_equal(counters(-1).foreign_deregs - c0.foreign_deregs, 1);
+    assert_int_equal(c0.live_mrs - counters(-1).live_mrs, 1);
+    assert_int_equal(post(a.qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)p + 4096, mr->rkey, IBV_SEND_SIGNALED, 2), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_REM_ACCESS_ERR); /* the key is gone */
+    assert_int_equal(ibv_dereg_mr(mr), EINVAL);             /* the owner's pointer is dead now */
+    assert_int_equal(ibv_dereg_mr(ml), 0);
+    side_close(&a);
+    side_close(&b);
+    munmap(p, 2 * 4096);
+}
+
 static void test_dealloc_pd_busy(void **state)
 {
     struct ibv_context *ctx;
@@ -1764,6 +1799,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reg_unmapped_is_efault),
         cmocka_unit_test(test_dmabuf),
         cmocka_unit_test(test_dealloc_pd_busy),
+        cmocka_unit_test(test_dereg_foreign_mr),
         cmocka_unit_test(test_stale_after_munmap_and_map_fixed),
         cmocka_unit_test(test_stale_after_madvise_mremap_and_raw_munmap),
         cmocka_unit_test(test_stale_unseen_remap_with_pagemap),
