@@ -299,6 +299,19 @@ static void test_startup_sequence(void **state)
     assert_int_equal(ibv_query_port(ctx, 1, &pa), 0);
     assert_int_equal(pa.state, IBV_PORT_ACTIVE);
     assert_true(pa.link_layer == IBV_LINK_LAYER_INFINIBAND || pa.link_layer == IBV_LINK_LAYER_ETHERNET);
+    {   /* the IBVERBS_1.1 entry point fills the old, shorter structure only */
+        typedef int query_port_fn(struct ibv_context *, uint8_t, struct ibv_port_attr *);
+        query_port_fn *qp_old = (query_port_fn *)dlvsym(RTLD_DEFAULT, "ibv_query_port", "IBVERBS_1.1");
+        struct ibv_port_attr old;
+        assert_non_null(qp_old);
+        memset(&old, 0xff, sizeof(old));
+        assert_int_equal(qp_old(ctx, 1, &old), 0);
+        assert_int_equal(old.state, IBV_PORT_ACTIVE);
+        assert_int_equal(old.link_layer, pa.link_layer);
+        assert_int_equal(old.flags, 0xff);
+        assert_int_equal(old.port_cap_flags2, 0xffff);
+        assert_int_equal(qp_old(ctx, 2, &old), EINVAL);
+    }
     assert_int_equal(ibv_query_gid(ctx, 1, 0, &gid), 0);
     assert_int_equal(ibv_query_gid_ex(ctx, 1, 0, &ge, 0), 0);
     assert_memory_equal(&ge.gid, &gid, sizeof(gid));
