@@ -83,10 +83,14 @@ struct lctx {
 
 struct lpd { struct ibv_pd pd; uint64_t id; int dev; int nmr, nqp; };
 struct lmr { struct ibv_mr mr; uint32_t slot; struct lpd *pd; };
+struct cqe {
+    struct ibv_wc wc;
+    uint32_t slot, retire;  /* send queue slots of QP slot this completion frees when polled */
+};
 struct lcq {
     struct ibv_cq cq;
     pthread_mutex_t lock;
-    struct ibv_wc *ring;
+    struct cqe *ring;
     int cap, head, n, armed, nqp;
 };
 struct lchan {
@@ -108,6 +112,8 @@ struct lqp {
     struct ibv_qp_cap cap;
     uint64_t *rq;      /* posted receive wr_ids (only RDMA_WRITE_WITH_IMM consumes them) */
     unsigned rqh, rqn;
+    uint32_t outstanding; /* send WRs whose slot is not yet freed by a polled completion */
+    uint32_t unsignaled;  /* of which posted since the last completion generated */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -1472,7 +1478,7 @@ API int ibv_resize_cq(struct ibv_cq *cq, int cqe)
     return EOPNOTSUPP;
 }
 
-static void cq_push(struct lcq *c, const struct ibv_wc *wc)
+static void cq_push(struct lcq *c, const struct ibv_wc *wc, uint32_t slot, uint32_t retire)
 {
     int notify = 0, overflow = 0;
 
@@ -1480,7 +1486,10 @@ static void cq_push(struct lcq *c, const struct ibv_wc *wc)
     if (c->n == c->cap) {
         overflow = 1;
     } else {
-        c->ring[(c->head + c->n) % c->cap] = *wc;
+        struct cqe *e = &c->ring[(c->head + c->n) % c->cap];
+        e->wc = *wc;
+        e->slot = slot;
+        e->retire = retire;
         c->n++;
         if (c->armed) {
             c->armed = 0;
@@ -1506,13 +1515,28 @@ static int lq_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 
     if (n < 0)
         return -1;
-    pthread_mutex_lock(&c->lock);
-    while (k < n && c->n > 0) {
-        wc[k++] = c->ring[c->head];
+    while (k < n) {
+        struct cqe e;
+        pthread_mutex_lock(&c->lock);
+        if (c->n == 0) {
+            pthread_mutex_unlock(&c->lock);
+            break;
+        }
+        e = c->ring[c->head];
         c->head = (c->head + 1) % c->cap;
         c->n--;
+        pthread_mutex_unlock(&c->lock);
+        wc[k++] = e.wc;
+        if (e.retire) { /* polling a send completion frees its WR's send queue slots, and those of
+                         * the unsignalled WRs before it (g_lock after c->lock is released) */
+            struct lqp *q;
+            lock();
+            q = g_qp_local[e.slot];
+            if (q && q->qp.qp_num == e.wc.qp_num)
+                q->outstanding -= e.retire < q->outstanding ? e.retire : q->outstanding;
+            unlock();
+        }
     }
-    pthread_mutex_unlock(&c->lock);
     return k;
 }
 
@@ -1684,6 +1708,7 @@ static int modify_locked(struct lqp *q, struct ibv_qp_attr *a, int mask)
     if (nxt == IBV_QPS_RESET) {
         g_tab->qp[q->slot].dest_qp = 0;
         q->rqn = 0;
+        q->outstanding = q->unsignaled = 0;
     }
     set_state(q, (enum ibv_qp_state)nxt);
     return 0;
@@ -1883,7 +1908,7 @@ static enum ibv_wc_status exec_wr(struct lqp *q, const struct ibv_send_wr *wr, u
         rwc.wc_flags = IBV_WC_WITH_IMM;
         rwc.qp_num = rlocal->qp.qp_num;
         rwc.src_qp = q->qp.qp_num;
-        cq_push(rlocal->rcq, &rwc);
+        cq_push(rlocal->rcq, &rwc, 0, 0);
     }
     return IBV_WC_SUCCESS;
 }
@@ -1913,6 +1938,10 @@ static int lq_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             rc = EINVAL;
             break;
         }
+        if (q->outstanding >= q->cap.max_send_wr) { /* the send queue is full */
+            rc = ENOMEM;
+            break;
+        }
         if (wr->send_flags & IBV_SEND_INLINE) {
             uint64_t len = 0;
             for (int i = 0; i < wr->num_sge; i++)
@@ -1923,6 +1952,8 @@ static int lq_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             }
         }
         cnt->wrs++;
+        q->outstanding++;
+        q->unsignaled++;
         if (qp->state == IBV_QPS_ERR) {
             st = IBV_WC_WR_FLUSH_ERR;
         } else {
@@ -1946,7 +1977,8 @@ static int lq_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             wc.byte_len = byte_len;
             wc.qp_num = qp->qp_num;
             wc.vendor_err = st == IBV_WC_SUCCESS ? 0 : 0x4c;
-            cq_push(q->scq, &wc);
+            cq_push(q->scq, &wc, q->slot, q->unsignaled);
+            q->unsignaled = 0;
         }
     }
     if (rc)

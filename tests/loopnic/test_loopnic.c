@@ -1312,6 +1312,53 @@ static void test_threads(void **state)
     side_close(&s);
 }
 
+/* The send queue holds max_send_wr WRs; a slot is freed when a completion at or after its WR is
+ * polled, so unsignalled WRs hold theirs until a later signalled one is polled. */
+static void test_send_queue_depth(void **state)
+{
+    struct side a, b;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    struct ibv_qp_init_attr ia;
+    struct ibv_mr *ml, *mr;
+    struct ibv_sge sg;
+    unsigned char *p = map_anon(2 * 4096);
+
+    (void)state;
+    NEED_LOOPNIC();
+    pair_open(&a, &b);
+    cq = ibv_create_cq(a.ctx, 16, NULL, NULL, 0);
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 4;
+    ia.cap.max_send_sge = 1;
+    qp = ibv_create_qp(a.pd, &ia);
+    assert_non_null(qp);
+    reconnect_to(b.qp, qp->qp_num);
+    connect_qp(qp, b.qp->qp_num, ALL_ACCESS);
+    ml = ibv_reg_mr(a.pd, p, 4096, ALL_ACCESS);
+    mr = ibv_reg_mr(b.pd, p + 4096, 4096, ALL_ACCESS);
+    sg = sge(ml, p, 16);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(post(qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)p + 4096, mr->rkey, 0, (uint64_t)i), 0);
+    assert_int_equal(post(qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)p + 4096, mr->rkey, IBV_SEND_SIGNALED, 3), 0);
+    assert_int_equal(post(qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)p + 4096, mr->rkey, IBV_SEND_SIGNALED, 4),
+                     ENOMEM);                               /* full until the completion is polled */
+    assert_int_equal(poll1(cq).wr_id, 3);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(post(qp, IBV_WR_RDMA_WRITE, &sg, 1, (uintptr_t)p + 4096, mr->rkey, IBV_SEND_SIGNALED,
+                              (uint64_t)(10 + i)), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(poll1(cq).wr_id, (uint64_t)(10 + i));
+    assert_int_equal(ibv_dereg_mr(ml) | ibv_dereg_mr(mr), 0);
+    assert_int_equal(ibv_destroy_qp(qp), 0);
+    assert_int_equal(ibv_destroy_cq(cq), 0);
+    side_close(&a);
+    side_close(&b);
+    munmap(p, 2 * 4096);
+}
+
 static void test_inline_write(void **state)
 {
     struct side a, b;
@@ -1821,6 +1868,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_async_events),
         cmocka_unit_test(test_write_with_imm),
         cmocka_unit_test(test_inline_write),
+        cmocka_unit_test(test_send_queue_depth),
         cmocka_unit_test(test_cq_overrun_raises_cq_err),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_two_processes),
