@@ -1043,6 +1043,15 @@ static void test_failure_injection(void **state)
     assert_int_equal(poll1(a.cq).status, IBV_WC_REM_OP_ERR);
     assert_true(all(p + 12288, 4096, 0));
     assert_int_equal(a.qp->state, IBV_QPS_ERR);
+    {   /* reset: everything but the live MRs back to zero */
+        struct loopnic_counters c;
+        uint64_t live = counters(-1).live_mrs;
+        p_reset();
+        c = counters(-1);
+        assert_int_equal(c.live_mrs, live);
+        assert_int_equal(c.total_regs + c.dmabuf_regs + c.dmabuf_inodes + c.reg_failures + c.wrs + c.wr_errors +
+                         c.bytes_moved + c.stale_uses + c.prot_errors + c.deregs, 0);
+    }
     for (int i = 0; i < 3; i++)
         assert_int_equal(ibv_dereg_mr(m[i]), 0);
     assert_int_equal(ibv_dereg_mr(ms) | ibv_dereg_mr(md), 0);
