@@ -1,0 +1,2168 @@
+/* loopnic: a loopback verbs provider that behaves like an RDMA NIC, for tests. See README.md.
+ *
+ * One source, two libraries: build/loopnic/libibverbs.so.1 (in place of rdma-core's, through
+ * LD_LIBRARY_PATH or an rpath) and build/loopnic/libloopnic.so (LD_PRELOAD over the real one).
+ * Exported symbols carry rdma-core's version nodes (loopnic.map).
+ *
+ * Work requests execute synchronously inside ibv_post_send(): checked against the MRs like a NIC
+ * checks them, data copied with process_vm_readv/writev (in and across processes) or cuMemcpy
+ * (GPU memory, in process), the completion queued on the send CQ.
+ *
+ * MRs and QPs live in one table: a private anonymous mapping, or with LOOPNIC_REGISTRY=<file> a
+ * shared file that several processes map, so that rkeys and QP numbers resolve across processes.
+ * Every access to it holds g_lock and, when shared, flock() on the file.
+ */
+#include <infiniband/verbs.h>
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+#undef ibv_query_port
+
+#include "loopnic.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+
+enum { MAXDEV = 16, NMR = 1 << 15, NQP = 1 << 12, NSTALE = 4, NEV = 64, MAX_SGE = 30 };
+enum { MAX_QP_WR = 16384, MAX_CQE = 1 << 22 };
+enum { F_GPU = 1, F_DMABUF = 2, F_STALE_ALL = 4 };
+#define TABLE_MAGIC 0x4c4f4f504e494331ull /* "LOOPNIC1" */
+#define TABLE_VERSION 1u
+
+/* ---- the table of MRs and QPs (process-private or shared through LOOPNIC_REGISTRY) ---- */
+struct sh_mr {
+    uint32_t key, in_use;
+    int32_t pid, dev;
+    uint64_t pd_id, iova, len;
+    uint64_t addr;          /* where the memory is in the owner's address space (dmabuf: iova) */
+    uint64_t buffer_id;     /* CUDA buffer id at registration (F_GPU) */
+    uint32_t access, flags, nstale, pad;
+    uint64_t stale[NSTALE][2]; /* [start, end) of addr space freed or remapped since registration */
+};
+struct sh_qp {
+    uint32_t qp_num, in_use;
+    int32_t pid, dev;
+    uint64_t pd_id;
+    uint32_t state, dest_qp, access, pad;
+};
+struct table {
+    uint64_t magic;
+    uint32_t version, mr_hint, qp_hint, pad;
+    uint64_t next_pd_id;
+    struct sh_mr mr[NMR];
+    struct sh_qp qp[NQP];
+};
+
+/* ---- process-local objects ---- */
+struct lctx {
+    int dev, async_w;
+    pthread_mutex_t evlock;
+    struct ibv_async_event ev[NEV];
+    unsigned evh, evn;
+    struct verbs_context vctx; /* vctx.context is what callers get */
+};
+#define LCTX(c) ((struct lctx *)(void *)((char *)(c) - offsetof(struct lctx, vctx.context)))
+
+struct lpd { struct ibv_pd pd; uint64_t id; int dev; int nmr, nqp; };
+struct lmr { struct ibv_mr mr; uint32_t slot; struct lpd *pd; };
+struct cqe {
+    struct ibv_wc wc;
+    uint32_t slot, retire;  /* send queue slots of QP slot this completion frees when polled */
+};
+struct lcq {
+    struct ibv_cq cq;
+    pthread_mutex_t lock;
+    struct cqe *ring;
+    int cap, head, n, armed, nqp;
+};
+struct lchan {
+    struct ibv_comp_channel ch;
+    int wfd;
+    pthread_mutex_t lock;
+    struct ibv_cq **q;
+    unsigned qh, qn, qcap;
+    int ncq;
+};
+struct lqp {
+    struct ibv_qp qp;
+    uint32_t slot;
+    struct lpd *pd;
+    struct lcq *scq, *rcq;
+    int dev, sig_all;
+    uint8_t port;
+    uint32_t access;
+    struct ibv_qp_cap cap;
+    uint64_t *rq;      /* posted receive wr_ids (only RDMA_WRITE_WITH_IMM consumes them) */
+    unsigned rqh, rqn;
+    uint32_t outstanding; /* send WRs whose slot is not yet freed by a polled completion */
+    uint32_t unsignaled;  /* of which posted since the last completion generated */
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int t_in;           /* >0 while this thread is inside the provider */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static struct table *g_tab;
+static int g_regfd = -1;
+static char g_regpath[PATH_MAX];
+static int g_ndev = 2;
+static int g_eth;                   /* link layer Ethernet (RoCE) instead of InfiniBand */
+static uint64_t g_max_mr_size = UINT64_MAX;
+static struct ibv_device g_dev[MAXDEV];
+static struct loopnic_counters g_cnt[MAXDEV];
+static struct lqp *g_qp_local[NQP];
+static struct lmr *g_mr_local[NMR]; /* this process's MR objects, to refuse foreign ones */
+/* Nothing allocates or frees memory while holding g_lock: a thread inside the allocator (jemalloc
+ * purging with its locks held) may be waiting for g_lock in an interposer. Hence fixed arrays. */
+static uint32_t g_own[NMR];         /* table slots of this process's MRs */
+static size_t g_nown;
+static _Atomic uint64_t g_host_lo = UINT64_MAX, g_host_hi; /* span of this process's host MRs (widen only) */
+static atomic_size_t g_nown_host;   /* fast path of the libc interposers */
+static unsigned long g_reg_calls, g_fail_reg_at, g_dmabuf_calls, g_fail_dmabuf_at, g_wr_calls, g_fail_wr_at;
+static int g_fail_reg_err, g_fail_dmabuf_err, g_fail_wr_status;
+struct inode_seen { uint64_t dev, ino, devmask; };
+enum { MAX_INODES = 4096 };
+static struct inode_seen g_inodes[MAX_INODES];
+static size_t g_ninodes;
+static long g_page = 4096;
+/* LOOPNIC_PAGEMAP=1: the page frames of each host MR, read from /proc/self/pagemap at registration
+ * (after faulting the pages in, as pinning does) and compared at WR time. Process-local. */
+struct pfns { uint64_t *pfn; uint64_t first_page, npages; };
+static struct pfns g_pfns[NMR];
+static int g_pagemap_fd = -1;
+
+static void lock(void)
+{
+    pthread_mutex_lock(&g_lock);
+    t_in++;
+    if (g_regfd >= 0)
+        while (flock(g_regfd, LOCK_EX) != 0 && errno == EINTR) {}
+}
+
+static void unlock(void)
+{
+    if (g_regfd >= 0)
+        flock(g_regfd, LOCK_UN);
+    t_in--;
+    pthread_mutex_unlock(&g_lock);
+}
+
+static int pid_alive(int pid)
+{
+    return pid == getpid() || kill(pid, 0) == 0 || errno == EPERM;
+}
+
+static unsigned long env_ul(const char *name, unsigned long dflt)
+{
+    const char *s = getenv(name);
+    char *end;
+    unsigned long v;
+
+    if (!s || !*s)
+        return dflt;
+    errno = 0;
+    v = strtoul(s, &end, 0);
+    if (errno || *end) {
+        fprintf(stderr, "loopnic: ignoring %s=%s\n", name, s);
+        return dflt;
+    }
+    return v;
+}
+
+/* ---- libc functions we interpose, resolved to the next definition ---- */
+typedef void *mmap_fn(void *, size_t, int, int, int, off_t);
+typedef int munmap_fn(void *, size_t);
+typedef void *mremap_fn(void *, size_t, size_t, int, ...);
+typedef int madvise_fn(void *, size_t, int);
+static mmap_fn *real_mmap;
+static munmap_fn *real_munmap;
+static mremap_fn *real_mremap;
+static madvise_fn *real_madvise;
+
+__attribute__((constructor)) static void loopnic_ctor(void)
+{
+    t_in++;
+    real_mmap = (mmap_fn *)dlsym(RTLD_NEXT, "mmap");
+    real_munmap = (munmap_fn *)dlsym(RTLD_NEXT, "munmap");
+    real_mremap = (mremap_fn *)dlsym(RTLD_NEXT, "mremap");
+    real_madvise = (madvise_fn *)dlsym(RTLD_NEXT, "madvise");
+    t_in--;
+}
+
+static void *table_private(void)
+{
+    void *p = mmap(NULL, sizeof(struct table), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static struct table *table_shared(const char *path)
+{
+    struct stat st;
+    struct table *t;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+
+    if (fd < 0) {
+        fprintf(stderr, "loopnic: LOOPNIC_REGISTRY %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    flock(fd, LOCK_EX);
+    if (fstat(fd, &st) != 0 || ((size_t)st.st_size < sizeof(*t) && ftruncate(fd, sizeof(*t)) != 0)) {
+        fprintf(stderr, "loopnic: LOOPNIC_REGISTRY %s: %s\n", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    t = mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (t == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    if (t->magic != TABLE_MAGIC) {
+        t->magic = TABLE_MAGIC;
+        t->version = TABLE_VERSION;
+        t->next_pd_id = 1;
+    } else if (t->version != TABLE_VERSION) {
+        fprintf(stderr, "loopnic: LOOPNIC_REGISTRY %s has another layout\n", path);
+        munmap(t, sizeof(*t));
+        close(fd);
+        return NULL;
+    }
+    /* entries of processes gone without cleaning up */
+    for (size_t i = 0; i < NMR; i++)
+        if (t->mr[i].in_use && !pid_alive(t->mr[i].pid))
+            t->mr[i].in_use = 0;
+    for (size_t i = 0; i < NQP; i++)
+        if (t->qp[i].in_use && !pid_alive(t->qp[i].pid))
+            t->qp[i].in_use = 0;
+    flock(fd, LOCK_UN);
+    g_regfd = fd;
+    snprintf(g_regpath, sizeof(g_regpath), "%s", path);
+    /* Yama (ptrace_scope 1) would refuse process_vm_writev from a peer that is not our parent. */
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    return t;
+}
+
+/* fork(): no other thread holds g_lock in the child, and the child gets an open file description
+ * of its own for the registry (flock() locks belong to the description, shared across fork). */
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&g_lock);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void atfork_child(void)
+{
+    if (g_regfd >= 0) {
+        int fd = open(g_regpath, O_RDWR | O_CLOEXEC);
+        if (fd >= 0) {
+            dup3(fd, g_regfd, O_CLOEXEC);
+            close(fd);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void init_once(void)
+{
+    const char *s;
+
+    t_in++;
+    g_page = sysconf(_SC_PAGESIZE);
+    g_ndev = (int)env_ul("LOOPNIC_DEVICES", 2);
+    if (g_ndev < 0 || g_ndev > MAXDEV)
+        g_ndev = g_ndev < 0 ? 0 : MAXDEV;
+    s = getenv("LOOPNIC_LINK_LAYER");
+    g_eth = s && (!strcasecmp(s, "eth") || !strcasecmp(s, "ethernet") || !strcasecmp(s, "roce"));
+    g_max_mr_size = env_ul("LOOPNIC_MAX_MR_SIZE", UINT64_MAX);
+    g_fail_reg_at = env_ul("LOOPNIC_FAIL_REG", 0);
+    g_fail_dmabuf_at = env_ul("LOOPNIC_FAIL_DMABUF_REG", 0);
+    g_fail_wr_at = env_ul("LOOPNIC_FAIL_WR", 0);
+    g_fail_reg_err = g_fail_dmabuf_err = ENOMEM;
+    g_fail_wr_status = IBV_WC_RETRY_EXC_ERR;
+    for (int i = 0; i < g_ndev; i++) {
+        struct ibv_device *d = &g_dev[i];
+        d->node_type = IBV_NODE_CA;
+        d->transport_type = IBV_TRANSPORT_IB;
+        snprintf(d->name, sizeof(d->name), "loop%d", i);
+        snprintf(d->dev_name, sizeof(d->dev_name), "uverbs%d", i);
+        snprintf(d->dev_path, sizeof(d->dev_path), "/sys/class/infiniband_verbs/uverbs%d", i);
+        snprintf(d->ibdev_path, sizeof(d->ibdev_path), "/sys/class/infiniband/loop%d", i);
+    }
+    s = getenv("LOOPNIC_REGISTRY");
+    if (s && *s)
+        g_tab = table_shared(s);
+    if (!g_tab && (g_tab = table_private()) != NULL) {
+        /* private: start each process's keys and QP numbers elsewhere, so that a peer's numbers
+         * used without LOOPNIC_REGISTRY do not happen to name objects of this process */
+        uint32_t salt = (uint32_t)getpid();
+        for (size_t i = 0; i < NMR; i++)
+            g_tab->mr[i].key = (salt & 0x1ffff) << 15;
+        for (size_t i = 0; i < NQP; i++)
+            g_tab->qp[i].qp_num = (salt & 0xfff) << 12;
+    }
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    if (!g_tab)
+        fprintf(stderr, "loopnic: cannot map the MR table\n");
+    else if (g_tab->next_pd_id == 0)
+        g_tab->next_pd_id = 1;
+    t_in--;
+}
+
+static int init(void)
+{
+    pthread_once(&g_once, init_once);
+    return g_tab != NULL;
+}
+
+static int dev_index(struct ibv_device *d)
+{
+    if (d < g_dev || d >= g_dev + g_ndev)
+        return -1;
+    return (int)(d - g_dev);
+}
+
+static uint64_t dev_guid(int i)
+{
+    return 0x4c4f4f5000000000ull | (uint64_t)(i + 1); /* "LOOP" */
+}
+
+/* ---- CUDA, loaded only if the process already loaded it ---- */
+typedef int cu_attr_fn(void *data, int attribute, unsigned long long ptr);
+typedef int cu_memcpy_fn(unsigned long long dst, unsigned long long src, size_t n);
+typedef int cu_ctx_get_fn(void **ctx);
+typedef int cu_ctx_push_fn(void *ctx);
+typedef int cu_ctx_pop_fn(void **ctx);
+static struct {
+    void *h;
+    cu_attr_fn *attr;
+    cu_memcpy_fn *memcpy_;
+    cu_ctx_get_fn *ctx_get;
+    cu_ctx_push_fn *ctx_push;
+    cu_ctx_pop_fn *ctx_pop;
+} cu;
+enum { CU_ATTR_CONTEXT = 1, CU_ATTR_MEMORY_TYPE = 2, CU_ATTR_BUFFER_ID = 7, CU_MEMTYPE_DEVICE = 2 };
+
+static int cuda_loaded(void)
+{
+    if (!cu.h) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (!h)
+            return 0;
+        cu.attr = (cu_attr_fn *)dlsym(h, "cuPointerGetAttribute");
+        cu.memcpy_ = (cu_memcpy_fn *)dlsym(h, "cuMemcpy");
+        cu.ctx_get = (cu_ctx_get_fn *)dlsym(h, "cuCtxGetCurrent");
+        cu.ctx_push = (cu_ctx_push_fn *)dlsym(h, "cuCtxPushCurrent_v2");
+        cu.ctx_pop = (cu_ctx_pop_fn *)dlsym(h, "cuCtxPopCurrent_v2");
+        cu.h = h;
+    }
+    return cu.attr != NULL;
+}
+
+static int is_gpu(uint64_t addr)
+{
+    unsigned int mt = 0;
+
+    if (!cuda_loaded())
+        return 0;
+    return cu.attr(&mt, CU_ATTR_MEMORY_TYPE, addr) == 0 && mt == CU_MEMTYPE_DEVICE;
+}
+
+static int gpu_buffer_id(uint64_t addr, uint64_t *id)
+{
+    unsigned long long v = 0;
+
+    if (!cuda_loaded() || cu.attr(&v, CU_ATTR_BUFFER_ID, addr) != 0)
+        return -1;
+    *id = v;
+    return 0;
+}
+
+/* Copy n bytes between two addresses of this process, one of them GPU memory. */
+static int gpu_copy(uint64_t dst, uint64_t src, size_t n, uint64_t gpu_addr)
+{
+    void *cur = NULL, *ctx = NULL, *popped;
+    int pushed = 0, rc;
+
+    if (!cuda_loaded())
+        return -1;
+    if (!cu.memcpy_) { /* a CUDA double without cuMemcpy: its "device memory" is host memory */
+        memmove((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n);
+        return 0;
+    }
+    if (cu.ctx_get && cu.ctx_push && cu.ctx_pop && cu.ctx_get(&cur) == 0 && !cur &&
+        cu.attr(&ctx, CU_ATTR_CONTEXT, gpu_addr) == 0 && ctx && cu.ctx_push(ctx) == 0)
+        pushed = 1;
+    rc = cu.memcpy_(dst, src, n);
+    if (pushed)
+        cu.ctx_pop(&popped);
+    return rc == 0 ? 0 : -1;
+}
+
+/* ---- host memory ---- */
+static int host_mapped(uint64_t a, uint64_t n)
+{
+    unsigned char vec[1024];
+    uint64_t s, e;
+
+    if (!n)
+        return 1;
+    if (a + n < a)
+        return 0;
+    s = a & ~(uint64_t)(g_page - 1);
+    e = (a + n + (uint64_t)g_page - 1) & ~(uint64_t)(g_page - 1);
+    while (s < e) {
+        uint64_t chunk = e - s;
+        if (chunk > sizeof(vec) * (uint64_t)g_page)
+            chunk = sizeof(vec) * (uint64_t)g_page;
+        if (mincore((void *)(uintptr_t)s, chunk, vec) != 0)
+            return 0;
+        s += chunk;
+    }
+    return 1;
+}
+
+/* ---- page identity (LOOPNIC_PAGEMAP=1) ---- */
+static int pagemap_on(void)
+{
+    const char *s = getenv("LOOPNIC_PAGEMAP"); /* read each time: tests flip it */
+    return s && *s && strcmp(s, "0");
+}
+
+/* The page frame numbers of pages [first, first+n) of this process (0 where not present), or -1
+ * if pagemap cannot be read. Without CAP_SYS_ADMIN the kernel reports every PFN as 0. */
+static int read_pfns(uint64_t first, uint64_t n, uint64_t *out)
+{
+    size_t want = n * sizeof(*out), got = 0;
+
+    if (g_pagemap_fd < 0)
+        g_pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (g_pagemap_fd < 0)
+        return -1;
+    while (got < want) {
+        ssize_t r = pread(g_pagemap_fd, (char *)out + got, want - got, (off_t)(first * sizeof(*out) + got));
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = (out[i] >> 63) ? out[i] & ((1ull << 55) - 1) : 0;
+    return 0;
+}
+
+/* Fault [a, a+n) in writable (as pinning for the NIC does) and read its frames. NULL if the
+ * frames are not visible. */
+static uint64_t *pin_pfns(uint64_t a, uint64_t n, uint64_t *first, uint64_t *npages)
+{
+    uint64_t s = a & ~(uint64_t)(g_page - 1), e = (a + n + (uint64_t)g_page - 1) & ~(uint64_t)(g_page - 1);
+    uint64_t *pfn, nz = 0;
+
+    if (madvise((void *)(uintptr_t)s, e - s, MADV_POPULATE_WRITE) != 0)
+        madvise((void *)(uintptr_t)s, e - s, MADV_POPULATE_READ);
+    *first = s / (uint64_t)g_page;
+    *npages = (e - s) / (uint64_t)g_page;
+    pfn = malloc(*npages * sizeof(*pfn));
+    if (pfn && read_pfns(*first, *npages, pfn) == 0)
+        for (uint64_t i = 0; i < *npages; i++)
+            nz |= pfn[i];
+    if (!nz) {
+        free(pfn);
+        return NULL;
+    }
+    return pfn;
+}
+
+/* Do the pages of [a, a+n) still have the frames they had at registration? */
+static int pfns_changed(const struct pfns *p, uint64_t a, uint64_t n)
+{
+    uint64_t first = a / (uint64_t)g_page, last = (a + n - 1) / (uint64_t)g_page, cur[64];
+
+    if (!p->pfn || !n)
+        return 0;
+    for (uint64_t pg = first; pg <= last; pg += 64) {
+        uint64_t k = last - pg + 1 < 64 ? last - pg + 1 : 64;
+        if (read_pfns(pg, k, cur) != 0)
+            return 1;
+        for (uint64_t i = 0; i < k; i++)
+            if (pg + i >= p->first_page && pg + i < p->first_page + p->npages &&
+                cur[i] != p->pfn[pg + i - p->first_page])
+                return 1;
+    }
+    return 0;
+}
+
+/* ---- stale tracking ---- */
+static void add_stale(struct sh_mr *m, uint64_t lo, uint64_t hi)
+{
+    for (uint32_t i = 0; i < m->nstale; i++)
+        if (lo <= m->stale[i][1] && hi >= m->stale[i][0]) { /* touching: merge */
+            if (lo < m->stale[i][0]) m->stale[i][0] = lo;
+            if (hi > m->stale[i][1]) m->stale[i][1] = hi;
+            return;
+        }
+    if (m->nstale < NSTALE) {
+        m->stale[m->nstale][0] = lo;
+        m->stale[m->nstale][1] = hi;
+        m->nstale++;
+    } else {
+        m->flags |= F_STALE_ALL;
+    }
+}
+
+/* [a, a+n) of the address space was unmapped, replaced or discarded. */
+static void note_unmap(uint64_t a, uint64_t n)
+{
+    uint64_t e;
+    int pid;
+
+    if (!g_tab || atomic_load(&g_nown_host) == 0 || !n || t_in)
+        return;
+    e = a + ((n + (uint64_t)g_page - 1) & ~(uint64_t)(g_page - 1));
+    if (e <= atomic_load(&g_host_lo) || a >= atomic_load(&g_host_hi))
+        return; /* nowhere near a registered range: no lock */
+    pid = getpid();
+    lock();
+    for (size_t i = 0; i < g_nown; i++) {
+        struct sh_mr *m = &g_tab->mr[g_own[i]];
+        uint64_t lo, hi;
+        if (!m->in_use || m->pid != pid || (m->flags & F_GPU))
+            continue;
+        lo = a > m->addr ? a : m->addr;
+        hi = e < m->addr + m->len ? e : m->addr + m->len;
+        if (lo < hi)
+            add_stale(m, lo, hi);
+    }
+    unlock();
+}
+
+/* Was [a, a+n) of MR m's address space freed or remapped since registration? */
+static int mr_stale(struct sh_mr *m, uint64_t a, uint64_t n)
+{
+    if (m->flags & F_STALE_ALL)
+        return 1;
+    for (uint32_t i = 0; i < m->nstale; i++)
+        if (a < m->stale[i][1] && a + n > m->stale[i][0])
+            return 1;
+    if (!(m->flags & F_GPU) && m->pid == getpid() && pfns_changed(&g_pfns[m - g_tab->mr], a, n))
+        return 1;
+    if ((m->flags & F_GPU) && m->pid == getpid()) {
+        uint64_t id;
+        if (gpu_buffer_id(m->addr, &id) != 0 || id != m->buffer_id)
+            return 1;
+    }
+    return 0;
+}
+
+API void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    void *r = real_mmap ? real_mmap(addr, len, prot, flags, fd, off)
+                        : (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+    if (r != MAP_FAILED && (flags & MAP_FIXED))
+        note_unmap((uintptr_t)addr, len);
+    return r;
+}
+
+API void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    return mmap(addr, len, prot, flags, fd, off);
+}
+
+API int munmap(void *addr, size_t len)
+{
+    int r = real_munmap ? real_munmap(addr, len) : (int)syscall(SYS_munmap, addr, len);
+    if (r == 0)
+        note_unmap((uintptr_t)addr, len);
+    return r;
+}
+
+API void *mremap(void *old, size_t old_size, size_t new_size, int flags, ...)
+{
+    void *r, *new_addr = NULL;
+
+    if (flags & MREMAP_FIXED) {
+        va_list ap;
+        va_start(ap, flags);
+        new_addr = va_arg(ap, void *);
+        va_end(ap);
+    }
+    r = real_mremap ? real_mremap(old, old_size, new_size, flags, new_addr)
+                    : (void *)syscall(SYS_mremap, old, old_size, new_size, flags, new_addr);
+    if (r == MAP_FAILED)
+        return r;
+    if (r != old)
+        note_unmap((uintptr_t)old, old_size);     /* moved: the old range no longer holds it */
+    else if (new_size < old_size)
+        note_unmap((uintptr_t)old + new_size, old_size - new_size);
+    if (flags & MREMAP_FIXED)
+        note_unmap((uintptr_t)r, new_size);       /* whatever was mapped there before is gone */
+    return r;
+}
+
+API int madvise(void *addr, size_t len, int advice)
+{
+    int r = real_madvise ? real_madvise(addr, len, advice) : (int)syscall(SYS_madvise, addr, len, advice);
+    if (r == 0 && (advice == MADV_DONTNEED || advice == MADV_REMOVE || advice == MADV_FREE
+#ifdef MADV_DONTNEED_LOCKED
+                   || advice == MADV_DONTNEED_LOCKED
+#endif
+                   ))
+        note_unmap((uintptr_t)addr, len);
+    return r;
+}
+
+/* ---- async events ---- */
+static int push_async(struct lctx *lc, const struct ibv_async_event *ev)
+{
+    char b = 1;
+    int full;
+
+    pthread_mutex_lock(&lc->evlock);
+    full = lc->evn == NEV;
+    if (!full) {
+        lc->ev[(lc->evh + lc->evn) % NEV] = *ev;
+        lc->evn++;
+    }
+    pthread_mutex_unlock(&lc->evlock);
+    if (full)
+        return ENOSPC;
+    if (write(lc->async_w, &b, 1) != 1)
+        return errno;
+    return 0;
+}
+
+API int loopnic_raise_async_event(struct ibv_context *ctx, enum ibv_event_type type, void *element)
+{
+    struct ibv_async_event ev;
+
+    if (!ctx)
+        return EINVAL;
+    memset(&ev, 0, sizeof(ev));
+    ev.event_type = type;
+    switch ((int)type) {
+    case IBV_EVENT_PORT_ACTIVE: case IBV_EVENT_PORT_ERR: case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_PKEY_CHANGE: case IBV_EVENT_SM_CHANGE: case IBV_EVENT_CLIENT_REREGISTER:
+    case IBV_EVENT_GID_CHANGE: case IBV_EVENT_DEVICE_FATAL:
+        ev.element.port_num = (int)(uintptr_t)element;
+        break;
+    case IBV_EVENT_CQ_ERR:
+        ev.element.cq = element;
+        break;
+    case IBV_EVENT_SRQ_ERR: case IBV_EVENT_SRQ_LIMIT_REACHED:
+        ev.element.srq = element;
+        break;
+    default:
+        ev.element.qp = element;
+        break;
+    }
+    return push_async(LCTX(ctx), &ev);
+}
+
+API int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event)
+{
+    struct lctx *lc = LCTX(ctx);
+    char b;
+    int ok;
+
+    if (read(ctx->async_fd, &b, 1) != 1)
+        return -1;
+    pthread_mutex_lock(&lc->evlock);
+    ok = lc->evn > 0;
+    if (ok) {
+        *event = lc->ev[lc->evh];
+        lc->evh = (lc->evh + 1) % NEV;
+        lc->evn--;
+    }
+    pthread_mutex_unlock(&lc->evlock);
+    if (!ok) {
+        errno = EAGAIN;
+        return -1;
+    }
+    return 0;
+}
+
+API void ibv_ack_async_event(struct ibv_async_event *event)
+{
+    (void)event;
+}
+
+/* ---- devices ---- */
+API struct ibv_device **ibv_get_device_list(int *num_devices)
+{
+    struct ibv_device **l;
+
+    init();
+    l = calloc((size_t)g_ndev + 1, sizeof(*l));
+    if (!l) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    for (int i = 0; i < g_ndev; i++)
+        l[i] = &g_dev[i];
+    if (num_devices)
+        *num_devices = g_ndev;
+    return l;
+}
+
+API void ibv_free_device_list(struct ibv_device **list)
+{
+    free(list);
+}
+
+API const char *ibv_get_device_name(struct ibv_device *device)
+{
+    return device ? device->name : NULL;
+}
+
+API __be64 ibv_get_device_guid(struct ibv_device *device)
+{
+    int i = dev_index(device);
+    return i < 0 ? 0 : htobe64(dev_guid(i));
+}
+
+API int ibv_get_device_index(struct ibv_device *device)
+{
+    return dev_index(device);
+}
+
+static int lq_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+static int lq_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+static int lq_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+static int lq_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+static int lq_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len);
+
+static int lq_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+    (void)srq;
+    *bad_wr = wr;
+    return EOPNOTSUPP;
+}
+
+static int lq_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *bind)
+{
+    (void)qp; (void)mw; (void)bind;
+    return EOPNOTSUPP;
+}
+
+static int lq_dealloc_mw(struct ibv_mw *mw)
+{
+    (void)mw;
+    return EOPNOTSUPP;
+}
+
+API struct ibv_context *ibv_open_device(struct ibv_device *device)
+{
+    struct lctx *lc;
+    struct ibv_context *c;
+    int i, p[2];
+
+    if (!init() || (i = dev_index(device)) < 0) {
+        errno = ENODEV;
+        return NULL;
+    }
+    lc = calloc(1, sizeof(*lc));
+    if (!lc) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        free(lc);
+        return NULL;
+    }
+    lc->dev = i;
+    lc->async_w = p[1];
+    pthread_mutex_init(&lc->evlock, NULL);
+    lc->vctx.sz = sizeof(lc->vctx);
+    lc->vctx.query_port = lq_query_port;
+    c = &lc->vctx.context;
+    c->device = device;
+    c->async_fd = p[0];
+    c->cmd_fd = eventfd(0, EFD_CLOEXEC);
+    c->num_comp_vectors = 1;
+    c->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    pthread_mutex_init(&c->mutex, NULL);
+    c->ops.post_send = lq_post_send;
+    c->ops.post_recv = lq_post_recv;
+    c->ops.poll_cq = lq_poll_cq;
+    c->ops.req_notify_cq = lq_req_notify_cq;
+    c->ops.post_srq_recv = lq_post_srq_recv;
+    c->ops.bind_mw = lq_bind_mw;
+    c->ops.dealloc_mw = lq_dealloc_mw;
+    return c;
+}
+
+API int ibv_close_device(struct ibv_context *ctx)
+{
+    struct lctx *lc = LCTX(ctx);
+
+    close(ctx->async_fd);
+    close(lc->async_w);
+    if (ctx->cmd_fd >= 0)
+        close(ctx->cmd_fd);
+    pthread_mutex_destroy(&lc->evlock);
+    free(lc);
+    return 0;
+}
+
+API int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
+{
+    int i = LCTX(ctx)->dev;
+
+    memset(a, 0, sizeof(*a));
+    snprintf(a->fw_ver, sizeof(a->fw_ver), "loopnic-1");
+    a->node_guid = htobe64(dev_guid(i));
+    a->sys_image_guid = htobe64(dev_guid(i));
+    a->max_mr_size = g_max_mr_size;
+    a->page_size_cap = ~(uint64_t)(g_page - 1);
+    a->vendor_id = 0;
+    a->vendor_part_id = 0;
+    a->hw_ver = 1;
+    a->max_qp = NQP - 2;
+    a->max_qp_wr = MAX_QP_WR;
+    a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT;
+    a->max_sge = MAX_SGE;
+    a->max_sge_rd = MAX_SGE;
+    a->max_cq = 1 << 16;
+    a->max_cqe = MAX_CQE;
+    a->max_mr = NMR;
+    a->max_pd = 1 << 24;
+    a->max_qp_rd_atom = 16;
+    a->max_ee_rd_atom = 0;
+    a->max_res_rd_atom = 1 << 20;
+    a->max_qp_init_rd_atom = 16;
+    a->atomic_cap = IBV_ATOMIC_NONE;
+    a->max_pkeys = 1;
+    a->local_ca_ack_delay = 16;
+    a->phys_port_cnt = 1;
+    return 0;
+}
+
+static void fill_port(int dev, struct ibv_port_attr *a)
+{
+    memset(a, 0, sizeof(*a));
+    a->state = IBV_PORT_ACTIVE;
+    a->max_mtu = IBV_MTU_4096;
+    a->active_mtu = g_eth ? IBV_MTU_1024 : IBV_MTU_4096;
+    a->gid_tbl_len = 1;
+    a->port_cap_flags = 0;
+    a->max_msg_sz = 1u << 31;
+    a->pkey_tbl_len = 1;
+    a->lid = g_eth ? 0 : (uint16_t)(dev + 1);
+    a->sm_lid = g_eth ? 0 : 1;
+    a->max_vl_num = 1;
+    a->subnet_timeout = 18;
+    a->active_width = 2;   /* 4x */
+    a->active_speed = 32;  /* EDR */
+    a->phys_state = 5;     /* LinkUp */
+    a->link_layer = g_eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND;
+}
+
+static int lq_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len)
+{
+    struct ibv_port_attr a;
+
+    if (port != 1)
+        return EINVAL;
+    fill_port(LCTX(ctx)->dev, &a);
+    memcpy(attr, &a, len < sizeof(a) ? len : sizeof(a));
+    return 0;
+}
+
+/* The IBVERBS_1.1 entry point: the old, shorter structure (it ends with link_layer). */
+API int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _compat_ibv_port_attr *attr)
+{
+    return lq_query_port(ctx, port, (struct ibv_port_attr *)(void *)attr,
+                         offsetof(struct ibv_port_attr, flags));
+}
+
+static void fill_gid(int dev, union ibv_gid *gid)
+{
+    memset(gid, 0, sizeof(*gid));
+    if (g_eth) { /* RoCE v2, IPv4-mapped 10.76.0.<dev+1> */
+        gid->raw[10] = 0xff;
+        gid->raw[11] = 0xff;
+        gid->raw[12] = 10;
+        gid->raw[13] = 76;
+        gid->raw[15] = (uint8_t)(dev + 1);
+    } else {
+        gid->global.subnet_prefix = htobe64(0xfe80000000000000ull);
+        gid->global.interface_id = htobe64(dev_guid(dev));
+    }
+}
+
+API int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
+{
+    if (port != 1 || index != 0)
+        return -1;
+    fill_gid(LCTX(ctx)->dev, gid);
+    return 0;
+}
+
+static void fill_gid_entry(int dev, struct ibv_gid_entry *e)
+{
+    memset(e, 0, sizeof(*e));
+    fill_gid(dev, &e->gid);
+    e->gid_index = 0;
+    e->port_num = 1;
+    e->gid_type = g_eth ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB;
+    e->ndev_ifindex = 0;
+}
+
+API int _ibv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                          struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+    struct ibv_gid_entry e;
+
+    if (flags || entry_size < sizeof(e) || port != 1)
+        return EINVAL;
+    if (index != 0)
+        return ENODATA;
+    fill_gid_entry(LCTX(ctx)->dev, &e);
+    memcpy(entry, &e, sizeof(e));
+    return 0;
+}
+
+API ssize_t _ibv_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entries,
+                                 size_t max_entries, uint32_t flags, size_t entry_size)
+{
+    if (flags || entry_size < sizeof(*entries))
+        return -EINVAL;
+    if (max_entries < 1)
+        return -EINVAL;
+    fill_gid_entry(LCTX(ctx)->dev, entries);
+    return 1;
+}
+
+API int ibv_query_pkey(struct ibv_context *ctx, uint8_t port, int index, __be16 *pkey)
+{
+    (void)ctx;
+    if (port != 1 || index != 0)
+        return -1;
+    *pkey = htobe16(0xffff);
+    return 0;
+}
+
+API int ibv_get_pkey_index(struct ibv_context *ctx, uint8_t port, __be16 pkey)
+{
+    (void)ctx;
+    return port == 1 && pkey == htobe16(0xffff) ? 0 : -1;
+}
+
+API int ibv_fork_init(void)
+{
+    return 0;
+}
+
+API enum ibv_fork_status ibv_is_fork_initialized(void)
+{
+    return IBV_FORK_UNNEEDED;
+}
+
+API int ibv_dontfork_range(void *base, size_t size)
+{
+    (void)base; (void)size;
+    return 0;
+}
+
+API int ibv_dofork_range(void *base, size_t size)
+{
+    (void)base; (void)size;
+    return 0;
+}
+
+/* ---- PDs ---- */
+API struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
+{
+    struct lpd *p = calloc(1, sizeof(*p));
+
+    if (!p) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    p->pd.context = ctx;
+    p->dev = LCTX(ctx)->dev;
+    lock();
+    p->id = g_tab->next_pd_id++;
+    unlock();
+    p->pd.handle = (uint32_t)p->id;
+    return &p->pd;
+}
+
+API int ibv_dealloc_pd(struct ibv_pd *pd)
+{
+    struct lpd *p = (struct lpd *)pd;
+    int busy;
+
+    lock();
+    busy = p->nmr > 0 || p->nqp > 0;
+    unlock();
+    if (busy)
+        return EBUSY;
+    free(p);
+    return 0;
+}
+
+/* ---- MRs ---- */
+static void count_inode(int dev, const struct stat *st)
+{
+    for (size_t i = 0; i < g_ninodes; i++)
+        if (g_inodes[i].dev == (uint64_t)st->st_dev && g_inodes[i].ino == (uint64_t)st->st_ino) {
+            g_inodes[i].devmask |= 1ull << dev;
+            return;
+        }
+    if (g_ninodes == MAX_INODES)
+        return; /* documented: distinct inodes are counted up to MAX_INODES */
+    g_inodes[g_ninodes].dev = (uint64_t)st->st_dev;
+    g_inodes[g_ninodes].ino = (uint64_t)st->st_ino;
+    g_inodes[g_ninodes].devmask = 1ull << dev;
+    g_ninodes++;
+}
+
+static int own_add(uint32_t slot)
+{
+    if (g_nown == NMR)
+        return -1;
+    g_own[g_nown++] = slot;
+    return 0;
+}
+
+static void own_del(uint32_t slot)
+{
+    for (size_t i = 0; i < g_nown; i++)
+        if (g_own[i] == slot) {
+            g_own[i] = g_own[--g_nown];
+            return;
+        }
+}
+
+enum reg_kind { REG_VA, REG_DMABUF };
+
+static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                                 int access, enum reg_kind kind, uint64_t offset, int fd)
+{
+    struct lpd *p = (struct lpd *)pd;
+    struct lmr *lm;
+    struct stat st;
+    struct sh_mr *m = NULL;
+    uint64_t a = (uintptr_t)addr, buffer_id = 0;
+    uint32_t flags = 0, slot = 0;
+    struct pfns pin = { NULL, 0, 0 };
+    int err = 0, dev;
+
+    if (!pd || !init()) {
+        errno = EINVAL;
+        return NULL;
+    }
+    dev = p->dev;
+    lock();
+    if (kind == REG_VA) {
+        g_reg_calls++;
+        if (g_fail_reg_at && g_reg_calls == g_fail_reg_at)
+            err = g_fail_reg_err;
+    } else {
+        g_dmabuf_calls++;
+        if (g_fail_dmabuf_at && g_dmabuf_calls == g_fail_dmabuf_at)
+            err = g_fail_dmabuf_err;
+    }
+    unlock();
+    if (err)
+        goto fail;
+    if (length == 0 || length > g_max_mr_size || iova + length < iova ||
+        ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))) {
+        err = EINVAL;
+        goto fail;
+    }
+    if (kind == REG_DMABUF) {
+        uint64_t size;
+        if (fstat(fd, &st) != 0) {
+            err = EBADF;
+            goto fail;
+        }
+        size = (uint64_t)st.st_size;
+        if (size == 0) { /* real dmabufs tell their size through lseek */
+            off_t cur = lseek(fd, 0, SEEK_CUR), end = lseek(fd, 0, SEEK_END);
+            if (end > 0)
+                size = (uint64_t)end;
+            if (cur >= 0)
+                lseek(fd, cur, SEEK_SET);
+        }
+        if (offset > size || length > size - offset) {
+            err = EINVAL;
+            goto fail;
+        }
+        a = iova; /* drc and Mooncake pass iova = the buffer's address */
+        flags |= F_DMABUF;
+        if (is_gpu(a)) {
+            flags |= F_GPU;
+            gpu_buffer_id(a, &buffer_id);
+        }
+    } else if (is_gpu(a)) {
+        const char *pm = getenv("LOOPNIC_PEERMEM"); /* read each time: tests flip it */
+        if (!pm || !*pm || !strcmp(pm, "0")) { /* no nvidia-peermem: the kernel cannot pin GPU pages */
+            err = EFAULT;
+            goto fail;
+        }
+        flags |= F_GPU;
+        gpu_buffer_id(a, &buffer_id);
+    } else if (!host_mapped(a, length)) {
+        err = EFAULT;
+        goto fail;
+    }
+    if (!(flags & F_GPU) && kind == REG_VA && pagemap_on())
+        pin.pfn = pin_pfns(a, length, &pin.first_page, &pin.npages);
+    lm = calloc(1, sizeof(*lm));
+    if (!lm) {
+        free(pin.pfn);
+        err = ENOMEM;
+        goto fail;
+    }
+    lock();
+    for (uint32_t n = 0; n < NMR; n++) {
+        uint32_t s = (g_tab->mr_hint + n) % NMR;
+        if (!g_tab->mr[s].in_use) {
+            slot = s;
+            m = &g_tab->mr[s];
+            break;
+        }
+    }
+    if (!m || own_add(slot) != 0) {
+        unlock();
+        free(pin.pfn);
+        free(lm);
+        err = ENOMEM;
+        goto fail;
+    }
+    g_tab->mr_hint = (slot + 1) % NMR;
+    {
+        uint32_t gen = (m->key >> 15) + 1;
+        if ((gen << 15) == 0)
+            gen = 1;
+        m->key = (gen << 15) | slot;
+    }
+    m->in_use = 1;
+    m->pid = getpid();
+    m->dev = dev;
+    m->pd_id = p->id;
+    m->iova = iova;
+    m->len = length;
+    m->addr = a;
+    m->buffer_id = buffer_id;
+    m->access = (uint32_t)access;
+    m->flags = flags;
+    m->nstale = 0;
+    g_pfns[slot] = pin; /* its previous array was freed by ibv_dereg_mr */
+    p->nmr++;
+    if (!(flags & F_GPU)) {
+        atomic_fetch_add(&g_nown_host, 1);
+        if (a < atomic_load(&g_host_lo))
+            atomic_store(&g_host_lo, a);
+        if (a + length > atomic_load(&g_host_hi))
+            atomic_store(&g_host_hi, a + length);
+    }
+    g_cnt[dev].live_mrs++;
+    g_cnt[dev].total_regs++;
+    if (kind == REG_DMABUF) {
+        g_cnt[dev].dmabuf_regs++;
+        count_inode(dev, &st);
+    }
+    lm->slot = slot;
+    g_mr_local[slot] = lm;
+    lm->pd = p;
+    lm->mr.context = pd->context;
+    lm->mr.pd = pd;
+    lm->mr.addr = kind == REG_DMABUF ? (void *)(uintptr_t)offset : addr; /* as rdma-core sets it */
+    lm->mr.length = length;
+    lm->mr.handle = slot;
+    lm->mr.lkey = lm->mr.rkey = m->key;
+    unlock();
+    return &lm->mr;
+fail:
+    lock();
+    g_cnt[dev].reg_failures++;
+    unlock();
+    errno = err;
+    return NULL;
+}
+
+API struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                                    unsigned int access)
+{
+    return reg_common(pd, addr, length, iova, (int)access, REG_VA, 0, -1);
+}
+
+/* As in rdma-core, ibv_reg_mr and ibv_reg_mr_iova call ibv_reg_mr_iova2 through the PLT, so an
+ * interposer of ibv_reg_mr_iova2 (libdrc_verbs.so) sees them even from a dlopen()ed handle. */
+API struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    return ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned int)access);
+}
+
+API struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access)
+{
+    return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned int)access);
+}
+
+API struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova,
+                                     int fd, int access)
+{
+    return reg_common(pd, NULL, length, iova, access, REG_DMABUF, offset, fd);
+}
+
+API int ibv_dereg_mr(struct ibv_mr *mr)
+{
+    struct lmr *lm = (struct lmr *)mr;
+    struct sh_mr *m;
+    uint64_t *old_pfn;
+    int foreign = 0;
+    static int warned;
+
+    if (!mr)
+        return EINVAL;
+    lock();
+    if (g_mr_local[mr->lkey & (NMR - 1)] != lm) {
+        /* Not an ibv_mr this provider handed out. If it is a copy naming one of ours (a cache's
+         * caller MR: same handle and keys), do what the kernel does with rdma-core: deregister
+         * the MR by its handle. rdma-core would then free() the foreign pointer; we leave both
+         * objects alone, count it, and later calls with the owner's pointer get EINVAL. */
+        struct lmr *owner = g_mr_local[mr->lkey & (NMR - 1)];
+        if (!owner || owner->mr.lkey != mr->lkey || owner->mr.handle != mr->handle) {
+            unlock();
+            return EINVAL;
+        }
+        lm = owner;
+        foreign = 1;
+        g_cnt[lm->pd->dev].foreign_deregs++;
+    }
+    m = &g_tab->mr[lm->slot];
+    g_mr_local[lm->slot] = NULL;
+    m->in_use = 0;
+    old_pfn = g_pfns[lm->slot].pfn;
+    g_pfns[lm->slot].pfn = NULL;
+    if (!(m->flags & F_GPU))
+        atomic_fetch_sub(&g_nown_host, 1);
+    own_del(lm->slot);
+    lm->pd->nmr--;
+    g_cnt[lm->pd->dev].live_mrs--;
+    g_cnt[lm->pd->dev].deregs++;
+    unlock();
+    free(old_pfn);
+    if (!foreign)
+        free(lm);
+    else if (!warned++)
+        fprintf(stderr, "loopnic: ibv_dereg_mr of an ibv_mr it did not allocate (a copy of MR handle %u): "
+                        "deregistered by handle, as the kernel would; rdma-core would also free() it\n",
+                mr->handle);
+    return 0;
+}
+
+API int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    (void)mr; (void)flags; (void)pd; (void)addr; (void)length; (void)access;
+    errno = ENOSYS;
+    return IBV_REREG_MR_ERR_INPUT;
+}
+
+API int loopnic_mr_is_stale(struct ibv_mr *mr)
+{
+    struct lmr *lm = (struct lmr *)mr;
+    struct sh_mr *m;
+    int r = 0;
+
+    lock();
+    if (mr && g_mr_local[mr->lkey & (NMR - 1)] == lm) {
+        m = &g_tab->mr[lm->slot];
+        r = mr_stale(m, m->addr, m->len);
+    }
+    unlock();
+    return r;
+}
+
+/* ---- completion channels and CQs ---- */
+API struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *ctx)
+{
+    struct lchan *c = calloc(1, sizeof(*c));
+    int p[2];
+
+    if (!c) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        free(c);
+        return NULL;
+    }
+    c->ch.context = ctx;
+    c->ch.fd = p[0];
+    c->ch.refcnt = 0;
+    c->wfd = p[1];
+    pthread_mutex_init(&c->lock, NULL);
+    return &c->ch;
+}
+
+API int ibv_destroy_comp_channel(struct ibv_comp_channel *ch)
+{
+    struct lchan *c = (struct lchan *)ch;
+
+    if (c->ncq > 0)
+        return EBUSY;
+    close(c->ch.fd);
+    close(c->wfd);
+    pthread_mutex_destroy(&c->lock);
+    free(c->q);
+    free(c);
+    return 0;
+}
+
+/* Room for the events of every CQ of the channel, sized when a CQ joins it (chan_push runs
+ * under g_lock, where nothing may allocate). c->lock held. */
+static int chan_grow(struct lchan *c, unsigned cap)
+{
+    struct ibv_cq **n;
+
+    if (cap <= c->qcap)
+        return 0;
+    n = malloc(cap * sizeof(*n));
+    if (!n)
+        return -1;
+    for (unsigned i = 0; i < c->qn; i++)
+        n[i] = c->q[(c->qh + i) % c->qcap];
+    free(c->q);
+    c->q = n;
+    c->qh = 0;
+    c->qcap = cap;
+    return 0;
+}
+
+static void chan_push(struct lchan *c, struct ibv_cq *cq)
+{
+    char b = 1;
+    int ok;
+
+    pthread_mutex_lock(&c->lock);
+    ok = c->qn < c->qcap; /* else dropped: a CQ re-armed many times without its events read */
+    if (ok) {
+        c->q[(c->qh + c->qn) % c->qcap] = cq;
+        c->qn++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (ok && write(c->wfd, &b, 1) != 1)
+        fprintf(stderr, "loopnic: completion channel write: %s\n", strerror(errno));
+}
+
+API int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
+{
+    struct lchan *c = (struct lchan *)ch;
+    struct ibv_cq *q = NULL;
+    char b;
+
+    if (read(ch->fd, &b, 1) != 1)
+        return -1;
+    pthread_mutex_lock(&c->lock);
+    if (c->qn > 0) {
+        q = c->q[c->qh];
+        c->qh = (c->qh + 1) % c->qcap;
+        c->qn--;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (!q) {
+        errno = EAGAIN;
+        return -1;
+    }
+    *cq = q;
+    *cq_context = q->cq_context;
+    return 0;
+}
+
+API void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+    pthread_mutex_lock(&cq->mutex);
+    cq->comp_events_completed += nevents;
+    pthread_mutex_unlock(&cq->mutex);
+}
+
+API struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
+                                 struct ibv_comp_channel *channel, int comp_vector)
+{
+    struct lcq *c;
+
+    if (cqe < 1 || cqe > MAX_CQE || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
+        errno = EINVAL;
+        return NULL;
+    }
+    c = calloc(1, sizeof(*c));
+    if (!c || !(c->ring = calloc((size_t)cqe, sizeof(*c->ring)))) {
+        free(c);
+        errno = ENOMEM;
+        return NULL;
+    }
+    c->cap = cqe;
+    c->cq.context = ctx;
+    c->cq.channel = channel;
+    c->cq.cq_context = cq_context;
+    c->cq.cqe = cqe;
+    pthread_mutex_init(&c->cq.mutex, NULL);
+    pthread_cond_init(&c->cq.cond, NULL);
+    pthread_mutex_init(&c->lock, NULL);
+    if (channel) {
+        struct lchan *ch = (struct lchan *)channel;
+        int rc;
+        pthread_mutex_lock(&ch->lock);
+        rc = chan_grow(ch, 16 + 4 * ((unsigned)ch->ncq + 1));
+        if (rc == 0) {
+            ch->ncq++;
+            ch->ch.refcnt++;
+        }
+        pthread_mutex_unlock(&ch->lock);
+        if (rc) {
+            pthread_mutex_destroy(&c->lock);
+            free(c->ring);
+            free(c);
+            errno = ENOMEM;
+            return NULL;
+        }
+    }
+    return &c->cq;
+}
+
+API int ibv_destroy_cq(struct ibv_cq *cq)
+{
+    struct lcq *c = (struct lcq *)cq;
+    int busy;
+
+    lock();
+    busy = c->nqp > 0;
+    unlock();
+    if (busy)
+        return EBUSY;
+    if (cq->channel) {
+        struct lchan *ch = (struct lchan *)cq->channel;
+        pthread_mutex_lock(&ch->lock);
+        ch->ncq--;
+        ch->ch.refcnt--;
+        /* drop pending events of this CQ */
+        for (unsigned i = 0; i < ch->qn; i++)
+            if (ch->q[(ch->qh + i) % ch->qcap] == cq)
+                ch->q[(ch->qh + i) % ch->qcap] = NULL;
+        pthread_mutex_unlock(&ch->lock);
+    }
+    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&cq->mutex);
+    pthread_cond_destroy(&cq->cond);
+    free(c->ring);
+    free(c);
+    return 0;
+}
+
+API int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+    (void)cq; (void)cqe;
+    return EOPNOTSUPP;
+}
+
+static void cq_push(struct lcq *c, const struct ibv_wc *wc, uint32_t slot, uint32_t retire)
+{
+    int notify = 0, overflow = 0;
+
+    pthread_mutex_lock(&c->lock);
+    if (c->n == c->cap) {
+        overflow = 1;
+    } else {
+        struct cqe *e = &c->ring[(c->head + c->n) % c->cap];
+        e->wc = *wc;
+        e->slot = slot;
+        e->retire = retire;
+        c->n++;
+        if (c->armed) {
+            c->armed = 0;
+            notify = 1;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (overflow) { /* as hardware: the CQ overruns, an async CQ_ERR event */
+        struct ibv_async_event ev;
+        memset(&ev, 0, sizeof(ev));
+        ev.event_type = IBV_EVENT_CQ_ERR;
+        ev.element.cq = &c->cq;
+        push_async(LCTX(c->cq.context), &ev);
+    }
+    if (notify && c->cq.channel)
+        chan_push((struct lchan *)c->cq.channel, &c->cq);
+}
+
+static int lq_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+    struct lcq *c = (struct lcq *)cq;
+    int k = 0;
+
+    if (n < 0)
+        return -1;
+    while (k < n) {
+        struct cqe e;
+        pthread_mutex_lock(&c->lock);
+        if (c->n == 0) {
+            pthread_mutex_unlock(&c->lock);
+            break;
+        }
+        e = c->ring[c->head];
+        c->head = (c->head + 1) % c->cap;
+        c->n--;
+        pthread_mutex_unlock(&c->lock);
+        wc[k++] = e.wc;
+        if (e.retire) { /* polling a send completion frees its WR's send queue slots, and those of
+                         * the unsignalled WRs before it (g_lock after c->lock is released) */
+            struct lqp *q;
+            lock();
+            q = g_qp_local[e.slot];
+            if (q && q->qp.qp_num == e.wc.qp_num)
+                q->outstanding -= e.retire < q->outstanding ? e.retire : q->outstanding;
+            unlock();
+        }
+    }
+    return k;
+}
+
+static int lq_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+    struct lcq *c = (struct lcq *)cq;
+
+    (void)solicited_only;
+    if (!cq->channel)
+        return EINVAL;
+    pthread_mutex_lock(&c->lock);
+    c->armed = 1;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+/* ---- QPs ---- */
+API struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+    struct lpd *p = (struct lpd *)pd;
+    struct lqp *q;
+    struct sh_qp *s = NULL;
+    uint32_t slot = 0;
+
+    if (attr->qp_type != IBV_QPT_RC) {
+        errno = EOPNOTSUPP;
+        return NULL;
+    }
+    if (!attr->send_cq || !attr->recv_cq || attr->srq || attr->cap.max_send_wr > MAX_QP_WR ||
+        attr->cap.max_recv_wr > MAX_QP_WR || attr->cap.max_send_sge > MAX_SGE ||
+        attr->cap.max_recv_sge > MAX_SGE || attr->cap.max_inline_data > 256 ||
+        attr->send_cq->context != pd->context || attr->recv_cq->context != pd->context) {
+        errno = EINVAL;
+        return NULL;
+    }
+    q = calloc(1, sizeof(*q));
+    if (!q || !(q->rq = calloc((size_t)attr->cap.max_recv_wr + 1, sizeof(*q->rq)))) {
+        free(q);
+        errno = ENOMEM;
+        return NULL;
+    }
+    lock();
+    for (uint32_t n = 0; n < NQP - 2; n++) {
+        uint32_t k = 2 + (g_tab->qp_hint + n) % (NQP - 2);
+        if (!g_tab->qp[k].in_use) {
+            slot = k;
+            s = &g_tab->qp[k];
+            break;
+        }
+    }
+    if (!s) {
+        unlock();
+        free(q->rq);
+        free(q);
+        errno = ENOMEM;
+        return NULL;
+    }
+    g_tab->qp_hint = slot - 1;
+    {
+        uint32_t gen = ((s->qp_num >> 12) + 1) & 0xfff;
+        if (!gen)
+            gen = 1;
+        s->qp_num = (gen << 12) | slot;
+    }
+    s->in_use = 1;
+    s->pid = getpid();
+    s->dev = p->dev;
+    s->pd_id = p->id;
+    s->state = IBV_QPS_RESET;
+    s->dest_qp = 0;
+    s->access = 0;
+    p->nqp++;
+    q->scq = (struct lcq *)attr->send_cq;
+    q->rcq = (struct lcq *)attr->recv_cq;
+    q->scq->nqp++;
+    q->rcq->nqp++;
+    g_qp_local[slot] = q;
+    q->slot = slot;
+    q->pd = p;
+    q->dev = p->dev;
+    q->sig_all = attr->sq_sig_all;
+    q->cap = attr->cap;
+    if (q->cap.max_send_sge == 0)
+        q->cap.max_send_sge = 1;
+    q->qp.context = pd->context;
+    q->qp.qp_context = attr->qp_context;
+    q->qp.pd = pd;
+    q->qp.send_cq = attr->send_cq;
+    q->qp.recv_cq = attr->recv_cq;
+    q->qp.handle = slot;
+    q->qp.qp_num = s->qp_num;
+    q->qp.state = IBV_QPS_RESET;
+    q->qp.qp_type = IBV_QPT_RC;
+    pthread_mutex_init(&q->qp.mutex, NULL);
+    pthread_cond_init(&q->qp.cond, NULL);
+    unlock();
+    return &q->qp;
+}
+
+API int ibv_destroy_qp(struct ibv_qp *qp)
+{
+    struct lqp *q = (struct lqp *)qp;
+
+    lock();
+    g_tab->qp[q->slot].in_use = 0;
+    g_qp_local[q->slot] = NULL;
+    q->pd->nqp--;
+    q->scq->nqp--;
+    q->rcq->nqp--;
+    unlock();
+    pthread_mutex_destroy(&qp->mutex);
+    pthread_cond_destroy(&qp->cond);
+    free(q->rq);
+    free(q);
+    return 0;
+}
+
+static void set_state(struct lqp *q, enum ibv_qp_state s)
+{
+    q->qp.state = s;
+    g_tab->qp[q->slot].state = (uint32_t)s;
+}
+
+/* Called with lock held. The transitions and required attributes of an RC QP (IB spec, kernel's
+ * ib_modify_qp_is_ok); optional attributes are not policed. */
+static int modify_locked(struct lqp *q, struct ibv_qp_attr *a, int mask)
+{
+    int cur = (int)q->qp.state;
+    int nxt = (mask & IBV_QP_STATE) ? (int)a->qp_state : cur;
+    int req = 0;
+
+    if (nxt == IBV_QPS_RESET || nxt == IBV_QPS_ERR)
+        req = 0;
+    else if (cur == IBV_QPS_RESET && nxt == IBV_QPS_INIT)
+        req = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    else if (cur == IBV_QPS_INIT && nxt == IBV_QPS_INIT)
+        req = 0;
+    else if (cur == IBV_QPS_INIT && nxt == IBV_QPS_RTR)
+        req = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+              IBV_QP_MIN_RNR_TIMER;
+    else if (cur == IBV_QPS_RTR && nxt == IBV_QPS_RTS)
+        req = IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_TIMEOUT;
+    else if (cur == IBV_QPS_RTS && nxt == IBV_QPS_RTS)
+        req = 0;
+    else
+        return EINVAL;
+    if ((mask & req) != req)
+        return EINVAL;
+    if ((mask & IBV_QP_PORT) && a->port_num != 1)
+        return EINVAL;
+    if ((mask & IBV_QP_PKEY_INDEX) && a->pkey_index != 0)
+        return EINVAL;
+    if (nxt == IBV_QPS_RTR && cur == IBV_QPS_INIT) {
+        if (g_eth && !a->ah_attr.is_global) /* RoCE needs a GRH */
+            return EINVAL;
+        if (a->dest_qp_num == 0 || a->dest_qp_num > 0xffffff || a->max_dest_rd_atomic > 16)
+            return EINVAL;
+    }
+    if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > 16)
+        return EINVAL;
+    if (mask & IBV_QP_PORT)
+        q->port = a->port_num;
+    if (mask & IBV_QP_ACCESS_FLAGS) {
+        q->access = a->qp_access_flags;
+        g_tab->qp[q->slot].access = a->qp_access_flags;
+    }
+    if (mask & IBV_QP_DEST_QPN)
+        g_tab->qp[q->slot].dest_qp = a->dest_qp_num;
+    if (nxt == IBV_QPS_RESET) {
+        g_tab->qp[q->slot].dest_qp = 0;
+        q->rqn = 0;
+        q->outstanding = q->unsignaled = 0;
+    }
+    set_state(q, (enum ibv_qp_state)nxt);
+    return 0;
+}
+
+API int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
+{
+    int rc;
+
+    lock();
+    rc = modify_locked((struct lqp *)qp, attr, attr_mask);
+    unlock();
+    return rc;
+}
+
+API int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask, struct ibv_qp_init_attr *init)
+{
+    struct lqp *q = (struct lqp *)qp;
+
+    (void)attr_mask;
+    memset(attr, 0, sizeof(*attr));
+    memset(init, 0, sizeof(*init));
+    lock();
+    attr->qp_state = attr->cur_qp_state = qp->state;
+    attr->dest_qp_num = g_tab->qp[q->slot].dest_qp;
+    attr->qp_access_flags = q->access;
+    attr->port_num = q->port;
+    attr->path_mtu = IBV_MTU_4096;
+    attr->cap = q->cap;
+    unlock();
+    init->qp_context = qp->qp_context;
+    init->send_cq = qp->send_cq;
+    init->recv_cq = qp->recv_cq;
+    init->cap = q->cap;
+    init->qp_type = qp->qp_type;
+    init->sq_sig_all = q->sig_all;
+    return 0;
+}
+
+API int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
+{
+    (void)qp; (void)op; (void)flags;
+    return 0;
+}
+
+static int lq_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+    struct lqp *q = (struct lqp *)qp;
+    int rc = 0;
+
+    lock();
+    if (qp->state == IBV_QPS_RESET) {
+        rc = EINVAL;
+        *bad_wr = wr;
+    }
+    for (; !rc && wr; wr = wr->next) {
+        if (q->rqn >= q->cap.max_recv_wr || wr->num_sge > (int)q->cap.max_recv_sge) {
+            rc = ENOMEM;
+            *bad_wr = wr;
+            break;
+        }
+        q->rq[(q->rqh + q->rqn) % (q->cap.max_recv_wr + 1)] = wr->wr_id;
+        q->rqn++;
+    }
+    unlock();
+    return rc;
+}
+
+/* ---- executing work requests ---- */
+static struct sh_mr *find_mr(uint32_t key, int pid)
+{
+    struct sh_mr *m = &g_tab->mr[key & (NMR - 1)];
+
+    if (!m->in_use || m->key != key || m->pid != pid)
+        return NULL;
+    return m;
+}
+
+static int in_mr(const struct sh_mr *m, uint64_t iova, uint64_t len)
+{
+    return iova >= m->iova && iova + len >= iova && iova + len <= m->iova + m->len;
+}
+
+struct xfer { uint64_t local; uint64_t len; int gpu; };
+
+/* Execute one RDMA WRITE / WRITE_WITH_IMM / READ on RTS QP q. Lock held. */
+static enum ibv_wc_status exec_wr(struct lqp *q, const struct ibv_send_wr *wr, uint32_t *byte_len)
+{
+    struct loopnic_counters *cnt = &g_cnt[q->dev];
+    int write = wr->opcode != IBV_WR_RDMA_READ, self = getpid(), rgpu = 0, lgpu = 0;
+    struct xfer x[MAX_SGE];
+    struct sh_qp *rq;
+    struct sh_mr *rm = NULL;
+    struct lqp *rlocal = NULL;
+    uint64_t total = 0, raddr = 0;
+
+    *byte_len = 0;
+    for (int i = 0; i < wr->num_sge; i++) {
+        const struct ibv_sge *sg = &wr->sg_list[i];
+        struct sh_mr *m;
+        total += sg->length;
+        x[i].len = sg->length;
+        x[i].gpu = 0;
+        x[i].local = sg->addr;
+        if (sg->length == 0)
+            continue;
+        if (write && (wr->send_flags & IBV_SEND_INLINE))
+            continue; /* inline data is copied from the address, no lkey */
+        m = find_mr(sg->lkey, self);
+        if (!m || m->pd_id != q->pd->id || !in_mr(m, sg->addr, sg->length) ||
+            (!write && !(m->access & IBV_ACCESS_LOCAL_WRITE)))
+            return IBV_WC_LOC_PROT_ERR;
+        x[i].local = m->addr + (sg->addr - m->iova);
+        x[i].gpu = !!(m->flags & F_GPU);
+        lgpu |= x[i].gpu;
+        if (mr_stale(m, x[i].local, sg->length)) {
+            cnt->stale_uses++;
+            return IBV_WC_LOC_PROT_ERR;
+        }
+        if (!x[i].gpu && !host_mapped(x[i].local, sg->length)) { /* freed behind our back */
+            cnt->stale_uses++;
+            return IBV_WC_LOC_PROT_ERR;
+        }
+    }
+    if (total > (1ull << 31))
+        return IBV_WC_LOC_LEN_ERR;
+    rq = &g_tab->qp[g_tab->qp[q->slot].dest_qp & (NQP - 1)];
+    if (!rq->in_use || rq->qp_num != g_tab->qp[q->slot].dest_qp || !pid_alive(rq->pid) ||
+        (rq->state != IBV_QPS_RTR && rq->state != IBV_QPS_RTS) || rq->dest_qp != q->qp.qp_num)
+        return IBV_WC_RETRY_EXC_ERR; /* nobody answers: transport retries exhausted */
+    if (rq->pid == self)
+        rlocal = g_qp_local[rq->qp_num & (NQP - 1)];
+    if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM && (!rlocal || rlocal->rqn == 0))
+        return rlocal ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_GENERAL_ERR; /* no receive posted / not across processes */
+    if (total > 0) {
+        uint32_t need = write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
+        rm = find_mr(wr->wr.rdma.rkey, rq->pid);
+        if (!rm || rm->pd_id != rq->pd_id || !in_mr(rm, wr->wr.rdma.remote_addr, total) ||
+            !(rm->access & need) || !(rq->access & need))
+            return IBV_WC_REM_ACCESS_ERR;
+        raddr = rm->addr + (wr->wr.rdma.remote_addr - rm->iova);
+        rgpu = !!(rm->flags & F_GPU);
+        if (mr_stale(rm, raddr, total) || (!rgpu && rq->pid == self && !host_mapped(raddr, total))) {
+            cnt->stale_uses++;
+            return IBV_WC_REM_ACCESS_ERR;
+        }
+    }
+    if (total > 0 && (lgpu || rgpu)) {
+        uint64_t off = 0;
+        if (rq->pid != self)
+            return IBV_WC_REM_OP_ERR; /* GPU memory across processes: not supported */
+        for (int i = 0; i < wr->num_sge; off += x[i].len, i++) {
+            uint64_t r = raddr + off, g = x[i].gpu ? x[i].local : r;
+            if (!x[i].len)
+                continue;
+            if (gpu_copy(write ? r : x[i].local, write ? x[i].local : r, x[i].len, g) != 0)
+                return write ? IBV_WC_REM_ACCESS_ERR : IBV_WC_LOC_PROT_ERR;
+        }
+    } else if (total > 0) {
+        struct iovec liov[MAX_SGE], riov;
+        int n = 0;
+        ssize_t done;
+        for (int i = 0; i < wr->num_sge; i++)
+            if (x[i].len) {
+                liov[n].iov_base = (void *)(uintptr_t)x[i].local;
+                liov[n].iov_len = x[i].len;
+                n++;
+            }
+        riov.iov_base = (void *)(uintptr_t)raddr;
+        riov.iov_len = total;
+        done = write ? process_vm_writev(rq->pid, liov, (unsigned long)n, &riov, 1, 0)
+                     : process_vm_readv(rq->pid, liov, (unsigned long)n, &riov, 1, 0);
+        if (done != (ssize_t)total) {
+            if (done < 0 && errno == ESRCH)
+                return IBV_WC_RETRY_EXC_ERR;
+            if (done < 0 && errno == EPERM) {
+                fprintf(stderr, "loopnic: process_vm_%sv to pid %d: %s\n", write ? "write" : "read",
+                        rq->pid, strerror(errno));
+                return IBV_WC_GENERAL_ERR;
+            }
+            cnt->stale_uses++; /* the remote memory is not mapped any more */
+            return IBV_WC_REM_ACCESS_ERR;
+        }
+    }
+    cnt->bytes_moved += total;
+    *byte_len = (uint32_t)total;
+    if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+        struct ibv_wc rwc;
+        memset(&rwc, 0, sizeof(rwc));
+        rwc.wr_id = rlocal->rq[rlocal->rqh];
+        rlocal->rqh = (rlocal->rqh + 1) % (rlocal->cap.max_recv_wr + 1);
+        rlocal->rqn--;
+        rwc.status = IBV_WC_SUCCESS;
+        rwc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+        rwc.byte_len = (uint32_t)total;
+        rwc.imm_data = wr->imm_data;
+        rwc.wc_flags = IBV_WC_WITH_IMM;
+        rwc.qp_num = rlocal->qp.qp_num;
+        rwc.src_qp = q->qp.qp_num;
+        cq_push(rlocal->rcq, &rwc, 0, 0);
+    }
+    return IBV_WC_SUCCESS;
+}
+
+static int lq_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+    struct lqp *q = (struct lqp *)qp;
+    int rc = 0;
+
+    lock();
+    for (; wr; wr = wr->next) {
+        struct loopnic_counters *cnt = &g_cnt[q->dev];
+        enum ibv_wc_status st;
+        struct ibv_wc wc;
+        uint32_t byte_len = 0;
+
+        if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR) {
+            rc = EINVAL;
+            break;
+        }
+        if ((wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+             wr->opcode != IBV_WR_RDMA_READ)) {
+            rc = EOPNOTSUPP;
+            break;
+        }
+        if (wr->num_sge < 0 || wr->num_sge > (int)q->cap.max_send_sge || (wr->num_sge && !wr->sg_list)) {
+            rc = EINVAL;
+            break;
+        }
+        if (q->outstanding >= q->cap.max_send_wr) { /* the send queue is full */
+            rc = ENOMEM;
+            break;
+        }
+        if (wr->send_flags & IBV_SEND_INLINE) {
+            uint64_t len = 0;
+            for (int i = 0; i < wr->num_sge; i++)
+                len += wr->sg_list[i].length;
+            if (wr->opcode == IBV_WR_RDMA_READ || len > q->cap.max_inline_data) {
+                rc = EINVAL;
+                break;
+            }
+        }
+        cnt->wrs++;
+        q->outstanding++;
+        q->unsignaled++;
+        if (qp->state == IBV_QPS_ERR) {
+            st = IBV_WC_WR_FLUSH_ERR;
+        } else {
+            g_wr_calls++;
+            if (g_fail_wr_at && g_wr_calls == g_fail_wr_at)
+                st = (enum ibv_wc_status)g_fail_wr_status;
+            else
+                st = exec_wr(q, wr, &byte_len);
+        }
+        if (st != IBV_WC_SUCCESS) {
+            cnt->wr_errors++;
+            if (st == IBV_WC_LOC_PROT_ERR || st == IBV_WC_REM_ACCESS_ERR)
+                cnt->prot_errors++;
+            set_state(q, IBV_QPS_ERR);
+        }
+        if (st != IBV_WC_SUCCESS || q->sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
+            memset(&wc, 0, sizeof(wc));
+            wc.wr_id = wr->wr_id;
+            wc.status = st;
+            wc.opcode = wr->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
+            wc.byte_len = byte_len;
+            wc.qp_num = qp->qp_num;
+            wc.vendor_err = st == IBV_WC_SUCCESS ? 0 : 0x4c;
+            cq_push(q->scq, &wc, q->slot, q->unsignaled);
+            q->unsignaled = 0;
+        }
+    }
+    if (rc)
+        *bad_wr = wr;
+    unlock();
+    return rc;
+}
+
+/* ---- unsupported objects ---- */
+API struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+    (void)pd; (void)attr;
+    errno = EOPNOTSUPP;
+    return NULL;
+}
+
+API int ibv_destroy_srq(struct ibv_srq *srq)
+{
+    (void)srq;
+    return EOPNOTSUPP;
+}
+
+API struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+{
+    (void)pd; (void)attr;
+    errno = EOPNOTSUPP;
+    return NULL;
+}
+
+API int ibv_destroy_ah(struct ibv_ah *ah)
+{
+    (void)ah;
+    return EOPNOTSUPP;
+}
+
+/* ---- strings and rates ---- */
+API const char *ibv_wc_status_str(enum ibv_wc_status status)
+{
+    static const char *const s[] = {
+        "success", "local length error", "local QP operation error", "local EE context operation error",
+        "local protection error", "Work Request Flushed Error", "memory management operation error",
+        "bad response error", "local access error", "remote invalid request error", "remote access error",
+        "remote operation error", "transport retry counter exceeded", "RNR retry counter exceeded",
+        "local RDD violation error", "remote invalid RD request", "aborted error", "invalid EE context number",
+        "invalid EE context state", "fatal error", "response timeout error", "general error",
+        "TM error", "TM rendezvous incomplete",
+    };
+    unsigned i = (unsigned)status;
+    return i < sizeof(s) / sizeof(s[0]) ? s[i] : "unknown";
+}
+
+API const char *ibv_port_state_str(enum ibv_port_state state)
+{
+    static const char *const s[] = { "PORT_NOP", "PORT_DOWN", "PORT_INIT", "PORT_ARMED", "PORT_ACTIVE",
+                                     "PORT_ACTIVE_DEFER" };
+    unsigned i = (unsigned)state;
+    return i < sizeof(s) / sizeof(s[0]) ? s[i] : "unknown";
+}
+
+API const char *ibv_node_type_str(enum ibv_node_type t)
+{
+    return (int)t == IBV_NODE_CA ? "InfiniBand channel adapter" : "unknown";
+}
+
+API const char *ibv_event_type_str(enum ibv_event_type e)
+{
+    static const char *const s[] = {
+        "CQ error", "local work queue catastrophic error", "invalid request local work queue error",
+        "local access violation work queue error", "communication established", "send queue drained",
+        "path migrated", "path migration request error", "local catastrophic error", "port active",
+        "port error", "LID change", "P_Key change", "SM change", "SRQ catastrophic error",
+        "SRQ limit reached", "last WQE reached", "client reregistration", "GID table change",
+        "WQ fatal",
+    };
+    unsigned i = (unsigned)e;
+    return i < sizeof(s) / sizeof(s[0]) ? s[i] : "unknown";
+}
+
+static const int rate_mult[] = { 0, 1, 4, 12, 2, 8, 16, 24, 32, 48 }; /* IBV_RATE_MAX .. IBV_RATE_120_GBPS */
+
+API int ibv_rate_to_mult(enum ibv_rate rate)
+{
+    unsigned i = (unsigned)rate;
+    return i < sizeof(rate_mult) / sizeof(rate_mult[0]) ? rate_mult[i] : -1;
+}
+
+API enum ibv_rate mult_to_ibv_rate(int mult)
+{
+    for (unsigned i = 1; i < sizeof(rate_mult) / sizeof(rate_mult[0]); i++)
+        if (rate_mult[i] == mult)
+            return (enum ibv_rate)i;
+    return IBV_RATE_MAX;
+}
+
+API int ibv_rate_to_mbps(enum ibv_rate rate)
+{
+    int m = ibv_rate_to_mult(rate);
+    return m > 0 ? m * 2500 : -1;
+}
+
+API enum ibv_rate mbps_to_ibv_rate(int mbps)
+{
+    return mbps % 2500 ? IBV_RATE_MAX : mult_to_ibv_rate(mbps / 2500);
+}
+
+/* ---- control API ---- */
+API int loopnic_num_devices(void)
+{
+    init();
+    return g_ndev;
+}
+
+API int loopnic_get_counters(int dev, struct loopnic_counters *out)
+{
+    init();
+    if (dev < -1 || dev >= g_ndev)
+        return -1;
+    memset(out, 0, sizeof(*out));
+    lock();
+    for (int i = 0; i < g_ndev; i++) {
+        const struct loopnic_counters *c = &g_cnt[i];
+        if (dev != -1 && dev != i)
+            continue;
+        out->live_mrs += c->live_mrs;
+        out->total_regs += c->total_regs;
+        out->dmabuf_regs += c->dmabuf_regs;
+        out->deregs += c->deregs;
+        out->reg_failures += c->reg_failures;
+        out->wrs += c->wrs;
+        out->wr_errors += c->wr_errors;
+        out->prot_errors += c->prot_errors;
+        out->stale_uses += c->stale_uses;
+        out->bytes_moved += c->bytes_moved;
+        out->foreign_deregs += c->foreign_deregs;
+    }
+    for (size_t i = 0; i < g_ninodes; i++)
+        if (dev == -1 || (g_inodes[i].devmask & (1ull << dev)))
+            out->dmabuf_inodes++;
+    unlock();
+    return 0;
+}
+
+API void loopnic_reset_counters(void)
+{
+    init();
+    lock();
+    for (int i = 0; i < MAXDEV; i++) {
+        uint64_t live = g_cnt[i].live_mrs;
+        memset(&g_cnt[i], 0, sizeof(g_cnt[i]));
+        g_cnt[i].live_mrs = live;
+    }
+    g_ninodes = 0;
+    unlock();
+}
+
+API void loopnic_fail_reg(unsigned long n, int err)
+{
+    init();
+    lock();
+    g_fail_reg_at = n ? g_reg_calls + n : 0;
+    g_fail_reg_err = err ? err : ENOMEM;
+    unlock();
+}
+
+API void loopnic_fail_dmabuf_reg(unsigned long n, int err)
+{
+    init();
+    lock();
+    g_fail_dmabuf_at = n ? g_dmabuf_calls + n : 0;
+    g_fail_dmabuf_err = err ? err : ENOMEM;
+    unlock();
+}
+
+API void loopnic_fail_wr(unsigned long n, int status)
+{
+    init();
+    lock();
+    g_fail_wr_at = n ? g_wr_calls + n : 0;
+    g_fail_wr_status = status ? status : IBV_WC_RETRY_EXC_ERR;
+    unlock();
+}
+
+API void loopnic_set_max_mr_size(uint64_t size)
+{
+    init();
+    g_max_mr_size = size;
+}
