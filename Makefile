@@ -39,7 +39,7 @@ HDRS       := $(wildcard include/*.h) $(wildcard src/*/*.h)
 # libibverbs, CUDA or jemalloc); host tests add libdrc_host; the others link libdrc.
 # A test's extra link flags (e.g. -Wl,--wrap=...) go in <layer>/<name>_LDFLAGS.
 # Thread tests are named test_*_mt.c and also run under TSan.
-TESTS    := $(patsubst tests/%.c,%,$(filter-out tests/gpu/%,$(wildcard tests/*/test_*.c)))
+TESTS    := $(patsubst tests/%.c,%,$(filter-out tests/gpu/% tests/loopnic/%,$(wildcard tests/*/test_*.c)))
 MT_TESTS := $(filter %_mt,$(TESTS))
 TEST_HDRS := $(wildcard tests/*.h)
 

@@ -26,7 +26,7 @@ $B/loopnic/fakecuda/libcuda.so.1: tests/loopnic/fake_cuda_lite.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -fvisibility=hidden -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 # End to end: drc's verbs cache (libdrc.a) on the provider, its libibverbs.so.1 through the rpath.
-$B/loopnic/test_e2e_drc: tests/loopnic/test_e2e_drc.c tests/loopnic/loopnic.h include/drc.h $B/libdrc.a \
+$B/loopnic/test_e2e_drc: tests/loopnic/test_e2e_drc.c tests/loopnic/loopnic.h include/drc.h include/drc_verbs.h $B/libdrc.a \
                          $B/loopnic/libibverbs.so.1
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/loopnic -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/loopnic -l:libibverbs.so.1 \

@@ -25,6 +25,7 @@
 #include <infiniband/verbs.h>
 
 #include "drc.h"
+#include "drc_verbs.h"
 #include "loopnic.h"
 
 #define ALL_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
