@@ -183,6 +183,9 @@ all: $B/libdrc_preload.so $B/libdrc_hook.so $B/libdrc_verbs.so $B/O0/libdrc_hook
 $B/fakecuda/libcuda.so.1: tests/hooks/fake_cuda.c tests/hooks/fake_cuda.h
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/hooks -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $<
+$B/fakecuda/libcupti.so: tests/hooks/fake_cupti.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -ldl
 $B/hooktest/hook_child: tests/hooks/hook_child.c tests/hooks/fake_cuda.h $B/libdrc.a $B/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/hooks -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/fakecuda -l:libcuda.so.1 \
@@ -196,7 +199,7 @@ $B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/v
 	ln -sf ../../libdrc.so $(@D)/libdrc.so.0
 	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/verbs_standin.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
 $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child \
-  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/engine/libibverbs.so.1
+  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/fakecuda/libcupti.so
 
 # ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
 # DOUBLES (no NIC, no GPU in CI): a recording libibverbs.so.1 and a libcuda.so.1 that exports

@@ -29,6 +29,29 @@ void fake_cuda_needs_context(int on)
     needs_ctx = on;
 }
 
+/* The CUPTI double's report function (fake_cupti.c), once it has a subscriber. */
+typedef void cupti_fire_fn(const char *fn, int site, const void *params, uint64_t *corr);
+static cupti_fire_fn *cupti_fire;
+
+void fake_cuda_set_cupti(cupti_fire_fn *fire);
+void fake_cuda_set_cupti(cupti_fire_fn *fire)
+{
+    cupti_fire = fire;
+}
+
+/* Run @body between CUPTI's enter and exit reports of @fn with @params. */
+#define REPORTED(fn, params, body)                                                      \
+    do {                                                                                \
+        uint64_t corr_ = 0;                                                             \
+        int rc_;                                                                        \
+        if (cupti_fire)                                                                 \
+            cupti_fire(fn, 0, params, &corr_);                                          \
+        rc_ = (body);                                                                   \
+        if (cupti_fire)                                                                 \
+            cupti_fire(fn, 1, params, &corr_);                                          \
+        return rc_;                                                                     \
+    } while (0)
+
 void fake_cuda_on_free(fake_cuda_free_cb *cb, void *arg)
 {
     free_cb = cb;
@@ -115,40 +138,43 @@ static int release(unsigned long long dptr, const char *entry)
 
 int cuMemFree_v2(unsigned long long dptr)
 {
-    return release(dptr, "cuMemFree_v2");
+    REPORTED("cuMemFree_v2", &dptr, release(dptr, "cuMemFree_v2"));
 }
 
 int cuMemFreeAsync(unsigned long long dptr, void *stream)
 {
-    (void)stream;
-    return release(dptr, "cuMemFreeAsync");
+    struct { unsigned long long p; void *s; } params = { dptr, stream };
+
+    REPORTED("cuMemFreeAsync", &params, release(dptr, "cuMemFreeAsync"));
 }
 
 int cuMemFreeAsync_ptsz(unsigned long long dptr, void *stream)
 {
-    (void)stream;
-    return release(dptr, "cuMemFreeAsync_ptsz");
+    struct { unsigned long long p; void *s; } params = { dptr, stream };
+
+    REPORTED("cuMemFreeAsync_ptsz", &params, release(dptr, "cuMemFreeAsync_ptsz"));
 }
 
 int cuMemUnmap(unsigned long long ptr, size_t size)
 {
     int i = find((uintptr_t)ptr);
+    struct { unsigned long long p; size_t n; } params = { ptr, size };
 
     /* the fake maps whole allocations only */
     if (i < 0 || allocs[i].base != ptr || allocs[i].len != size)
         return CUDA_ERROR_INVALID_VALUE;
-    return release(ptr, "cuMemUnmap");
+    REPORTED("cuMemUnmap", &params, release(ptr, "cuMemUnmap"));
 }
 
 int cuMemFreeHost(void *p)
 {
-    return release((uintptr_t)p, "cuMemFreeHost");
+    REPORTED("cuMemFreeHost", &p, release((uintptr_t)p, "cuMemFreeHost"));
 }
 
 int cuMemHostUnregister(void *p);
 int cuMemHostUnregister(void *p)
 {
-    return release((uintptr_t)p, "cuMemHostUnregister");
+    REPORTED("cuMemHostUnregister", &p, release((uintptr_t)p, "cuMemHostUnregister"));
 }
 
 /* A teardown: every allocation goes. */
@@ -164,13 +190,14 @@ static int free_all(const char *entry)
 
 int cuDevicePrimaryCtxReset_v2(int dev)
 {
-    return dev == 0 ? free_all("cuDevicePrimaryCtxReset_v2") : CUDA_ERROR_INVALID_VALUE;
+    REPORTED("cuDevicePrimaryCtxReset_v2", &dev,
+             dev == 0 ? free_all("cuDevicePrimaryCtxReset_v2") : CUDA_ERROR_INVALID_VALUE);
 }
 
 int cuCtxDestroy_v2(void *ctx);
 int cuCtxDestroy_v2(void *ctx)
 {
-    return ctx == FAKE_CUDA_CTX ? free_all("cuCtxDestroy_v2") : CUDA_ERROR_INVALID_VALUE;
+    REPORTED("cuCtxDestroy_v2", &ctx, ctx == FAKE_CUDA_CTX ? free_all("cuCtxDestroy_v2") : CUDA_ERROR_INVALID_VALUE);
 }
 
 /* ---- what drc's CUDA layer asks about the memory ---- */
