@@ -161,6 +161,13 @@ struct drc__cuda_driver {
  */
 const struct drc__cuda_driver *drc__cuda_driver(void);
 
+/*
+ * Fill @d from the loaded driver library @lib (a dlopen handle; NULL: all
+ * NULL), as drc__cuda_driver() does for libcuda.so.1. Tests fill a table
+ * from the CUDA double (tests/doubles/) with it.
+ */
+void drc__cuda_fill(void *lib, struct drc__cuda_driver *d);
+
 /* 1 if @d has every entry that classification and export need (CUDA 11.7 or later). */
 int drc__cuda_can_export(const struct drc__cuda_driver *d);
 

@@ -126,7 +126,8 @@ static void teardowns_drop_the_device(void **state)
     assert_int_equal(drc_cuDevicePrimaryCtxReset(0), 0);
     assert_int_equal(fc.resets, 1);
     assert_int_equal(rec.deregs, 2);    /* both of device 0, not device 1's */
-    /* cuCtxDestroy of device 0's context */
+    /* cuCtxDestroy of device 0's context (the reset freed device 0's memory: allocate again) */
+    fc_add(GPU, 8 * MiB, 0, 4);
     reg_idle(GPU + MiB, 4096);
     assert_int_equal(drc_cuCtxDestroy(FC_CTX0), 0);
     assert_int_equal(fc.destroys, 1);

@@ -36,7 +36,7 @@
 
 #include "drc.h"
 #include "drc_cuda.h"
-#include "fake_cuda.h"
+#include "fake_libcuda.h"
 
 typedef int free_fn(unsigned long long);
 typedef int free_async_fn(unsigned long long, void *);
