@@ -2,9 +2,15 @@
 # The GPU tests of issue 4 (invalidation from the allocator). Usage: tests/gpu/hooks.sh [BUILD_DIR]
 # Builds build/libdrc_hook.so at the top and the programs of hooks.mk, then runs the hazard
 # with every way of getting invalidation, the no-hook control, and the PyTorch pool.
+# libdrc_hook.so is a name of libdrc_preload.so, which brings libdrc_host and so jemalloc:
+# where the machine lacks it, .deps/ (see RESULTS.md) provides it at build and run time.
 cd "$(dirname "$0")" || exit 1
 B=${1:-$(cd ../.. && pwd)/build}
 O=$B/gpu
+D=$(cd ../.. && pwd)/.deps
+if [ -d "$D" ]; then
+    export C_INCLUDE_PATH="$D/include" LIBRARY_PATH="$D/lib" LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 echo "== drc hook GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 make -s -C ../.. "$B/libdrc_hook.so" B="$B" >/dev/null || { echo "== libdrc_hook.so build FAILED"; exit 1; }
 make -s B="$B" hooks || { echo "== build FAILED"; exit 1; }
