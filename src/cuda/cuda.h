@@ -146,12 +146,14 @@ struct drc__cuda_driver {
     int (*cuMemUnmap)(drc__cuptr ptr, size_t size);
     int (*cuMemFreeHost)(void *p);
     int (*cuMemHostUnregister)(void *p);
+    int (*cuIpcCloseMemHandle)(drc__cuptr dptr);
     /* the runtime (cudaError_t): read them through drc__cuda_runtime() */
     int (*cudaFree)(void *ptr);
     int (*cudaFreeAsync)(void *ptr, void *stream);
     int (*cudaFreeHost)(void *ptr);
     int (*cudaHostUnregister)(void *ptr);
     int (*cudaDeviceReset)(void);
+    int (*cudaIpcCloseMemHandle)(void *ptr);
 };
 
 /*

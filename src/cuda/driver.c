@@ -87,6 +87,7 @@ void drc__cuda_fill(void *lib, struct drc__cuda_driver *d)
     R(cuMemUnmap, NULL);
     R(cuMemFreeHost, NULL);
     R(cuMemHostUnregister, NULL);
+    R(cuIpcCloseMemHandle, NULL);
 #undef R
 }
 

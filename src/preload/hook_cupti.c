@@ -81,10 +81,10 @@ static enum what classify(int domain, const char *name)
         { "cuMemFree_v2", FREE }, { "cuMemFreeAsync", FREE }, { "cuMemFreeAsync_ptsz", FREE },
         { "cuMemFreeHost", FREE }, { "cuMemHostUnregister", FREE }, { "cuMemUnmap", UNMAP },
         { "cuDevicePrimaryCtxReset", RESET }, { "cuDevicePrimaryCtxReset_v2", RESET },
-        { "cuCtxDestroy", DESTROY }, { "cuCtxDestroy_v2", DESTROY },
+        { "cuCtxDestroy", DESTROY }, { "cuCtxDestroy_v2", DESTROY }, { "cuIpcCloseMemHandle", FREE },
     }, runtime[] = {
         { "cudaFree", FREE }, { "cudaFreeAsync", FREE }, { "cudaFreeAsync_ptsz", FREE }, { "cudaFreeHost", FREE },
-        { "cudaHostUnregister", FREE }, { "cudaDeviceReset", DEVICE_RESET },
+        { "cudaHostUnregister", FREE }, { "cudaDeviceReset", DEVICE_RESET }, { "cudaIpcCloseMemHandle", FREE },
     };
     size_t i, n;
 

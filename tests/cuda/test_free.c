@@ -113,6 +113,20 @@ static void pinned_host_frees_drop_the_range(void **state)
     }
 }
 
+/* cuIpcCloseMemHandle unmaps imported memory: its registrations go first. */
+static void ipc_close_drops_the_mapping(void **state)
+{
+    (void)state;
+    fc_add(GPU, 32 * MiB, 0, 7);    /* as cuIpcOpenMemHandle maps it */
+    reg_idle(GPU + 16 * MiB, 4096);
+    assert_int_equal(drc_cuIpcCloseMemHandle(GPU), 0);
+    assert_int_equal(rec.deregs, 1);
+    fc_add(GPU, 32 * MiB, 0, 8);
+    reg_idle(GPU + 16 * MiB, 4096);
+    assert_int_equal(drc_cudaIpcCloseMemHandle((void *)GPU), 0);
+    assert_int_equal(rec.deregs, 2);
+}
+
 /* Issue 9 item 2: a teardown frees every allocation of the device without a free call. */
 static void teardowns_drop_the_device(void **state)
 {
@@ -172,6 +186,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(free_without_a_context_drops_the_whole_allocation, setup, teardown),
         cmocka_unit_test_setup_teardown(pinned_host_frees_drop_the_range, setup, teardown),
         cmocka_unit_test_setup_teardown(teardowns_drop_the_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(ipc_close_drops_the_mapping, setup, teardown),
         cmocka_unit_test_prestate_setup_teardown(validate_per_vmm_chunk, setup, teardown, &validate),
     };
 

@@ -267,6 +267,12 @@ int cuMemHostUnregister(void *p)
     REPORTED("cuMemHostUnregister", &p, release((uintptr_t)p, "cuMemHostUnregister"));
 }
 
+/* Imported memory (cuIpcOpenMemHandle): the double models one reference, so the close unmaps it. */
+int cuIpcCloseMemHandle(unsigned long long dptr)
+{
+    REPORTED("cuIpcCloseMemHandle", &dptr, release(dptr, "cuIpcCloseMemHandle"));
+}
+
 int cuDevicePrimaryCtxReset_v2(int dev)
 {
     fc.resets++;
@@ -566,6 +572,8 @@ static void *lookup(const char *sym, int version, unsigned long long flags)
         return (void *)cuDevicePrimaryCtxReset_v2;
     if (!strcmp(sym, "cuCtxDestroy") && version >= 4000)
         return (void *)cuCtxDestroy_v2;
+    if (!strcmp(sym, "cuIpcCloseMemHandle") && version >= 4010)
+        return (void *)cuIpcCloseMemHandle;
     return NULL;    /* the caller falls back to dlsym of the exported name */
 }
 

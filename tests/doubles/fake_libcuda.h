@@ -113,6 +113,7 @@ int cuMemFreeAsync_ptsz(unsigned long long dptr, void *stream);
 int cuMemUnmap(unsigned long long ptr, size_t size);
 int cuMemFreeHost(void *p);
 int cuMemHostUnregister(void *p);
+int cuIpcCloseMemHandle(unsigned long long dptr);
 int cuDevicePrimaryCtxReset_v2(int dev);
 int cuCtxDestroy_v2(void *ctx);
 int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);

@@ -24,6 +24,7 @@
  *       noctx-wrapper  the same through drc_cuMemFree
  *       freehost  pinned host memory (cuMemAllocHost), freed through cuGetProcAddress's cuMemFreeHost
  *       unregister  the same with cuMemHostUnregister
+ *       ipcclose  cuIpcCloseMemHandle (through cuGetProcAddress) of the memory, taken as imported
  *       reset     no free at all: cuDevicePrimaryCtxReset (through cuGetProcAddress) frees it
  *       destroy   the same with cuCtxDestroy
  *       ibv-dlsym dlopen libibverbs.so.1 RTLD_LOCAL, dlsym/dlvsym "ibv_dereg_mr" on that handle:
@@ -114,6 +115,8 @@ static int free_by(const char *mode, unsigned long long d, size_t len)
     if (!strcmp(mode, "freehost") || !strcmp(mode, "unregister"))
         return (f = rt_sym(mode[0] == 'f' ? "cuMemFreeHost" : "cuMemHostUnregister", 3020, 0))
                    ? ((int (*)(void *))f)((void *)(uintptr_t)d) : -1;
+    if (!strcmp(mode, "ipcclose"))
+        return (f = rt_sym("cuIpcCloseMemHandle", 4010, 0)) ? ((free_fn *)f)(d) : -1;
     if (!strcmp(mode, "reset"))
         return (f = rt_sym("cuDevicePrimaryCtxReset", 11000, 0)) ? ((int (*)(int))f)(0) : -1;
     if (!strcmp(mode, "destroy"))

@@ -242,6 +242,14 @@ static void test_pinned_host(void **state)
     caught("unregister");
 }
 
+/* The close of imported IPC memory unmaps it: taken as a free of the mapping. */
+static void test_ipc_close(void **state)
+{
+    (void)state;
+    caught("ipcclose");
+    caught_by_cupti("ipcclose");
+}
+
 /* Issue 9 item 2: a context reset or destroy frees everything without a free call. */
 static void test_teardowns(void **state)
 {
@@ -291,6 +299,7 @@ int main(void)
         cmocka_unit_test(test_teardowns),
         cmocka_unit_test(test_both_names_preloaded),
         cmocka_unit_test(test_cupti_monitor),
+        cmocka_unit_test(test_ipc_close),
         cmocka_unit_test(test_ibv_dlsym_on_any_handle),
         cmocka_unit_test(test_direct_cuMemFree_v2),
         cmocka_unit_test(test_through_cuGetProcAddress),
