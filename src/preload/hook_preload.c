@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "drc_cuda.h"
+#include "cuda/cuda.h"      /* the CUDA constants (only those: the driver is reached through its own symbols) */
 #include "preload/hook_preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -157,7 +158,7 @@ typedef int gpa2_fn(const char *, void **, int, unsigned long long, int *);
 
 static void *bind(enum kind k, void *real);
 
-enum { NOT_INITIALIZED = 3 };   /* CUDA_ERROR_NOT_INITIALIZED: there is no driver behind us */
+enum { NOT_INITIALIZED = DRC__CUDA_ERROR_NOT_INITIALIZED };    /* there is no driver behind us */
 
 static int call_free(void *real, cuptr d)
 {
