@@ -46,6 +46,12 @@ DRC_API int drc_cuMemHostUnregister(void *p);
 DRC_API int drc_cuIpcCloseMemHandle(unsigned long long dptr);
 DRC_API int drc_cuDevicePrimaryCtxReset(int dev);  /* dev: a CUdevice */
 DRC_API int drc_cuCtxDestroy(void *ctx);           /* ctx: a CUcontext */
+/*
+ * cuDevicePrimaryCtxRelease resets the primary context when it drops the
+ * last reference: then (told by cuDevicePrimaryCtxGetState) every CUDA
+ * allocation of the device drc registered is invalidated, after the call.
+ */
+DRC_API int drc_cuDevicePrimaryCtxRelease(int dev);
 DRC_API int drc_cudaFree(void *ptr);
 DRC_API int drc_cudaFreeAsync(void *ptr, void *stream);
 DRC_API int drc_cudaFreeHost(void *ptr);

@@ -134,6 +134,7 @@ struct drc__cuda_driver {
     int (*cuDeviceGetAttribute)(int *value, int attr, int dev);
     int (*cuDevicePrimaryCtxRetain)(void **ctx, int dev);
     int (*cuDevicePrimaryCtxRelease)(int dev);
+    int (*cuDevicePrimaryCtxGetState)(int dev, unsigned *flags, int *active);
     int (*cuDevicePrimaryCtxReset)(int dev);
     int (*cuCtxDestroy)(void *ctx);
     int (*cuCtxGetDevice)(int *dev);
@@ -253,6 +254,15 @@ int drc__cuda_tracked_hull(int device, uintptr_t *lo, uintptr_t *hi);
 int drc__cuda_begin_free(drc__cuptr ptr);
 int drc__cuda_begin_unmap(drc__cuptr ptr, size_t size);
 int drc__cuda_begin_teardown(int device);
+
+/*
+ * After cuDevicePrimaryCtxRelease(@device) returned: if that dropped the
+ * last reference, the context was reset and its memory freed; then every
+ * CUDA allocation of the device is invalidated. Only after the fact: a
+ * release cannot tell beforehand whether it is the last (the window is the
+ * one drc_notify_free leaves, README "Known limits").
+ */
+void drc__cuda_primary_released(int device);
 
 /* The device of @ctx (-1: unknown), asked with @ctx made current for a moment. */
 int drc__cuda_ctx_device(void *ctx);

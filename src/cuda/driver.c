@@ -76,6 +76,7 @@ void drc__cuda_fill(void *lib, struct drc__cuda_driver *d)
     R(cuDeviceGetAttribute, NULL);
     R(cuDevicePrimaryCtxRetain, NULL);
     R(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+    R(cuDevicePrimaryCtxGetState, NULL);
     R(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
     R(cuCtxDestroy, "cuCtxDestroy_v2");
     R(cuCtxGetDevice, NULL);

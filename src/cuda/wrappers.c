@@ -159,6 +159,19 @@ int drc_cuDevicePrimaryCtxReset(int dev)
     return err;
 }
 
+int drc_cuDevicePrimaryCtxRelease(int dev)
+{
+    const struct drc__cuda_driver *d = driver();
+    int err;
+
+    if (!d->cuDevicePrimaryCtxRelease)
+        return DRC__CUDA_ERROR_NOT_INITIALIZED;
+    err = d->cuDevicePrimaryCtxRelease(dev);
+    if (!err)
+        drc__cuda_primary_released(dev);   /* the last reference: the context was reset */
+    return err;
+}
+
 int drc_cuCtxDestroy(void *ctx)
 {
     const struct drc__cuda_driver *d = driver();

@@ -178,6 +178,20 @@ int drc__hook_ctx_device(void *ctx)
     return o && o->ctx_device ? o->ctx_device(ctx) : -1;
 }
 
+void drc__hook_primary_released(int device)
+{
+    int i;
+
+    for (i = 0; i < MAX_DRCS; i++) {
+        const struct drc__hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);
+
+        if (!o)
+            break;
+        if (o->primary_released && __atomic_load_n(o->caches, __ATOMIC_ACQUIRE))
+            o->primary_released(device);
+    }
+}
+
 void drc__hook_end(int tickets)
 {
     int i, t;

@@ -153,6 +153,22 @@ static void teardowns_drop_the_device(void **state)
     assert_int_equal(rec.deregs, 4);    /* device 1's */
 }
 
+/* The last cuDevicePrimaryCtxRelease resets the context: its memory is invalidated (after the call). */
+static void last_primary_release_drops_the_device(void **state)
+{
+    void *ctx;
+
+    (void)state;
+    assert_int_equal(cuDevicePrimaryCtxRetain(&ctx, 1), 0);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&ctx, 1), 0);
+    fc_add(GPU1, 8 * MiB, 1, 3);
+    reg_idle(GPU1 + MiB, 4096);
+    assert_int_equal(drc_cuDevicePrimaryCtxRelease(1), 0);
+    assert_int_equal(rec.deregs, 0);    /* a reference is left: nothing went */
+    assert_int_equal(drc_cuDevicePrimaryCtxRelease(1), 0);
+    assert_int_equal(rec.deregs, 1);
+}
+
 /* Issue 9 item 9: DRC_F_VALIDATE checks each chunk a hit touches against its own recorded id. */
 static void validate_per_vmm_chunk(void **state)
 {
@@ -187,6 +203,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(pinned_host_frees_drop_the_range, setup, teardown),
         cmocka_unit_test_setup_teardown(teardowns_drop_the_device, setup, teardown),
         cmocka_unit_test_setup_teardown(ipc_close_drops_the_mapping, setup, teardown),
+        cmocka_unit_test_setup_teardown(last_primary_release_drops_the_device, setup, teardown),
         cmocka_unit_test_prestate_setup_teardown(validate_per_vmm_chunk, setup, teardown, &validate),
     };
 

@@ -18,6 +18,7 @@ struct fake_cuda fc = { .pcie_unsupported = 1, .dmabuf_attr = { 1, 1 } };   /* a
 __thread void *fc_current;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int primary_refs[FC_DEVICES];    /* references to each primary context */
 static uintptr_t arena;
 static uint64_t next_id = 1000;
 static unsigned exports;
@@ -30,6 +31,7 @@ void fake_cuda_reset(void)
 
     pthread_mutex_lock(&lock);
     memset(&fc, 0, sizeof(fc));
+    memset(primary_refs, 0, sizeof(primary_refs));
     for (i = 0; i < FC_DEVICES; i++)
         fc.dmabuf_attr[i] = 1;
     fc_current = NULL;
@@ -343,14 +345,30 @@ int cuDevicePrimaryCtxRetain(void **ctx, int dev)
     if (dev < 0 || dev >= FC_DEVICES)
         return INVALID_DEVICE;
     fc.primary_retains++;
+    __atomic_fetch_add(&primary_refs[dev], 1, __ATOMIC_RELAXED);
     *ctx = FC_PRIMARY(dev);
     return OK;
 }
 
+/* The last reference resets the context: its memory goes. */
 int cuDevicePrimaryCtxRelease_v2(int dev);
 int cuDevicePrimaryCtxRelease_v2(int dev)
 {
-    return dev >= 0 && dev < FC_DEVICES ? OK : INVALID_DEVICE;
+    if (dev < 0 || dev >= FC_DEVICES || primary_refs[dev] <= 0)
+        return INVALID_DEVICE;
+    REPORTED("cuDevicePrimaryCtxRelease_v2", &dev,
+             __atomic_sub_fetch(&primary_refs[dev], 1, __ATOMIC_RELAXED) == 0
+                 ? release_all(dev, "cuDevicePrimaryCtxRelease_v2") : OK);
+}
+
+int cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active);
+int cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active)
+{
+    if (dev < 0 || dev >= FC_DEVICES)
+        return INVALID_DEVICE;
+    *flags = 0;
+    *active = primary_refs[dev] > 0;
+    return OK;
 }
 
 int cuCtxGetCurrent(void **ctx);
@@ -572,6 +590,8 @@ static void *lookup(const char *sym, int version, unsigned long long flags)
         return (void *)cuDevicePrimaryCtxReset_v2;
     if (!strcmp(sym, "cuCtxDestroy") && version >= 4000)
         return (void *)cuCtxDestroy_v2;
+    if (!strcmp(sym, "cuDevicePrimaryCtxRelease") && version >= 11000)
+        return (void *)cuDevicePrimaryCtxRelease_v2;
     if (!strcmp(sym, "cuIpcCloseMemHandle") && version >= 4010)
         return (void *)cuIpcCloseMemHandle;
     return NULL;    /* the caller falls back to dlsym of the exported name */

@@ -115,6 +115,8 @@ int cuMemFreeHost(void *p);
 int cuMemHostUnregister(void *p);
 int cuIpcCloseMemHandle(unsigned long long dptr);
 int cuDevicePrimaryCtxReset_v2(int dev);
+int cuDevicePrimaryCtxRetain(void **ctx, int dev);
+int cuDevicePrimaryCtxRelease_v2(int dev);
 int cuCtxDestroy_v2(void *ctx);
 int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);
 int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);

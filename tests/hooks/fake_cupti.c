@@ -30,7 +30,8 @@ enum { DOMAIN_DRIVER = 1, NOT_FOUND = 1, MULTIPLE_SUBSCRIBERS = 39 };
 
 static const char *const names[] = { NULL, "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemUnmap",
                                      "cuMemFreeHost", "cuMemHostUnregister", "cuDevicePrimaryCtxReset_v2",
-                                     "cuCtxDestroy_v2", "cuIpcCloseMemHandle" };
+                                     "cuCtxDestroy_v2", "cuIpcCloseMemHandle",
+                                     "cuDevicePrimaryCtxRelease_v2" };
 enum { NAMES = sizeof(names) / sizeof(names[0]) };
 
 static cupti_callback *callback;
