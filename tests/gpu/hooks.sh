@@ -12,7 +12,8 @@ if [ -d "$D" ]; then
     export C_INCLUDE_PATH="$D/include" LIBRARY_PATH="$D/lib" LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 echo "== drc hook GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-make -s -C ../.. "$B/libdrc_hook.so" B="$B" >/dev/null || { echo "== libdrc_hook.so build FAILED"; exit 1; }
+make -s -C ../.. "$B/libdrc_hook.so" "$B/libdrc_verbs.so" "$B/O0/libdrc_hook.so" B="$B" >/dev/null ||
+    { echo "== libdrc_hook.so build FAILED"; exit 1; }
 make -s B="$B" hooks || { echo "== build FAILED"; exit 1; }
 H=$B/libdrc_hook.so
 fail=0
@@ -26,6 +27,9 @@ run "$O/test_hooks_gpu_static" wrappers
 run "$O/test_hooks_gpu_static" control
 run env LD_PRELOAD="$H" "$O/test_hooks_gpu_static" hooked
 run env LD_PRELOAD="$H" "$O/test_hooks_gpu_shared" hooked
+# the preload built at -O0 without sibling calls, and both old names preloaded at once
+run env LD_PRELOAD="$B/O0/libdrc_hook.so" "$O/test_hooks_gpu_static" hooked
+run env LD_PRELOAD="$H:$B/libdrc_verbs.so" "$O/test_hooks_gpu_shared" hooked
 run env LD_PRELOAD="$H" DRC_MONITOR=cupti DRC_HOOK_DEBUG=1 "$O/test_hooks_gpu_static" hooked
 run env LD_PRELOAD="$H" DRC_MONITOR=cupti DRC_HOOK_DEBUG=1 "$O/test_hooks_gpu_shared" hooked
 run "$O/test_hooks_gpu_static" cost
