@@ -251,14 +251,28 @@ $B/O0/libdrc_preload.so: $(call objs,$B/O0,$(PRELOAD_SRCS)) $B/O0/libdrc.so.0 $B
 $B/O0/libdrc_hook.so: $B/O0/libdrc_preload.so
 	ln -sf libdrc_preload.so $@
 all: $B/libdrc_preload.so $B/libdrc_hook.so $B/libdrc_verbs.so $B/O0/libdrc_hook.so
-# A double of libcuda.so.1 (there is no GPU in CI) and the programs the preload test runs under
-# LD_PRELOAD, all without sanitizers (ASan does not mix with preloading another library).
-$B/fakecuda/libcuda.so.1: tests/hooks/fake_cuda.c tests/hooks/fake_cuda.h
+# THE CUDA double (tests/doubles/fake_libcuda.c, no GPU in CI): a fake libcuda.so.1, linked by the
+# in-process tests that include tests/fake_cuda.h (FAKECUDA_TESTS), by the preload test's child, and
+# found on LD_LIBRARY_PATH by the engine test (the same file again under build/engine/fakecuda).
+# The programs the preload test runs under LD_PRELOAD are built without sanitizers (ASan does not
+# mix with preloading another library).
+$B/fakecuda/libcuda.so.1: tests/doubles/fake_libcuda.c tests/doubles/fake_libcuda.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/hooks -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $<
-$B/hooktest/hook_child: tests/hooks/hook_child.c tests/hooks/fake_cuda.h $B/libdrc.a $B/fakecuda/libcuda.so.1
+	$(CC) $(CPPFLAGS) -Itests/doubles -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+$B/engine/fakecuda/libcuda.so.1: $B/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/hooks -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/fakecuda -l:libcuda.so.1 \
+	cp $< $@
+FAKECUDA_LINK = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../../fakecuda:$$ORIGIN/../../../fakecuda'
+FAKECUDA_TESTS := cuda/test_cuda cuda/test_free verbs/test_verbs verbs/test_regmr
+$(foreach f,$B $B/asan $B/tsan,$(addprefix $f/tests/,$(FAKECUDA_TESTS))): $B/fakecuda/libcuda.so.1
+cuda/test_cuda_LDFLAGS = $(FAKECUDA_LINK)
+cuda/test_free_LDFLAGS = $(FAKECUDA_LINK)
+$B/fakecuda/libcupti.so: tests/hooks/fake_cupti.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -ldl
+$B/hooktest/hook_child: tests/hooks/hook_child.c tests/doubles/fake_libcuda.h $B/libdrc.a $B/fakecuda/libcuda.so.1
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/doubles -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/fakecuda -l:libcuda.so.1 \
 	  -Wl,-rpath,'$$ORIGIN/../fakecuda' $(LDLIBS)
 # The verbs front's seam (drc__preload_verbs_symbol), stood in for: the preload without
 # verbs_preload.c, plus tests/hooks/verbs_standin.c, which serves ibv_dereg_mr.
@@ -269,7 +283,7 @@ $B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/v
 	ln -sf ../../libdrc.so $(@D)/libdrc.so.0
 	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/verbs_standin.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
 $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child \
-  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/engine/libibverbs.so.1
+  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/fakecuda/libcupti.so
 
 # ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
 # DOUBLES (no NIC, no GPU in CI): a recording libibverbs.so.1 and a libcuda.so.1 that exports
@@ -278,10 +292,7 @@ $B/engine/libibverbs.so.1: tests/engine/ibverbs_double.c tests/engine/ibverbs_do
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libibverbs.so.1 \
 	  -Wl,--version-script=tests/engine/ibverbs_double.map -o $@ $< -lpthread
-$B/engine/fakecuda/libcuda.so.1: tests/engine/fake_libcuda.c tests/engine/fake_libcuda.h
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
-$B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.h tests/engine/fake_libcuda.h \
+$B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.h \
                         $B/engine/libibverbs.so.1
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
@@ -350,3 +361,7 @@ clean:
 	rm -rf $B
 
 .SECONDARY:
+
+# ---- the CUDA double for the verbs tests (see FAKECUDA_TESTS above; after their own flags) ----
+verbs/test_verbs_LDFLAGS += $(FAKECUDA_LINK)
+verbs/test_regmr_LDFLAGS += $(FAKECUDA_LINK)

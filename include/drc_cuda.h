@@ -19,8 +19,10 @@ extern "C" {
  *
  * The frees (cuMemFree, cuMemFreeAsync, cudaFree, cudaFreeAsync) and the
  * pinned host frees (cuMemFreeHost, cudaFreeHost, cuMemHostUnregister,
- * cudaHostUnregister) invalidate the whole allocation containing the
- * pointer, whatever CUDA context the calling thread has (or none).
+ * cudaHostUnregister) and the closes of imported IPC memory
+ * (cuIpcCloseMemHandle, cudaIpcCloseMemHandle: every close, as the last one
+ * cannot be told) invalidate the whole allocation containing the pointer,
+ * whatever CUDA context the calling thread has (or none).
  * cuMemUnmap invalidates exactly the range given; cuMemRelease nothing (the
  * memory goes at the last unmap). The teardowns (cuDevicePrimaryCtxReset,
  * cuCtxDestroy, cudaDeviceReset) free every allocation of the context
@@ -41,13 +43,21 @@ DRC_API int drc_cuMemUnmap(unsigned long long ptr, size_t size);
 DRC_API int drc_cuMemRelease(unsigned long long handle);
 DRC_API int drc_cuMemFreeHost(void *p);
 DRC_API int drc_cuMemHostUnregister(void *p);
+DRC_API int drc_cuIpcCloseMemHandle(unsigned long long dptr);
 DRC_API int drc_cuDevicePrimaryCtxReset(int dev);  /* dev: a CUdevice */
 DRC_API int drc_cuCtxDestroy(void *ctx);           /* ctx: a CUcontext */
+/*
+ * cuDevicePrimaryCtxRelease resets the primary context when it drops the
+ * last reference: then (told by cuDevicePrimaryCtxGetState) every CUDA
+ * allocation of the device drc registered is invalidated, after the call.
+ */
+DRC_API int drc_cuDevicePrimaryCtxRelease(int dev);
 DRC_API int drc_cudaFree(void *ptr);
 DRC_API int drc_cudaFreeAsync(void *ptr, void *stream);
 DRC_API int drc_cudaFreeHost(void *ptr);
 DRC_API int drc_cudaHostUnregister(void *ptr);
 DRC_API int drc_cudaDeviceReset(void);
+DRC_API int drc_cudaIpcCloseMemHandle(void *ptr);
 
 /* PyTorch CUDAPluggableAllocator entry points (stream is a cudaStream_t). */
 DRC_API void *drc_torch_malloc(ssize_t size, int device, void *stream);

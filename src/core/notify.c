@@ -117,11 +117,12 @@ static struct drc__hook_ops hook_ops = {
 };
 
 void drc__notify_set_cuda_hooks(int (*begin_free)(unsigned long long), int (*begin_teardown)(int),
-                                int (*ctx_device)(void *))
+                                int (*ctx_device)(void *), void (*primary_released)(int))
 {
     hook_ops.begin_free = begin_free;
     hook_ops.begin_teardown = begin_teardown;
     hook_ops.ctx_device = ctx_device;
+    hook_ops.primary_released = primary_released;
 }
 
 /* The preload library's entry point, if it is loaded: see src/preload/hook_preload.c. */

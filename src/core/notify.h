@@ -50,10 +50,11 @@ struct drc__hook_ops {
     int (*begin_free)(unsigned long long ptr);     /* drc__cuda_begin_free */
     int (*begin_teardown)(int device);             /* drc__cuda_begin_teardown (-1: every device) */
     int (*ctx_device)(void *ctx);                  /* drc__cuda_ctx_device */
+    void (*primary_released)(int device);          /* drc__cuda_primary_released */
 };
 
 /* The CUDA layer fills in its part of the hook ABI (from a constructor, before any cache exists). */
 void drc__notify_set_cuda_hooks(int (*begin_free)(unsigned long long), int (*begin_teardown)(int),
-                                int (*ctx_device)(void *));
+                                int (*ctx_device)(void *), void (*primary_released)(int));
 
 #endif

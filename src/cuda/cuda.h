@@ -136,6 +136,7 @@ struct drc__cuda_driver {
     int (*cuDeviceGetAttribute)(int *value, int attr, int dev);
     int (*cuDevicePrimaryCtxRetain)(void **ctx, int dev);
     int (*cuDevicePrimaryCtxRelease)(int dev);
+    int (*cuDevicePrimaryCtxGetState)(int dev, unsigned *flags, int *active);
     int (*cuDevicePrimaryCtxReset)(int dev);
     int (*cuCtxDestroy)(void *ctx);
     int (*cuCtxGetDevice)(int *dev);
@@ -148,12 +149,14 @@ struct drc__cuda_driver {
     int (*cuMemUnmap)(drc__cuptr ptr, size_t size);
     int (*cuMemFreeHost)(void *p);
     int (*cuMemHostUnregister)(void *p);
+    int (*cuIpcCloseMemHandle)(drc__cuptr dptr);
     /* the runtime (cudaError_t): read them through drc__cuda_runtime() */
     int (*cudaFree)(void *ptr);
     int (*cudaFreeAsync)(void *ptr, void *stream);
     int (*cudaFreeHost)(void *ptr);
     int (*cudaHostUnregister)(void *ptr);
     int (*cudaDeviceReset)(void);
+    int (*cudaIpcCloseMemHandle)(void *ptr);
 };
 
 /*
@@ -162,6 +165,13 @@ struct drc__cuda_driver {
  * libcuda.so.1 cannot be loaded.
  */
 const struct drc__cuda_driver *drc__cuda_driver(void);
+
+/*
+ * Fill @d from the loaded driver library @lib (a dlopen handle; NULL: all
+ * NULL), as drc__cuda_driver() does for libcuda.so.1. Tests fill a table
+ * from the CUDA double (tests/doubles/) with it.
+ */
+void drc__cuda_fill(void *lib, struct drc__cuda_driver *d);
 
 /* 1 if @d has every entry that classification and export need (CUDA 11.7 or later). */
 int drc__cuda_can_export(const struct drc__cuda_driver *d);
@@ -246,6 +256,15 @@ int drc__cuda_tracked_hull(int device, uintptr_t *lo, uintptr_t *hi);
 int drc__cuda_begin_free(drc__cuptr ptr);
 int drc__cuda_begin_unmap(drc__cuptr ptr, size_t size);
 int drc__cuda_begin_teardown(int device);
+
+/*
+ * After cuDevicePrimaryCtxRelease(@device) returned: if that dropped the
+ * last reference, the context was reset and its memory freed; then every
+ * CUDA allocation of the device is invalidated. Only after the fact: a
+ * release cannot tell beforehand whether it is the last (the window is the
+ * one drc_notify_free leaves, README "Known limits").
+ */
+void drc__cuda_primary_released(int device);
 
 /* The device of @ctx (-1: unknown), asked with @ctx made current for a moment. */
 int drc__cuda_ctx_device(void *ctx);

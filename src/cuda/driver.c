@@ -44,17 +44,13 @@ static void *resolve(void *lib, get_proc_fn gpa, const char *name, const char *e
     return dlsym(lib, exported ? exported : name);
 }
 
-static void load(void)
+void drc__cuda_fill(void *lib, struct drc__cuda_driver *d)
 {
-    struct drc__cuda_driver *d = &real;
     get_proc_fn gpa;
-    void *lib;
 
-    if (__atomic_load_n(&overridden, __ATOMIC_ACQUIRE))
-        return;
-    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    memset(d, 0, sizeof(*d));
     if (!lib)
-        goto done;
+        return;
     gpa = (get_proc_fn)dlsym(lib, "cuGetProcAddress_v2");
 #define R(field, exported) *(void **)&d->field = resolve(lib, gpa, #field, exported)
     R(cuPointerGetAttributes, NULL);
@@ -80,6 +76,7 @@ static void load(void)
     R(cuDeviceGetAttribute, NULL);
     R(cuDevicePrimaryCtxRetain, NULL);
     R(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+    R(cuDevicePrimaryCtxGetState, NULL);
     R(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
     R(cuCtxDestroy, "cuCtxDestroy_v2");
     R(cuCtxGetDevice, NULL);
@@ -91,9 +88,21 @@ static void load(void)
     R(cuMemUnmap, NULL);
     R(cuMemFreeHost, NULL);
     R(cuMemHostUnregister, NULL);
+    R(cuIpcCloseMemHandle, NULL);
 #undef R
-    __atomic_store_n(&active, d, __ATOMIC_RELEASE);
-done:
+}
+
+static void load(void)
+{
+    void *lib;
+
+    if (__atomic_load_n(&overridden, __ATOMIC_ACQUIRE))
+        return;
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib) {
+        drc__cuda_fill(lib, &real);
+        __atomic_store_n(&active, &real, __ATOMIC_RELEASE);
+    }
     __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
 }
 

@@ -57,6 +57,18 @@ int drc__cuda_begin_teardown(int device)
     return drc__notify_begin((const void *)lo, hi - lo);
 }
 
+void drc__cuda_primary_released(int device)
+{
+    const struct drc__cuda_driver *d = drc__cuda_driver();
+    unsigned flags = 0;
+    int active = 1;
+
+    if (!d || !d->cuDevicePrimaryCtxGetState || !drc__notify_active() ||
+        d->cuDevicePrimaryCtxGetState(device, &flags, &active) || active)
+        return;
+    drc__notify_end(drc__cuda_begin_teardown(device));
+}
+
 int drc__cuda_ctx_device(void *ctx)
 {
     const struct drc__cuda_driver *d = drc__cuda_driver();
@@ -104,5 +116,6 @@ int drc__cuda_free_emulated(void *ptr)
 /* What the preload library (src/preload/) reaches the CUDA layer through: notify.h's hook ABI. */
 __attribute__((constructor)) static void install_hook_ops(void)
 {
-    drc__notify_set_cuda_hooks(drc__cuda_begin_free, drc__cuda_begin_teardown, drc__cuda_ctx_device);
+    drc__notify_set_cuda_hooks(drc__cuda_begin_free, drc__cuda_begin_teardown, drc__cuda_ctx_device,
+                               drc__cuda_primary_released);
 }

@@ -110,6 +110,42 @@ int drc_cuMemHostUnregister(void *p)
     return err;
 }
 
+/*
+ * The mapping of memory imported with cuIpcOpenMemHandle goes when its last
+ * reference is closed. Whether this close is the last cannot be told, so
+ * every close invalidates the mapping (a registration of an imported buffer
+ * still open elsewhere in the process is registered again on its next get).
+ */
+int drc_cuIpcCloseMemHandle(unsigned long long dptr)
+{
+    const struct drc__cuda_driver *d = driver();
+    int t, err;
+
+    if (!d->cuIpcCloseMemHandle)
+        return DRC__CUDA_ERROR_NOT_INITIALIZED;
+    t = drc__cuda_begin_free(dptr);
+    err = d->cuIpcCloseMemHandle(dptr);
+    drc__notify_end(t);
+    return err;
+}
+
+int drc_cudaIpcCloseMemHandle(void *ptr)
+{
+    const struct drc__cuda_driver *d = driver();
+    int (*rt)(void *);
+    int t, err;
+
+    *(void **)&rt = DRC__CUDA_RT(d, cudaIpcCloseMemHandle);
+    t = drc__cuda_begin_free((uintptr_t)ptr);
+    if (rt)
+        err = rt(ptr);
+    else
+        err = d->cuIpcCloseMemHandle ? drc__cuda_rt_error(d->cuIpcCloseMemHandle((uintptr_t)ptr))
+                                     : DRC__CUDART_INITIALIZATION_ERROR;
+    drc__notify_end(t);
+    return err;
+}
+
 int drc_cuDevicePrimaryCtxReset(int dev)
 {
     const struct drc__cuda_driver *d = driver();
@@ -120,6 +156,19 @@ int drc_cuDevicePrimaryCtxReset(int dev)
     t = drc__cuda_begin_teardown(dev);
     err = d->cuDevicePrimaryCtxReset(dev);
     drc__notify_end(t);
+    return err;
+}
+
+int drc_cuDevicePrimaryCtxRelease(int dev)
+{
+    const struct drc__cuda_driver *d = driver();
+    int err;
+
+    if (!d->cuDevicePrimaryCtxRelease)
+        return DRC__CUDA_ERROR_NOT_INITIALIZED;
+    err = d->cuDevicePrimaryCtxRelease(dev);
+    if (!err)
+        drc__cuda_primary_released(dev);   /* the last reference: the context was reset */
     return err;
 }
 

@@ -7,10 +7,12 @@
  * places), a callback subscriber is registered, and the enter callbacks of
  * cuMemFree_v2, cuMemFreeAsync(_ptsz), cuMemUnmap, cuMemFreeHost,
  * cuMemHostUnregister, cuDevicePrimaryCtxReset(_v2), cuCtxDestroy(_v2),
- * cudaFree, cudaFreeAsync(_ptsz), cudaFreeHost, cudaHostUnregister and
- * cudaDeviceReset are enabled: each enter begins the free in drc (the
- * whole allocation, or every allocation of the device for a teardown) and
- * the matching exit ends it. The driver runs these callbacks however the program reached the
+ * cuIpcCloseMemHandle, cudaFree, cudaFreeAsync(_ptsz), cudaFreeHost,
+ * cudaHostUnregister, cudaIpcCloseMemHandle and cudaDeviceReset are
+ * enabled: each enter begins the free in drc (the whole allocation, or every
+ * allocation of the device for a teardown) and the matching exit ends it.
+ * cuDevicePrimaryCtxRelease(_v2) is looked at on exit: if it dropped the
+ * last reference, the device's allocations are invalidated then. The driver runs these callbacks however the program reached the
  * entry point, runtime included.
  *
  * The limit: CUPTI allows one callback subscriber per process, so this
@@ -54,7 +56,7 @@ typedef int enable_domain_fn(uint32_t enable, void *subscriber, int domain);
 typedef int name_fn(int domain, uint32_t cbid, const char **name);
 typedef int result_string_fn(int result, const char **str);
 
-enum what { NONE = 0, FREE = 1, UNMAP = 2, RESET = 3, DESTROY = 4, DEVICE_RESET = 5 };
+enum what { NONE = 0, FREE = 1, UNMAP = 2, RESET = 3, DESTROY = 4, DEVICE_RESET = 5, RELEASE = 6 };
 
 /* written before the subscriber is enabled, read-only after */
 static unsigned char driver_what[MAX_CBID], runtime_what[MAX_CBID];
@@ -81,10 +83,11 @@ static enum what classify(int domain, const char *name)
         { "cuMemFree_v2", FREE }, { "cuMemFreeAsync", FREE }, { "cuMemFreeAsync_ptsz", FREE },
         { "cuMemFreeHost", FREE }, { "cuMemHostUnregister", FREE }, { "cuMemUnmap", UNMAP },
         { "cuDevicePrimaryCtxReset", RESET }, { "cuDevicePrimaryCtxReset_v2", RESET },
-        { "cuCtxDestroy", DESTROY }, { "cuCtxDestroy_v2", DESTROY },
+        { "cuCtxDestroy", DESTROY }, { "cuCtxDestroy_v2", DESTROY }, { "cuIpcCloseMemHandle", FREE },
+        { "cuDevicePrimaryCtxRelease", RELEASE }, { "cuDevicePrimaryCtxRelease_v2", RELEASE },
     }, runtime[] = {
         { "cudaFree", FREE }, { "cudaFreeAsync", FREE }, { "cudaFreeAsync_ptsz", FREE }, { "cudaFreeHost", FREE },
-        { "cudaHostUnregister", FREE }, { "cudaDeviceReset", DEVICE_RESET },
+        { "cudaHostUnregister", FREE }, { "cudaDeviceReset", DEVICE_RESET }, { "cudaIpcCloseMemHandle", FREE },
     };
     size_t i, n;
 
@@ -118,6 +121,12 @@ static void on_callback(void *userdata, int domain, uint32_t cbid, const void *d
         w = domain == DOMAIN_DRIVER ? driver_what[cbid] : domain == DOMAIN_RUNTIME ? runtime_what[cbid] : NONE;
     if (w == NONE || (!cb->params && w != DEVICE_RESET))
         return;
+    if (w == RELEASE) {
+        /* whether it dropped the last reference is known only once it returned */
+        if (cb->site != SITE_ENTER)
+            drc__hook_primary_released(*(const int *)cb->params);
+        return;
+    }
     if (cb->site != SITE_ENTER) {
         /* the exit callback: the memory is gone, end what the enter began (its tickets + 1) */
         if (cb->correlation_data && *cb->correlation_data)
@@ -144,6 +153,7 @@ static void on_callback(void *userdata, int domain, uint32_t cbid, const void *d
     case DEVICE_RESET:
         t = drc__hook_begin_teardown(-1);
         break;
+    case RELEASE:
     case NONE:
         return;
     }

@@ -20,9 +20,12 @@
  *     which costs one more lookup and is otherwise harmless).
  *
  * What is caught: cuMemFree, cuMemFreeAsync(_ptsz), cuMemUnmap, the pinned
- * host frees cuMemFreeHost and cuMemHostUnregister, and the teardowns
- * cuDevicePrimaryCtxReset and cuCtxDestroy; cudaFree, cudaFreeAsync,
- * cudaFreeHost, cudaHostUnregister and cudaDeviceReset of a shared runtime.
+ * host frees cuMemFreeHost and cuMemHostUnregister, cuIpcCloseMemHandle,
+ * and the teardowns cuDevicePrimaryCtxReset and cuCtxDestroy (and
+ * cuDevicePrimaryCtxRelease when it dropped the last reference: told only
+ * afterwards, so the invalidation follows the call); cudaFree,
+ * cudaFreeAsync, cudaFreeHost, cudaHostUnregister, cudaIpcCloseMemHandle
+ * and cudaDeviceReset of a shared runtime.
  * Each wrapper begins the free in every attached drc, through drc's own
  * begin-free routine (src/cuda/free.c: the whole allocation, whatever the
  * calling thread's context), calls the real function, and ends the free.
@@ -45,6 +48,7 @@
 #include <string.h>
 
 #include "drc_cuda.h"
+#include "cuda/cuda.h"      /* the CUDA constants (only those: the driver is reached through its own symbols) */
 #include "preload/hook_preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -137,13 +141,15 @@ static void *sibling(const void *p, const char *name)
 
 /* ---- the wrappers, one per kind of entry point ------------------------------- */
 
-enum kind { K_FREE, K_FREE_ASYNC, K_UNMAP, K_FREE_HOST, K_HOST_UNREG, K_RESET, K_DESTROY, K_GPA1, K_GPA2, KINDS };
+enum kind { K_FREE, K_FREE_ASYNC, K_UNMAP, K_FREE_HOST, K_HOST_UNREG, K_RESET, K_DESTROY, K_IPC_CLOSE, K_RELEASE,
+            K_GPA1, K_GPA2, KINDS };
 enum { SLOTS = 3 };
 
 static void *slot_real[KINDS][SLOTS];   /* atomic: the real function slot i of a kind calls */
 static const char *const kind_name[KINDS] = { "cuMemFree_v2", "cuMemFreeAsync", "cuMemUnmap", "cuMemFreeHost",
                                               "cuMemHostUnregister", "cuDevicePrimaryCtxReset", "cuCtxDestroy",
-                                              "cuGetProcAddress", "cuGetProcAddress_v2" };
+                                              "cuIpcCloseMemHandle", "cuDevicePrimaryCtxRelease", "cuGetProcAddress",
+                                              "cuGetProcAddress_v2" };
 
 typedef int free_fn(cuptr);
 typedef int free_async_fn(cuptr, void *);
@@ -155,7 +161,7 @@ typedef int gpa2_fn(const char *, void **, int, unsigned long long, int *);
 
 static void *bind(enum kind k, void *real);
 
-enum { NOT_INITIALIZED = 3 };   /* CUDA_ERROR_NOT_INITIALIZED: there is no driver behind us */
+enum { NOT_INITIALIZED = DRC__CUDA_ERROR_NOT_INITIALIZED };    /* there is no driver behind us */
 
 static int call_free(void *real, cuptr d)
 {
@@ -218,6 +224,19 @@ static int call_reset(void *real, int dev)
     return r;
 }
 
+/* cuDevicePrimaryCtxRelease: only afterwards can it be told whether it was the last reference. */
+static int call_release(void *real, int dev)
+{
+    int r;
+
+    if (!real)
+        return NOT_INITIALIZED;
+    r = ((reset_fn *)real)(dev);
+    if (r == 0 && hooking())
+        drc__hook_primary_released(dev);
+    return r;
+}
+
 static int call_destroy(void *real, void *ctx)
 {
     int t, r;
@@ -257,6 +276,10 @@ static void *rewrite(const char *sym, int version, void *p)
         return bind(K_RESET, p);
     if (!strcmp(sym, "cuCtxDestroy") || !strcmp(sym, "cuCtxDestroy_v2"))
         return bind(K_DESTROY, p);
+    if (!strcmp(sym, "cuDevicePrimaryCtxRelease") || !strcmp(sym, "cuDevicePrimaryCtxRelease_v2"))
+        return bind(K_RELEASE, p);
+    if (!strcmp(sym, "cuIpcCloseMemHandle"))
+        return bind(K_IPC_CLOSE, p);    /* the imported mapping goes (at its last close: each is taken as it) */
     return p;
 }
 
@@ -298,6 +321,8 @@ SLOT3(K_FREE_HOST, free_host, host, (void *p), p)
 SLOT3(K_HOST_UNREG, host_unreg, host, (void *p), p)
 SLOT3(K_RESET, reset, reset, (int dev), dev)
 SLOT3(K_DESTROY, destroy, destroy, (void *ctx), ctx)
+SLOT3(K_IPC_CLOSE, ipc_close, free, (cuptr d), d)
+SLOT3(K_RELEASE, release, release, (int dev), dev)
 SLOT3(K_GPA1, gpa1, gpa1, (const char *s, void **p, int v, unsigned long long f), s, p, v, f)
 SLOT3(K_GPA2, gpa2, gpa2, (const char *s, void **p, int v, unsigned long long f, int *st), s, p, v, f, st)
 
@@ -307,7 +332,7 @@ SLOT3(K_GPA2, gpa2, gpa2, (const char *s, void **p, int v, unsigned long long f,
 #define FNS3(NAME) { (void *)NAME##_0, (void *)NAME##_1, (void *)NAME##_2 }
 static void *const slot_fn[KINDS][SLOTS] = {
     FNS3(free), FNS3(free_async), FNS3(unmap), FNS3(free_host), FNS3(host_unreg),
-    FNS3(reset), FNS3(destroy), FNS3(gpa1), FNS3(gpa2),
+    FNS3(reset), FNS3(destroy), FNS3(ipc_close), FNS3(release), FNS3(gpa1), FNS3(gpa2),
 };
 #undef FNS3
 
@@ -351,6 +376,10 @@ EXPORT int cudaFreeHost(void *ptr);
 EXPORT int cudaHostUnregister(void *ptr);
 EXPORT int cudaFreeAsync(void *ptr, void *stream);
 EXPORT int cudaDeviceReset(void);
+EXPORT int cuIpcCloseMemHandle(cuptr d);
+EXPORT int cudaIpcCloseMemHandle(void *ptr);
+EXPORT int cuDevicePrimaryCtxRelease(int dev);
+EXPORT int cuDevicePrimaryCtxRelease_v2(int dev);
 
 static struct ours ours[] = {
     { "cuMemFree_v2", (void *)cuMemFree_v2, NULL },
@@ -370,6 +399,10 @@ static struct ours ours[] = {
     { "cudaHostUnregister", (void *)cudaHostUnregister, NULL },
     { "cudaFreeAsync", (void *)cudaFreeAsync, NULL },
     { "cudaDeviceReset", (void *)cudaDeviceReset, NULL },
+    { "cuIpcCloseMemHandle", (void *)cuIpcCloseMemHandle, NULL },
+    { "cudaIpcCloseMemHandle", (void *)cudaIpcCloseMemHandle, NULL },
+    { "cuDevicePrimaryCtxRelease", (void *)cuDevicePrimaryCtxRelease, NULL },
+    { "cuDevicePrimaryCtxRelease_v2", (void *)cuDevicePrimaryCtxRelease_v2, NULL },
 };
 
 #define NEXT(i) next_sym(&ours[i].next, ours[i].name)
@@ -415,6 +448,10 @@ EXPORT int cudaFree(void *ptr)
 }
 
 EXPORT int cudaFreeHost(void *ptr) { return rt_call(NEXT(13), drc_cudaFreeHost, ptr); }
+EXPORT int cuIpcCloseMemHandle(cuptr d) { return call_free(NEXT(17), d); }
+EXPORT int cudaIpcCloseMemHandle(void *ptr) { return rt_call(NEXT(18), drc_cudaIpcCloseMemHandle, ptr); }
+EXPORT int cuDevicePrimaryCtxRelease(int dev) { return call_release(NEXT(19), dev); }
+EXPORT int cuDevicePrimaryCtxRelease_v2(int dev) { return call_release(NEXT(20), dev); }
 EXPORT int cudaHostUnregister(void *ptr) { return rt_call(NEXT(14), drc_cudaHostUnregister, ptr); }
 
 EXPORT int cudaFreeAsync(void *ptr, void *stream)

@@ -31,6 +31,7 @@ int drc__hook_begin_free(unsigned long long ptr);
 int drc__hook_begin_unmap(unsigned long long ptr, size_t size);
 int drc__hook_begin_teardown(int device);
 int drc__hook_ctx_device(void *ctx);     /* the device of a CUcontext, -1 if unknown */
+void drc__hook_primary_released(int device);   /* after cuDevicePrimaryCtxRelease: the last one? */
 void drc__hook_end(int tickets);
 
 /*

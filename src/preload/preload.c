@@ -48,24 +48,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/notify.h"     /* struct drc__hook_ops: the hook ABI (only the struct is used here) */
 #include "preload/hook_preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* What a drc hands over in drc_hook_attach(): core/notify.h's struct drc__hook_ops, version 2. */
-struct hook_ops {
-    int version;
-    int (*begin)(const void *addr, size_t len);
-    void (*end)(int ticket);
-    const unsigned *caches;
-    int (*begin_free)(unsigned long long ptr);
-    int (*begin_teardown)(int device);
-    int (*ctx_device)(void *ctx);
-};
-
 enum { MAX_DRCS = 4 };
 
-static const struct hook_ops *drcs[MAX_DRCS];  /* atomic: filled in order, never emptied */
+static const struct drc__hook_ops *drcs[MAX_DRCS];  /* atomic: filled in order, never emptied */
 static int parts = -1;                         /* atomic: DRC__PRELOAD_* bits, -1 until decided */
 
 typedef void *dlsym_fn(void *, const char *);
@@ -132,14 +122,14 @@ __attribute__((weak)) int drc__preload_verbs_enabled(void)
 /* ---- the drcs to tell -------------------------------------------------------- */
 
 /* Called by drc (notify.c) when its first cache is created. */
-EXPORT void drc_hook_attach(const struct hook_ops *o)
+EXPORT void drc_hook_attach(const struct drc__hook_ops *o)
 {
     int i;
 
     if (!o || o->version < 2)
         return;
     for (i = 0; i < MAX_DRCS; i++) {
-        const struct hook_ops *cur = NULL;
+        const struct drc__hook_ops *cur = NULL;
 
         if (__atomic_compare_exchange_n(&drcs[i], &cur, o, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) || cur == o)
             break;
@@ -155,7 +145,7 @@ EXPORT void drc_hook_attach(const struct hook_ops *o)
 #define EACH_BEGIN(call)                                                                  \
     int i, t, all = 0;                                                                    \
     for (i = 0; i < MAX_DRCS; i++) {                                                      \
-        const struct hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);          \
+        const struct drc__hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);          \
         if (!o)                                                                           \
             break;                                                                        \
         if (!__atomic_load_n(o->caches, __ATOMIC_ACQUIRE))                               \
@@ -183,9 +173,23 @@ int drc__hook_begin_teardown(int device)
 
 int drc__hook_ctx_device(void *ctx)
 {
-    const struct hook_ops *o = __atomic_load_n(&drcs[0], __ATOMIC_ACQUIRE);
+    const struct drc__hook_ops *o = __atomic_load_n(&drcs[0], __ATOMIC_ACQUIRE);
 
     return o && o->ctx_device ? o->ctx_device(ctx) : -1;
+}
+
+void drc__hook_primary_released(int device)
+{
+    int i;
+
+    for (i = 0; i < MAX_DRCS; i++) {
+        const struct drc__hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);
+
+        if (!o)
+            break;
+        if (o->primary_released && __atomic_load_n(o->caches, __ATOMIC_ACQUIRE))
+            o->primary_released(device);
+    }
 }
 
 void drc__hook_end(int tickets)
@@ -195,7 +199,7 @@ void drc__hook_end(int tickets)
     if (tickets < 0)
         return;
     for (i = 0; i < MAX_DRCS; i++) {
-        const struct hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);
+        const struct drc__hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);
 
         t = (int)(((unsigned)tickets >> (8 * i)) & 0xff);
         if (o && t)

@@ -62,6 +62,10 @@
 #include "drc_verbs.h"
 #include "verbs/ops.h"
 #include "verbs/regmr.h"
+#include "preload/hook_preload.h"
+
+/* preload.c's choice of parts; weak: the unit test links this file without preload.c */
+#pragma weak drc__preload_part
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -237,7 +241,8 @@ static void init(void)
     char *end;
 
     s = getenv("DRC_VERBS");
-    enabled = !(s && (!strcmp(s, "0") || !strcmp(s, "off")));
+    enabled = !(s && (!strcmp(s, "0") || !strcmp(s, "off"))) &&
+              (!drc__preload_part || drc__preload_part(DRC__PRELOAD_VERBS));   /* DRC_PRELOAD / the name preloaded */
     s = getenv("DRC_LOG");
     if (s && *s)
         log_level = !strcmp(s, "debug") ? LOG_DEBUG : LOG_INFO;

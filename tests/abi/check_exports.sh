@@ -21,7 +21,7 @@ sed 's/@.*//' "$t/exported_ver" | sort -u > "$t/exported"
 sed 's:/\*.*\*/::g; /\/\*/,/\*\//d; s/#.*//' "$map" > "$t/map"
 tr ' \t{}' '\n\n\n\n' < "$t/map" | sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\);$/\1/p' | sort -u > "$t/listed"
 nodes=$(sed -n 's/^[[:space:]]*\([A-Za-z_][A-Za-z0-9_.]*\)[[:space:]]*{.*/\1/p' "$t/map")
-newest=$(echo "$nodes" | tail -n 1)
+newest=$(echo "$nodes" | grep -v PRIVATE | tail -n 1)
 # every DRC_API declaration, also one spread over lines: without preprocessor lines and comments,
 # one declaration per line (split at ";"), the identifier before its first "(", with its header
 for h in "$@"; do

@@ -1,5 +1,5 @@
 /*
- * Tests of src/cuda.c against a FAKE CUDA DRIVER TABLE (tests/fake_cuda.h):
+ * Tests of src/cuda.c against a FAKE CUDA DRIVER TABLE (tests/fake_cuda.h, the CUDA double):
  * there is no GPU in CI. Each test states what a user of drc would check:
  * that host memory stays host memory, that CUDA memory is bounded by its
  * allocation (or by its run of VMM chunks), that the export asks the driver
@@ -336,11 +336,11 @@ static void cache_hands_fd_and_closes_it(void **state)
     drc_region_t *r;
 
     (void)state;
-    fc_add(GPU, 8 * MiB, 2, 9);
+    fc_add(GPU, 8 * MiB, 1, 9);
     assert_int_equal(drc_get(c, (void *)(GPU + 4096 + 1), 100, 1, &r), 0);
     assert_int_equal(s.calls, 1);
     assert_int_equal(s.a[0].type, DRC_MEM_CUDA);
-    assert_int_equal(s.a[0].device, 2);
+    assert_int_equal(s.a[0].device, 1);
     assert_true(s.a[0].start == GPU + 4096 && s.a[0].len == 4096 && s.a[0].dmabuf_offset == 0);
     assert_int_equal(s.a[0].dmabuf_fd, fc.exports[0].fd);
     assert_true(s.fd_open[0]);

@@ -113,6 +113,20 @@ static void pinned_host_frees_drop_the_range(void **state)
     }
 }
 
+/* cuIpcCloseMemHandle unmaps imported memory: its registrations go first. */
+static void ipc_close_drops_the_mapping(void **state)
+{
+    (void)state;
+    fc_add(GPU, 32 * MiB, 0, 7);    /* as cuIpcOpenMemHandle maps it */
+    reg_idle(GPU + 16 * MiB, 4096);
+    assert_int_equal(drc_cuIpcCloseMemHandle(GPU), 0);
+    assert_int_equal(rec.deregs, 1);
+    fc_add(GPU, 32 * MiB, 0, 8);
+    reg_idle(GPU + 16 * MiB, 4096);
+    assert_int_equal(drc_cudaIpcCloseMemHandle((void *)GPU), 0);
+    assert_int_equal(rec.deregs, 2);
+}
+
 /* Issue 9 item 2: a teardown frees every allocation of the device without a free call. */
 static void teardowns_drop_the_device(void **state)
 {
@@ -126,7 +140,8 @@ static void teardowns_drop_the_device(void **state)
     assert_int_equal(drc_cuDevicePrimaryCtxReset(0), 0);
     assert_int_equal(fc.resets, 1);
     assert_int_equal(rec.deregs, 2);    /* both of device 0, not device 1's */
-    /* cuCtxDestroy of device 0's context */
+    /* cuCtxDestroy of device 0's context (the reset freed device 0's memory: allocate again) */
+    fc_add(GPU, 8 * MiB, 0, 4);
     reg_idle(GPU + MiB, 4096);
     assert_int_equal(drc_cuCtxDestroy(FC_CTX0), 0);
     assert_int_equal(fc.destroys, 1);
@@ -136,6 +151,22 @@ static void teardowns_drop_the_device(void **state)
     assert_int_equal(drc_cudaDeviceReset(), 0);
     assert_int_equal(fc.reset_dev, 1);
     assert_int_equal(rec.deregs, 4);    /* device 1's */
+}
+
+/* The last cuDevicePrimaryCtxRelease resets the context: its memory is invalidated (after the call). */
+static void last_primary_release_drops_the_device(void **state)
+{
+    void *ctx;
+
+    (void)state;
+    assert_int_equal(cuDevicePrimaryCtxRetain(&ctx, 1), 0);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&ctx, 1), 0);
+    fc_add(GPU1, 8 * MiB, 1, 3);
+    reg_idle(GPU1 + MiB, 4096);
+    assert_int_equal(drc_cuDevicePrimaryCtxRelease(1), 0);
+    assert_int_equal(rec.deregs, 0);    /* a reference is left: nothing went */
+    assert_int_equal(drc_cuDevicePrimaryCtxRelease(1), 0);
+    assert_int_equal(rec.deregs, 1);
 }
 
 /* Issue 9 item 9: DRC_F_VALIDATE checks each chunk a hit touches against its own recorded id. */
@@ -171,6 +202,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(free_without_a_context_drops_the_whole_allocation, setup, teardown),
         cmocka_unit_test_setup_teardown(pinned_host_frees_drop_the_range, setup, teardown),
         cmocka_unit_test_setup_teardown(teardowns_drop_the_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(ipc_close_drops_the_mapping, setup, teardown),
+        cmocka_unit_test_setup_teardown(last_primary_release_drops_the_device, setup, teardown),
         cmocka_unit_test_prestate_setup_teardown(validate_per_vmm_chunk, setup, teardown, &validate),
     };
 

@@ -244,7 +244,7 @@ static void test_vmm(void)
           v.gran);
     printf("  %u chunks recorded, buffer ids %llu %llu %llu\n", m.nchunks, (unsigned long long)m.chunk[0].id,
            (unsigned long long)m.chunk[1].id, (unsigned long long)m.chunk[2].id);
-    CHECK(m.nchunks == 3 && m.chunk[0].id != m.chunk[1].id, "chunks recorded: %u", m.nchunks);
+    CHECK(m.nchunks == 3, "chunks recorded: %u, want 3", m.nchunks);
     /* one registration across the first two chunks, exported as one dmabuf */
     e = get_put(c, v.va + v.gran / 2, v.gran);
     CHECK(e == 0 && r.calls == 1 && r.a[0].start == v.va + v.gran / 2 && r.a[0].len == v.gran &&

@@ -16,12 +16,20 @@
  *             memory must show (proves the checks above can fail)
  *   cost      time what a free pays with a cache present and nothing
  *             registered near it (run with and without the hook library)
+ * wrappers, hooked and control also run the cases of issue 9 (each prints
+ * "caught" or, for the control, "stale"):
+ *   - a free from a thread with no current context, a region at +32 MiB
+ *     (item 1); and drc_cudaFree from such a thread returns 0 and frees
+ *     under a static runtime (item 8)
+ *   - pinned host memory: cudaFreeHost + cudaMallocHost of the same size (item 3)
+ *   - context teardown: cuDevicePrimaryCtxReset, then cudaDeviceReset (item 2)
  * Built twice by the Makefile: with nvcc's default static cudart and with
  * -cudart shared.
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -210,6 +218,137 @@ static void cost(drc_cache_t *c)
     cuMemFree((CUdeviceptr)(uintptr_t)far);
 }
 
+/* ---- issue 9 ------------------------------------------------------------------ */
+
+static struct {
+    int wrap;                   /* 1: free through drc's wrappers, 0: the plain call */
+    void *p;
+    int rc;
+    CUcontext ctx_in_thread;
+} th;
+
+static void *free_in_bare_thread(void *arg)
+{
+    (void)arg;
+    cuCtxGetCurrent(&th.ctx_in_thread);     /* none: this thread never used CUDA */
+    th.rc = th.wrap ? drc_cuMemFree((unsigned long long)(uintptr_t)th.p) : cuMemFree((CUdeviceptr)(uintptr_t)th.p);
+    return NULL;
+}
+
+static void *rt_free_in_bare_thread(void *arg)
+{
+    (void)arg;
+    th.rc = drc_cudaFree(th.p);
+    return NULL;
+}
+
+/* Register [p, p+len); the backend id of the region (left idle). */
+static uintptr_t reg_id(drc_cache_t *c, void *p, size_t len)
+{
+    drc_region_t *r;
+    uintptr_t id;
+
+    if (drc_get(c, p, len, 1, &r))
+        return 0;
+    id = (uintptr_t)drc_region_handle(r);
+    drc_put(c, r);
+    return id;
+}
+
+/* After the memory at @p went and @q came (same size): is the region at @off a new one? */
+static void verdict(drc_cache_t *c, const char *what, void *p, void *q, size_t off, uintptr_t old_id, int expect)
+{
+    uintptr_t id = reg_id(c, (char *)q + off, 4u << 20);
+
+    printf("  %s: same VA %s, %s\n", what, p == q ? "yes" : "no", id != old_id ? "caught" : "stale");
+    if (expect)
+        CHECK(id && id != old_id, "%s: the region of the freed memory was returned", what);
+    drc_invalidate(c, p, 1);    /* the control's stale region goes here */
+}
+
+/* Item 1 (and 8): frees from a thread that has no current context. */
+static void bare_thread_free(drc_cache_t *c, int wrap, int expect)
+{
+    const size_t size = 256u << 20, off = 32u << 20;
+    pthread_t t;
+    uintptr_t id;
+    void *p = alloc(DRV, size), *q;
+
+    printf("free from a thread with no context (%s), region at +32 MiB\n", wrap ? "drc_cuMemFree" : "cuMemFree");
+    id = reg_id(c, (char *)p + off, 4u << 20);
+    CHECK(id != 0, "register");
+    th.wrap = wrap;
+    th.p = p;
+    pthread_create(&t, NULL, free_in_bare_thread, NULL);
+    pthread_join(t, NULL);
+    CHECK(th.rc == 0 && th.ctx_in_thread == NULL, "free in the bare thread: %d (context %p)", th.rc,
+          (void *)th.ctx_in_thread);
+    q = alloc(DRV, size);
+    verdict(c, "free without a context", p, q, off, id, expect);
+    CU(cuMemFree((CUdeviceptr)(uintptr_t)q));
+    if (!wrap)
+        return;
+    /* item 8: drc_cudaFree there (a static runtime: done through the driver) returns 0 and frees */
+    CHECK(cudaMalloc(&p, size) == cudaSuccess, "cudaMalloc");
+    th.p = p;
+    pthread_create(&t, NULL, rt_free_in_bare_thread, NULL);
+    pthread_join(t, NULL);
+    printf("  drc_cudaFree from a thread that never used the runtime: %d\n", th.rc);
+    CHECK(th.rc == 0, "drc_cudaFree in a bare thread returned %d", th.rc);
+    CHECK(cudaMalloc(&q, size) == cudaSuccess && q == p, "the memory was not freed (next VA %p, was %p)", q, p);
+    cudaFree(q);
+}
+
+/* Item 3: pinned host memory freed and allocated again at the same VA. */
+static void pinned_host(drc_cache_t *c, int wrap, int expect)
+{
+    const size_t size = 64u << 20;
+    uintptr_t id;
+    void *p = NULL, *q = NULL;
+
+    printf("pinned host memory (%s)\n", wrap ? "drc_cudaFreeHost" : "cudaFreeHost");
+    CHECK(cudaMallocHost(&p, size) == cudaSuccess, "cudaMallocHost");
+    id = reg_id(c, (char *)p + (8u << 20), 4u << 20);
+    CHECK(id != 0, "register");
+    CHECK((wrap ? drc_cudaFreeHost(p) : cudaFreeHost(p)) == cudaSuccess, "cudaFreeHost");
+    CHECK(cudaMallocHost(&q, size) == cudaSuccess, "cudaMallocHost again");
+    verdict(c, "cudaFreeHost", p, q, 8u << 20, id, expect);
+    cudaFreeHost(q);
+}
+
+/* Item 2: a context teardown frees without a free call. @how: 0 cuDevicePrimaryCtxReset, 1 cudaDeviceReset. */
+static void teardown(drc_cache_t *c, int how, int wrap, int expect)
+{
+    const size_t size = 256u << 20;
+    const char *what = how ? "cudaDeviceReset" : "cuDevicePrimaryCtxReset";
+    uintptr_t id;
+    void *p = NULL, *q = NULL;
+    int rc;
+
+    printf("context teardown: %s%s\n", wrap ? "drc_" : "", what);
+    CHECK(cudaMalloc(&p, size) == cudaSuccess, "cudaMalloc");
+    id = reg_id(c, p, 4u << 20);
+    CHECK(id != 0, "register");
+    if (how)
+        rc = wrap ? drc_cudaDeviceReset() : cudaDeviceReset();
+    else
+        rc = wrap ? drc_cuDevicePrimaryCtxReset(0) : cuDevicePrimaryCtxReset(0);
+    CHECK(rc == 0, "%s: %d", what, rc);
+    cudaSetDevice(0);
+    cudaFree(0);        /* a new primary context */
+    CHECK(cudaMalloc(&q, size) == cudaSuccess, "cudaMalloc after the reset");
+    verdict(c, what, p, q, 0, id, expect);
+    cudaFree(q);
+}
+
+static void issue9(drc_cache_t *c, int wrap, int expect)
+{
+    bare_thread_free(c, wrap, expect);
+    pinned_host(c, wrap, expect);
+    teardown(c, 0, wrap, expect);
+    teardown(c, 1, wrap, expect);
+}
+
 int main(int argc, char **argv)
 {
     struct drc_backend be = { .reg = hold_reg, .dereg = hold_dereg, .ctx = NULL };
@@ -226,15 +365,18 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "wrappers")) {
         hazard(c, DRV_WRAP, 1);
         hazard(c, RT_WRAP, 1);
+        issue9(c, 1, 1);
     } else if (!strcmp(mode, "hooked")) {
         hazard(c, DRV, 1);
         hazard(c, RT, 1);
         hazard(c, RT_ASYNC, 1);
+        issue9(c, 0, 1);
     } else if (!strcmp(mode, "cost")) {
         cost(c);
     } else {
         hazard(c, DRV, 0);
         hazard(c, RT, 0);
+        issue9(c, 0, 0);
     }
     CHECK(be_state.exported > 0, "nothing was exported: no dmabuf on this machine?");
     CHECK(drc_cache_destroy(c) == 0, "destroy");

@@ -24,6 +24,8 @@
  *       noctx-wrapper  the same through drc_cuMemFree
  *       freehost  pinned host memory (cuMemAllocHost), freed through cuGetProcAddress's cuMemFreeHost
  *       unregister  the same with cuMemHostUnregister
+ *       ipcclose  cuIpcCloseMemHandle (through cuGetProcAddress) of the memory, taken as imported
+ *       release   two cuDevicePrimaryCtxRetain, then two cuDevicePrimaryCtxRelease: the last frees it
  *       reset     no free at all: cuDevicePrimaryCtxReset (through cuGetProcAddress) frees it
  *       destroy   the same with cuCtxDestroy
  *       ibv-dlsym dlopen libibverbs.so.1 RTLD_LOCAL, dlsym/dlvsym "ibv_dereg_mr" on that handle:
@@ -36,7 +38,7 @@
 
 #include "drc.h"
 #include "drc_cuda.h"
-#include "fake_cuda.h"
+#include "fake_libcuda.h"
 
 typedef int free_fn(unsigned long long);
 typedef int free_async_fn(unsigned long long, void *);
@@ -114,6 +116,17 @@ static int free_by(const char *mode, unsigned long long d, size_t len)
     if (!strcmp(mode, "freehost") || !strcmp(mode, "unregister"))
         return (f = rt_sym(mode[0] == 'f' ? "cuMemFreeHost" : "cuMemHostUnregister", 3020, 0))
                    ? ((int (*)(void *))f)((void *)(uintptr_t)d) : -1;
+    if (!strcmp(mode, "ipcclose"))
+        return (f = rt_sym("cuIpcCloseMemHandle", 4010, 0)) ? ((free_fn *)f)(d) : -1;
+    if (!strcmp(mode, "release")) {
+        int (*rel)(int) = NULL;
+
+        /* two references (the program's and a library's): the first release frees nothing */
+        if (!(f = rt_sym("cuDevicePrimaryCtxRelease", 11000, 0)) || ((int (*)(int))f)(0))
+            return -1;
+        *(void **)&rel = f;
+        return rel(0);  /* the last: the context is reset, its memory goes */
+    }
     if (!strcmp(mode, "reset"))
         return (f = rt_sym("cuDevicePrimaryCtxReset", 11000, 0)) ? ((int (*)(int))f)(0) : -1;
     if (!strcmp(mode, "destroy"))
@@ -218,8 +231,13 @@ int main(int argc, char **argv)
         if (cuMemAllocHost_v2(&h, len))
             return 1;
         d = (uintptr_t)h;
-    } else if (cuMemAlloc_v2(&d, len)) {
-        return 1;
+    } else {
+        void *ctx;
+
+        if (!strcmp(mode, "release") && (cuDevicePrimaryCtxRetain(&ctx, 0) || cuDevicePrimaryCtxRetain(&ctx, 0)))
+            return 1;
+        if (cuMemAlloc_v2(&d, len))
+            return 1;
     }
     if (drc_cache_create(&be, NULL, &c))
         return 1;
@@ -233,6 +251,11 @@ int main(int argc, char **argv)
     if (err || !s.called) {
         printf("%s: the free failed (%d)\n", mode, err);
         return 1;
+    }
+    if (!strcmp(mode, "release")) {
+        /* which release is the last is known only after it: drc is told then, not before */
+        s.held_valid = drc_region_valid(s.held);
+        s.deregs = deregs;
     }
     /* notified = the held region was invalid and the idle one deregistered while the memory still existed */
     printf("%s: %s (held region valid at free: %d, deregs at free: %lu)\n", mode,

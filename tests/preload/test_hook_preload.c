@@ -57,9 +57,9 @@ static int find_build_O0(void **state)
  */
 static int run_child(const char *mode, int preload, const char *monitor, char *out, size_t outlen)
 {
-    char child[PATH_MAX + 32], pre[3 * PATH_MAX + 64], mon[64];
+    char child[PATH_MAX + 32], pre[3 * PATH_MAX + 64], mon[64], cupti[PATH_MAX + 48];
     char *argv[] = { child, (char *)mode, NULL };
-    char *envp[8];
+    char *envp[10];
     int e = 0, fds[2], status;
     posix_spawn_file_actions_t fa;
     ssize_t got, total = 0;
@@ -78,6 +78,10 @@ static int run_child(const char *mode, int preload, const char *monitor, char *o
     if (monitor) {
         snprintf(mon, sizeof(mon), "DRC_MONITOR=%s", monitor);
         envp[e++] = mon;
+        /* the CUPTI double (tests/hooks/fake_cupti.c), which the libcuda double reports to */
+        snprintf(cupti, sizeof(cupti), "DRC_CUPTI_LIB=%s/fakecuda/libcupti.so", build);
+        envp[e++] = cupti;
+        envp[e++] = "DRC_HOOK_DEBUG=1";     /* says whether the CUPTI monitor started */
     }
     envp[e] = NULL;
     assert_int_equal(pipe(fds), 0);
@@ -97,6 +101,17 @@ static int run_child(const char *mode, int preload, const char *monitor, char *o
            monitor ? ", DRC_MONITOR=" : "", monitor ? monitor : "", out);
     assert_true(WIFEXITED(status));
     return WEXITSTATUS(status);
+}
+
+/* @mode through the CUPTI monitor (DRC_MONITOR=cupti with the CUPTI double) instead of interposition. */
+static void caught_by_cupti(const char *mode)
+{
+    char out[512], want[64];
+
+    snprintf(want, sizeof(want), "%s: notified", mode);
+    assert_int_equal(run_child(mode, 1, "cupti", out, sizeof(out)), 0);
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "CUPTI monitor on"));     /* CUPTI told drc, not the interposer */
 }
 
 static void caught(const char *mode)
@@ -198,7 +213,26 @@ static void test_free_without_a_context(void **state)
 
     (void)state;
     caught("noctx");
+    caught_by_cupti("noctx");
     assert_int_equal(run_child("noctx-wrapper", NO_HOOK, NULL, out, sizeof(out)), 0);
+}
+
+/* The CUPTI monitor sees the frees, pinned host frees and teardowns however they were reached. */
+static void test_cupti_monitor(void **state)
+{
+    char out[512];
+
+    (void)state;
+    caught_by_cupti("direct");
+    caught_by_cupti("runtime");
+    caught_by_cupti("runtime-async");
+    caught_by_cupti("unmap");
+    caught_by_cupti("freehost");
+    caught_by_cupti("reset");
+    caught_by_cupti("destroy");
+    caught_by_cupti("release");
+    /* in CUPTI mode the interposed wrappers pass through: drc is told once, by CUPTI */
+    assert_int_equal(run_child("nocache", 1, "cupti", out, sizeof(out)), 0);
 }
 
 /* Issue 9 item 3: pinned host memory, freed or unregistered through the driver the runtime's way. */
@@ -209,12 +243,24 @@ static void test_pinned_host(void **state)
     caught("unregister");
 }
 
-/* Issue 9 item 2: a context reset or destroy frees everything without a free call. */
+/* The close of imported IPC memory unmaps it: taken as a free of the mapping. */
+static void test_ipc_close(void **state)
+{
+    (void)state;
+    caught("ipcclose");
+    caught_by_cupti("ipcclose");
+}
+
+/*
+ * Issue 9 item 2: a context reset or destroy frees everything without a free
+ * call; so does the last cuDevicePrimaryCtxRelease (caught after the call).
+ */
 static void test_teardowns(void **state)
 {
     (void)state;
     caught("reset");
     caught("destroy");
+    caught("release");
 }
 
 /* Both old names preloaded at once: one library, loaded once, and it works. */
@@ -257,6 +303,8 @@ int main(void)
         cmocka_unit_test(test_pinned_host),
         cmocka_unit_test(test_teardowns),
         cmocka_unit_test(test_both_names_preloaded),
+        cmocka_unit_test(test_cupti_monitor),
+        cmocka_unit_test(test_ipc_close),
         cmocka_unit_test(test_ibv_dlsym_on_any_handle),
         cmocka_unit_test(test_direct_cuMemFree_v2),
         cmocka_unit_test(test_through_cuGetProcAddress),

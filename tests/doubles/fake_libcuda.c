@@ -1,0 +1,612 @@
+/* The CUDA double, a fake libcuda.so.1: see fake_libcuda.h. */
+#include "fake_libcuda.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+
+enum {
+    OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, INVALID_DEVICE = 101, INVALID_CONTEXT = 201, NOT_FOUND = 500,
+    NOT_SUPPORTED = 801, PER_THREAD_STREAM = 2,
+    MEMORYTYPE_HOST = 1, MEMORYTYPE_DEVICE = 2,
+    DMA_BUF_FD = 1, PCIE_FLAG = 1, DMA_BUF_SUPPORTED = 124,
+};
+#define ALIGN   (2ull << 20)
+#define RESERVE (64ull << 30)
+
+struct fake_cuda fc = { .pcie_unsupported = 1, .dmabuf_attr = { 1, 1 } };   /* as on the H200 machine */
+__thread void *fc_current;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int primary_refs[FC_DEVICES];    /* references to each primary context */
+static uintptr_t arena;
+static uint64_t next_id = 1000;
+static unsigned exports;
+static fake_cuda_free_cb *free_cb;
+static void *free_arg;
+
+void fake_cuda_reset(void)
+{
+    int i;
+
+    pthread_mutex_lock(&lock);
+    memset(&fc, 0, sizeof(fc));
+    memset(primary_refs, 0, sizeof(primary_refs));
+    for (i = 0; i < FC_DEVICES; i++)
+        fc.dmabuf_attr[i] = 1;
+    fc_current = NULL;
+    pthread_mutex_unlock(&lock);
+}
+
+void fake_cuda_on_free(fake_cuda_free_cb *cb, void *arg)
+{
+    free_cb = cb;
+    free_arg = arg;
+}
+
+unsigned fake_cuda_frees(void)
+{
+    return (unsigned)__atomic_load_n(&fc.frees, __ATOMIC_RELAXED);
+}
+
+void fake_cuda_needs_context(int on)
+{
+    fc.range_needs_ctx = on;
+}
+
+unsigned fakecu_exports(void)
+{
+    return __atomic_load_n(&exports, __ATOMIC_RELAXED);
+}
+
+/* ---- the allocation table ---------------------------------------------------- */
+
+static struct fc_alloc *add(uintptr_t base, size_t size, unsigned type, int device, uint64_t id, void *ctx)
+{
+    struct fc_alloc *a;
+
+    if (fc.n == FC_MAX_ALLOCS)
+        return NULL;
+    a = &fc.a[fc.n++];
+    *a = (struct fc_alloc){ base, size, type, 0, device, 0, 1, id, ctx, 0 };
+    return a;
+}
+
+struct fc_alloc *fc_add(uintptr_t base, size_t size, int device, uint64_t id)
+{
+    return add(base, size, MEMORYTYPE_DEVICE, device, id, FC_CTX0);
+}
+
+struct fc_alloc *fc_add_vmm(uintptr_t base, size_t size, int device, uint64_t id, int gdr)
+{
+    struct fc_alloc *a = fc_add(base, size, device, id);
+
+    a->vmm = 1;
+    a->gdr = gdr;
+    a->ctx = NULL;
+    return a;
+}
+
+struct fc_alloc *fc_add_host(uintptr_t base, size_t size, uint64_t id)
+{
+    return add(base, size, MEMORYTYPE_HOST, -1, id, NULL);
+}
+
+/* The allocation containing @p, or NULL. */
+static struct fc_alloc *find(unsigned long long p)
+{
+    int i;
+
+    for (i = 0; i < fc.n; i++)
+        if (p >= fc.a[i].base && p - fc.a[i].base < fc.a[i].size)
+            return &fc.a[i];
+    return NULL;
+}
+
+/* The device of a context of this double (-1: none). */
+static int ctx_device(const void *ctx)
+{
+    if (ctx == FC_CTX0)
+        return 0;
+    if ((uintptr_t)ctx >= 0xd00 && (uintptr_t)ctx < 0xd00 + FC_DEVICES)
+        return (int)((uintptr_t)ctx - 0xd00);
+    return -1;
+}
+
+/* First fit in the reserved range: a freed gap of the same size gives the same address again. */
+static int alloc(unsigned long long *out, size_t size, unsigned type)
+{
+    size_t len = (size + ALIGN - 1) & ~(ALIGN - 1);
+    void *ctx = fc_current ? fc_current : FAKE_CUDA_CTX;
+    uintptr_t base;
+    int i, moved;
+
+    if (!size)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    if (!arena) {
+        void *p = mmap(NULL, RESERVE + ALIGN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+        if (p == MAP_FAILED) {
+            pthread_mutex_unlock(&lock);
+            return OUT_OF_MEMORY;
+        }
+        arena = ((uintptr_t)p + ALIGN - 1) & ~(ALIGN - 1);
+    }
+    base = arena;
+    do {
+        moved = 0;
+        for (i = 0; i < fc.n; i++) {
+            if (fc.a[i].base < base + len && base < fc.a[i].base + fc.a[i].size) {
+                base = (fc.a[i].base + fc.a[i].size + ALIGN - 1) & ~(ALIGN - 1);
+                moved = 1;
+            }
+        }
+    } while (moved);
+    if (base + len > arena + RESERVE ||
+        !add(base, len, type, type == MEMORYTYPE_HOST ? -1 : ctx_device(ctx), next_id++,
+             type == MEMORYTYPE_HOST ? NULL : ctx)) {
+        pthread_mutex_unlock(&lock);
+        return OUT_OF_MEMORY;
+    }
+    *out = base;
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+int cuMemAlloc_v2(unsigned long long *dptr, size_t size)
+{
+    return alloc(dptr, size, MEMORYTYPE_DEVICE);
+}
+
+int cuMemAllocHost_v2(void **p, size_t size)
+{
+    unsigned long long d = 0;
+    int rc = alloc(&d, size, MEMORYTYPE_HOST);
+
+    *p = rc ? NULL : (void *)(uintptr_t)d;
+    return rc;
+}
+
+/* Free the allocation that starts at @p (the test's callback first, while it still exists). */
+static int release(unsigned long long p, const char *entry)
+{
+    struct fc_alloc *a, copy;
+
+    pthread_mutex_lock(&lock);
+    a = find(p);
+    if (!a || a->base != p) {
+        pthread_mutex_unlock(&lock);
+        return INVALID_VALUE;
+    }
+    copy = *a;
+    pthread_mutex_unlock(&lock);
+    if (free_cb)
+        free_cb(copy.base, copy.size, entry, free_arg);
+    pthread_mutex_lock(&lock);
+    a = find(p);
+    if (a)
+        *a = fc.a[--fc.n];
+    __atomic_fetch_add(&fc.frees, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+/* A teardown: every allocation of @device (-1: all) goes, each through the callback. */
+static int release_all(int device, const char *entry)
+{
+    int i;
+
+    for (i = fc.n - 1; i >= 0; i--)
+        if (i < fc.n && (device < 0 || fc.a[i].device == device || fc.a[i].type == MEMORYTYPE_HOST))
+            release(fc.a[i].base, entry);
+    return OK;
+}
+
+/* ---- the CUPTI double's report (fake_cupti.c), once it has a subscriber ---------- */
+
+typedef void cupti_fire_fn(const char *fn, int site, const void *params, uint64_t *corr);
+static cupti_fire_fn *cupti_fire;
+
+void fake_cuda_set_cupti(cupti_fire_fn *fire);
+void fake_cuda_set_cupti(cupti_fire_fn *fire)
+{
+    cupti_fire = fire;
+}
+
+/* Return @body, run between CUPTI's enter and exit reports of @fn with @params. */
+#define REPORTED(fn, params, body)                                                      \
+    do {                                                                                \
+        uint64_t corr_ = 0;                                                             \
+        int rc_;                                                                        \
+        if (cupti_fire)                                                                 \
+            cupti_fire(fn, 0, params, &corr_);                                          \
+        rc_ = (body);                                                                   \
+        if (cupti_fire)                                                                 \
+            cupti_fire(fn, 1, params, &corr_);                                          \
+        return rc_;                                                                     \
+    } while (0)
+
+/* ---- frees ------------------------------------------------------------------------ */
+
+int cuMemFree_v2(unsigned long long dptr)
+{
+    REPORTED("cuMemFree_v2", &dptr, release(dptr, "cuMemFree_v2"));
+}
+
+int cuMemFreeAsync(unsigned long long dptr, void *stream)
+{
+    struct { unsigned long long p; void *s; } params = { dptr, stream };
+
+    REPORTED("cuMemFreeAsync", &params, release(dptr, "cuMemFreeAsync"));
+}
+
+int cuMemFreeAsync_ptsz(unsigned long long dptr, void *stream)
+{
+    struct { unsigned long long p; void *s; } params = { dptr, stream };
+
+    REPORTED("cuMemFreeAsync_ptsz", &params, release(dptr, "cuMemFreeAsync_ptsz"));
+}
+
+int cuMemUnmap(unsigned long long ptr, size_t size)
+{
+    struct { unsigned long long p; size_t n; } params = { ptr, size };
+    struct fc_alloc *a = find(ptr);
+
+    /* the double maps whole allocations only (cuMemAlloc_v2 rounds them up to 2 MiB) */
+    if (!a || a->base != ptr || !size || size > a->size)
+        return INVALID_VALUE;
+    REPORTED("cuMemUnmap", &params, release(ptr, "cuMemUnmap"));
+}
+
+int cuMemFreeHost(void *p)
+{
+    REPORTED("cuMemFreeHost", &p, release((uintptr_t)p, "cuMemFreeHost"));
+}
+
+int cuMemHostUnregister(void *p)
+{
+    REPORTED("cuMemHostUnregister", &p, release((uintptr_t)p, "cuMemHostUnregister"));
+}
+
+/* Imported memory (cuIpcOpenMemHandle): the double models one reference, so the close unmaps it. */
+int cuIpcCloseMemHandle(unsigned long long dptr)
+{
+    REPORTED("cuIpcCloseMemHandle", &dptr, release(dptr, "cuIpcCloseMemHandle"));
+}
+
+int cuDevicePrimaryCtxReset_v2(int dev)
+{
+    fc.resets++;
+    fc.reset_dev = dev;
+    REPORTED("cuDevicePrimaryCtxReset_v2", &dev,
+             dev >= 0 && dev < FC_DEVICES ? release_all(dev, "cuDevicePrimaryCtxReset_v2") : INVALID_DEVICE);
+}
+
+int cuCtxDestroy_v2(void *ctx)
+{
+    fc.destroys++;
+    REPORTED("cuCtxDestroy_v2", &ctx, ctx_device(ctx) >= 0 ? release_all(ctx_device(ctx), "cuCtxDestroy_v2") : INVALID_CONTEXT);
+}
+
+/* ---- contexts and devices ------------------------------------------------------- */
+
+int cuInit(unsigned flags);
+int cuInit(unsigned flags)
+{
+    (void)flags;
+    return OK;
+}
+
+int cuDriverGetVersion(int *v);
+int cuDriverGetVersion(int *v)
+{
+    *v = 13000;
+    return OK;
+}
+
+int cuDeviceGetCount(int *n);
+int cuDeviceGetCount(int *n)
+{
+    *n = FC_DEVICES;
+    return OK;
+}
+
+int cuDeviceGet(int *dev, int ordinal);
+int cuDeviceGet(int *dev, int ordinal)
+{
+    *dev = ordinal;
+    return ordinal >= 0 && ordinal < FC_DEVICES ? OK : INVALID_DEVICE;
+}
+
+int cuDeviceGetName(char *name, int len, int dev);
+int cuDeviceGetName(char *name, int len, int dev)
+{
+    (void)dev;
+    if (len > 0) {
+        strncpy(name, "fake GPU (libcuda double)", (size_t)len);
+        name[len - 1] = 0;
+    }
+    return OK;
+}
+
+int cuDeviceGetAttribute(int *v, int attr, int dev);
+int cuDeviceGetAttribute(int *v, int attr, int dev)
+{
+    if (dev < 0 || dev >= FC_DEVICES)
+        return INVALID_DEVICE;
+    *v = attr == DMA_BUF_SUPPORTED ? fc.dmabuf_attr[dev] : 1;
+    return OK;
+}
+
+int cuDevicePrimaryCtxRetain(void **ctx, int dev);
+int cuDevicePrimaryCtxRetain(void **ctx, int dev)
+{
+    if (dev < 0 || dev >= FC_DEVICES)
+        return INVALID_DEVICE;
+    fc.primary_retains++;
+    __atomic_fetch_add(&primary_refs[dev], 1, __ATOMIC_RELAXED);
+    *ctx = FC_PRIMARY(dev);
+    return OK;
+}
+
+/* The last reference resets the context: its memory goes. */
+int cuDevicePrimaryCtxRelease_v2(int dev);
+int cuDevicePrimaryCtxRelease_v2(int dev)
+{
+    if (dev < 0 || dev >= FC_DEVICES || primary_refs[dev] <= 0)
+        return INVALID_DEVICE;
+    REPORTED("cuDevicePrimaryCtxRelease_v2", &dev,
+             __atomic_sub_fetch(&primary_refs[dev], 1, __ATOMIC_RELAXED) == 0
+                 ? release_all(dev, "cuDevicePrimaryCtxRelease_v2") : OK);
+}
+
+int cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active);
+int cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active)
+{
+    if (dev < 0 || dev >= FC_DEVICES)
+        return INVALID_DEVICE;
+    *flags = 0;
+    *active = primary_refs[dev] > 0;
+    return OK;
+}
+
+int cuCtxGetCurrent(void **ctx);
+int cuCtxGetCurrent(void **ctx)
+{
+    *ctx = fc_current;
+    return OK;
+}
+
+int cuCtxSetCurrent(void *ctx);
+int cuCtxSetCurrent(void *ctx)
+{
+    fc.set_calls++;
+    fc_current = ctx;
+    return OK;
+}
+
+int cuCtxGetDevice(int *dev);
+int cuCtxGetDevice(int *dev)
+{
+    if (!fc_current)
+        return INVALID_CONTEXT;
+    *dev = ctx_device(fc_current);
+    return OK;
+}
+
+int cuCtxSynchronize(void);
+int cuCtxSynchronize(void)
+{
+    return fc_current ? OK : INVALID_CONTEXT;
+}
+
+/* ---- what drc's CUDA layer asks about memory --------------------------------------- */
+
+/* One pointer attribute of @a (NULL: not CUDA memory). */
+static int attr(const struct fc_alloc *a, int which, void *data)
+{
+    switch (which) {
+    case 1: /* CONTEXT */
+        *(void **)data = a ? a->ctx : NULL;
+        return OK;
+    case 2: /* MEMORY_TYPE */
+        *(unsigned *)data = a ? a->type : 0;
+        return OK;
+    case 7: /* BUFFER_ID */
+        *(unsigned long long *)data = a ? a->buffer_id : 0;
+        return OK;
+    case 8: /* IS_MANAGED */
+        *(unsigned *)data = a ? (unsigned)a->managed : 0;
+        return OK;
+    case 9: /* DEVICE_ORDINAL */
+        *(int *)data = a ? a->device : -1;
+        return OK;
+    case 11: /* RANGE_START_ADDR: needs no context */
+        if (!a)
+            return INVALID_VALUE;
+        *(unsigned long long *)data = a->base;
+        return OK;
+    case 12: /* RANGE_SIZE */
+        if (!a)
+            return INVALID_VALUE;
+        *(size_t *)data = a->size;
+        return OK;
+    case 15: /* IS_GPU_DIRECT_RDMA_CAPABLE */
+        *(unsigned *)data = a ? (unsigned)a->gdr : 0;
+        return OK;
+    default:
+        return INVALID_VALUE;
+    }
+}
+
+int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, unsigned long long ptr);
+int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, unsigned long long ptr)
+{
+    struct fc_alloc *a, copy;
+    unsigned i;
+    int rc;
+
+    if (fc.attr_rc)
+        return fc.attr_rc;
+    pthread_mutex_lock(&lock);
+    a = find(ptr);
+    if (a)
+        copy = *a;
+    pthread_mutex_unlock(&lock);
+    for (i = 0; i < n; i++)
+        if ((rc = attr(a ? &copy : NULL, attrs[i], data[i])) != OK)
+            return rc;
+    return OK;
+}
+
+int cuPointerGetAttribute(void *data, int which, unsigned long long ptr);
+int cuPointerGetAttribute(void *data, int which, unsigned long long ptr)
+{
+    return cuPointerGetAttributes(1, &which, &data, ptr);
+}
+
+int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned long long ptr)
+{
+    struct fc_alloc *a;
+    int rc = NOT_FOUND;
+
+    fc.range_ctx = fc_current;
+    if (fc.range_needs_ctx && !fc_current)
+        return INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    a = find(ptr);
+    if (a && !a->managed) {     /* device memory and pinned host memory have bounds */
+        if (base)
+            *base = a->base;
+        if (size)
+            *size = a->size;
+        rc = OK;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* The dmabuf: a memfd of the range's size. */
+int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t size, int type,
+                                  unsigned long long flags);
+int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t size, int type,
+                                  unsigned long long flags)
+{
+    struct fc_export *e = &fc.exports[fc.nexports < FC_MAX_CALLS ? fc.nexports++ : FC_MAX_CALLS - 1];
+    int fd;
+
+    *e = (struct fc_export){ ptr, size, flags, fc_current, -1 };
+    if (type != DMA_BUF_FD || !size || ptr % FC_PAGE || size % FC_PAGE || !find(ptr))
+        return INVALID_VALUE;   /* as the real driver: host-page alignment */
+    if ((flags & PCIE_FLAG) && fc.pcie_unsupported)
+        return NOT_SUPPORTED;
+    if (fc.export_rc)
+        return fc.export_rc;
+    fd = memfd_create("fake-dmabuf", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return OUT_OF_MEMORY;
+    }
+    e->fd = fd;
+    *(int *)handle = fd;
+    __atomic_fetch_add(&exports, 1, __ATOMIC_RELAXED);
+    return OK;
+}
+
+/* ---- VMM: the allocation handle behind a mapped chunk ------------------------------- */
+
+int cuMemRetainAllocationHandle(unsigned long long *h, void *addr);
+int cuMemRetainAllocationHandle(unsigned long long *h, void *addr)
+{
+    struct fc_alloc *a = find((uintptr_t)addr);
+
+    if (!a || !a->vmm)
+        return INVALID_VALUE;
+    fc.retains++;
+    *h = (unsigned long long)(a - fc.a) + 1;
+    return OK;
+}
+
+struct prop {                   /* CUmemAllocationProp, as drc's cuda.h lays it out */
+    int type, requested_handle_types;
+    struct { int type, id; } location;
+    void *win32_metadata;
+    unsigned char compression_type, gpu_direct_rdma_capable;
+    unsigned short usage;
+    unsigned char reserved[4];
+};
+
+int cuMemGetAllocationPropertiesFromHandle(struct prop *p, unsigned long long h);
+int cuMemGetAllocationPropertiesFromHandle(struct prop *p, unsigned long long h)
+{
+    const struct fc_alloc *a = &fc.a[h - 1];
+
+    memset(p, 0, sizeof(*p));
+    p->type = a->prop_type;
+    p->location.type = 1;
+    p->location.id = a->device;
+    p->gpu_direct_rdma_capable = (unsigned char)a->gdr;
+    return OK;
+}
+
+int cuMemRelease(unsigned long long h);
+int cuMemRelease(unsigned long long h)
+{
+    (void)h;
+    fc.releases++;
+    return OK;
+}
+
+/* ---- cuGetProcAddress, as the runtime uses it ---------------------------------------- */
+
+/* The 32-bit cuMemFree of CUDA < 3.2: a test that gets it was handed the wrong entry point. */
+static int cuMemFree_v1(unsigned int dptr)
+{
+    (void)dptr;
+    return INVALID_VALUE;
+}
+
+static void *lookup(const char *sym, int version, unsigned long long flags)
+{
+    if (!strcmp(sym, "cuGetProcAddress"))
+        return version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    if (!strcmp(sym, "cuMemFree"))
+        return version >= 3020 ? (void *)cuMemFree_v2 : (void *)cuMemFree_v1;
+    if (!strcmp(sym, "cuMemFreeAsync") && version >= 11020)
+        return (flags & PER_THREAD_STREAM) ? (void *)cuMemFreeAsync_ptsz : (void *)cuMemFreeAsync;
+    if (!strcmp(sym, "cuMemUnmap") && version >= 10020)
+        return (void *)cuMemUnmap;
+    if (!strcmp(sym, "cuMemAlloc") && version >= 3020)
+        return (void *)cuMemAlloc_v2;
+    if (!strcmp(sym, "cuMemGetAddressRange") && version >= 3020)
+        return (void *)cuMemGetAddressRange_v2;
+    if (!strcmp(sym, "cuMemFreeHost"))
+        return (void *)cuMemFreeHost;
+    if (!strcmp(sym, "cuMemHostUnregister"))
+        return (void *)cuMemHostUnregister;
+    if (!strcmp(sym, "cuDevicePrimaryCtxReset") && version >= 11000)
+        return (void *)cuDevicePrimaryCtxReset_v2;
+    if (!strcmp(sym, "cuCtxDestroy") && version >= 4000)
+        return (void *)cuCtxDestroy_v2;
+    if (!strcmp(sym, "cuDevicePrimaryCtxRelease") && version >= 11000)
+        return (void *)cuDevicePrimaryCtxRelease_v2;
+    if (!strcmp(sym, "cuIpcCloseMemHandle") && version >= 4010)
+        return (void *)cuIpcCloseMemHandle;
+    return NULL;    /* the caller falls back to dlsym of the exported name */
+}
+
+int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags)
+{
+    *pfn = lookup(symbol, version, flags);
+    return *pfn ? OK : NOT_FOUND;
+}
+
+int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status)
+{
+    *pfn = lookup(symbol, version, flags);
+    if (status)
+        *status = *pfn ? 0 : 1;     /* CU_GET_PROC_ADDRESS_SUCCESS / SYMBOL_NOT_FOUND */
+    return *pfn ? OK : NOT_FOUND;
+}
