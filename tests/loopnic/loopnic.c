@@ -398,6 +398,20 @@ static int gpu_buffer_id(uint64_t addr, uint64_t *id)
     return 0;
 }
 
+/* A CUDA double's answer to "where is the memory behind dmabuf fd": 1 and *base, or 0 (the real
+ * driver has no such function). */
+static int dmabuf_base(int fd, uint64_t *base)
+{
+    typedef int base_fn(int fd, unsigned long long *base);
+    base_fn *f;
+    unsigned long long b;
+
+    if (!cuda_loaded() || !(f = (base_fn *)dlsym(cu.h, "fakecu_dmabuf_base")) || f(fd, &b) != 0)
+        return 0;
+    *base = b;
+    return 1;
+}
+
 /* Copy n bytes between two addresses of this process, one of them GPU memory. */
 static int gpu_copy(uint64_t dst, uint64_t src, size_t n, uint64_t gpu_addr)
 {
@@ -1109,7 +1123,13 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
             err = EINVAL;
             goto fail;
         }
-        a = iova; /* drc and Mooncake pass iova = the buffer's address */
+        /* Where the dmabuf's memory is: a CUDA double may say (fakecu_dmabuf_base, the start of the
+         * exported range), so that a wrong offset reaches the wrong memory as on a real NIC; else
+         * assume iova = the buffer's address, as drc and Mooncake pass it. */
+        if (dmabuf_base(fd, &a))
+            a += offset;
+        else
+            a = iova;
         flags |= F_DMABUF;
         if (is_gpu(a)) {
             flags |= F_GPU;
