@@ -13,10 +13,11 @@ $B/e2e/e2e_engine: $(E2E_DEPS)
 # $(call e2e_wrapper,PROGRAM,ENVIRONMENT): a script that runs $B/e2e/PROGRAM with ENVIRONMENT,
 # where $$d is the script's folder ($B/e2e).
 e2e_wrapper = printf '\#!/bin/sh\nd=$$(cd "$$(dirname "$$0")" && pwd)\n%s exec "$$d/$1" "$$@"\n' '$2' > $@ && chmod +x $@
-E2E_LOOP := LD_LIBRARY_PATH="$$d/../loopnic$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"
-$B/e2e/run_api: $B/e2e/e2e_api $B/loopnic/libibverbs.so.1
+# loopnic in place of libibverbs.so.1, and its CUDA double as libcuda.so.1 (GPU memory without a GPU)
+E2E_LOOP := LD_LIBRARY_PATH="$$d/../loopnic:$$d/../loopnic/fakecuda$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"
+$B/e2e/run_api: $B/e2e/e2e_api $B/loopnic/libibverbs.so.1 $B/loopnic/fakecuda/libcuda.so.1
 	$(call e2e_wrapper,e2e_api,$(E2E_LOOP))
-$B/e2e/run_engine: $B/e2e/e2e_engine $B/loopnic/libibverbs.so.1 $B/libdrc_verbs.so
+$B/e2e/run_engine: $B/e2e/e2e_engine $B/loopnic/libibverbs.so.1 $B/loopnic/fakecuda/libcuda.so.1 $B/libdrc_verbs.so
 	$(call e2e_wrapper,e2e_engine,$(E2E_LOOP) LD_PRELOAD="$$d/../libdrc_verbs.so")
 E2E_TESTS := $B/e2e/run_api $B/e2e/run_engine
 .PHONY: test-e2e

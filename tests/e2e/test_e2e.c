@@ -622,6 +622,219 @@ static void test_failures_leak_nothing(void **state)
     munmap(mine, LEN);
 }
 
+/* ---- GPU memory, in one process (QPs to each other): the dmabuf path ---- */
+static struct {
+    int (*init)(unsigned);
+    int (*dev_get)(int *, int);
+    int (*retain)(void **, int);
+    int (*set_cur)(void *);
+    int (*alloc)(unsigned long long *, size_t);
+    int (*free_)(unsigned long long);
+    int (*memcpy_)(unsigned long long, unsigned long long, size_t);
+    int (*export_)(void *, unsigned long long, size_t, int, unsigned long long);
+} cu;
+
+/* The CUDA driver (the real one, or loopnic's double through LD_LIBRARY_PATH), a context current. */
+static int cuda_up(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *ctx;
+    int dev;
+
+    if (!h)
+        return 0;
+    *(void **)&cu.init = dlsym(h, "cuInit");
+    *(void **)&cu.dev_get = dlsym(h, "cuDeviceGet");
+    *(void **)&cu.retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+    *(void **)&cu.set_cur = dlsym(h, "cuCtxSetCurrent");
+    *(void **)&cu.alloc = dlsym(h, "cuMemAlloc_v2");
+    *(void **)&cu.free_ = dlsym(h, "cuMemFree_v2");
+    *(void **)&cu.memcpy_ = dlsym(h, "cuMemcpy");
+    *(void **)&cu.export_ = dlsym(h, "cuMemGetHandleForAddressRange");
+    return cu.init && cu.dev_get && cu.retain && cu.set_cur && cu.alloc && cu.free_ && cu.memcpy_ && cu.export_ &&
+           cu.init(0) == 0 && cu.dev_get(&dev, 0) == 0 && cu.retain(&ctx, dev) == 0 && cu.set_cur(ctx) == 0;
+}
+
+struct local { struct side a, b; unsigned char *src; int si; };   /* a writes into b's memory */
+
+static int setup_local(void **state)
+{
+    struct local *l = calloc(1, sizeof(*l));
+
+    if (!l || side_open(&l->a) || side_open(&l->b))
+        return -1;
+    l->a.peer = l->b.me;
+    l->b.peer = l->a.me;
+    if (side_connect(&l->a) || side_connect(&l->b) || !(l->src = map(16 * PAGE)) ||
+        (l->si = reg(&l->a, l->src, 16 * PAGE)) < 0)
+        return -1;
+    *state = l;
+    return 0;
+}
+
+static int teardown_local(void **state)
+{
+    struct local *l = *state;
+
+    side_close(&l->a);
+    side_close(&l->b);
+    munmap(l->src, 16 * PAGE);
+    free(l);
+    return 0;
+}
+
+#define NEED_GPU()                                                              \
+    do {                                                                        \
+        if (!cuda_up()) {                                                       \
+            fprintf(stderr, "skipped: no CUDA driver (libcuda.so.1)\n");        \
+            skip();                                                             \
+        }                                                                       \
+    } while (0)
+
+/* WRITE n bytes of pattern seed from a's source to b's dst through rkey; the status. */
+static int local_write(struct local *l, uint64_t dst, size_t n, uint32_t rkey, unsigned seed)
+{
+    fill(l->src, n, seed);
+    return post(&l->a, 1, l->src, l->a.reg[l->si].mr->lkey, n, dst, rkey);
+}
+
+/* Pages of GPU memory at d whose bytes differ from page pattern 100 + k (want[k] = -1), or from
+ * pattern want[k] at [off, off + n) of page k. */
+static int gpu_pages_as(uint64_t d, int np, const int *want, size_t off, size_t n)
+{
+    unsigned char *h = malloc((size_t)np * PAGE);
+    int bad = 0;
+
+    assert_non_null(h);
+    assert_int_equal(cu.memcpy_((uintptr_t)h, d, (size_t)np * PAGE), 0);
+    for (int k = 0; k < np; k++) {
+        unsigned char *p = h + (size_t)k * PAGE;
+        if (want[k] < 0)
+            bad += bad_bytes(p, PAGE, 100u + (unsigned)k) != 0;
+        else
+            bad += bad_bytes(p, off, 100u + (unsigned)k) != 0 || bad_bytes(p + off, n, (unsigned)want[k]) != 0;
+    }
+    free(h);
+    return bad;
+}
+
+static void gpu_background(uint64_t d, int np)
+{
+    unsigned char *h = malloc((size_t)np * PAGE);
+
+    assert_non_null(h);
+    for (int k = 0; k < np; k++)
+        fill(h + (size_t)k * PAGE, PAGE, 100u + (unsigned)k);
+    assert_int_equal(cu.memcpy_(d, (uintptr_t)h, (size_t)np * PAGE), 0);
+    free(h);
+}
+
+/* Coalesced and interior registrations of GPU memory (dmabuf: drc exports, the NIC registers
+ * the fd at iova = address with the offset drc computed): a WRITE into each sub-buffer lands
+ * there and nowhere else. UCX issue 11417 was a wrong offset that sent writes to neighbours. */
+static void test_coalesced_gpu_subbuffers(void **state)
+{
+    struct local *l = *state;
+    enum { NP = 8 };
+    unsigned long long d;
+    int want[NP], a, b, sub;
+
+    NEED_GPU();
+    assert_int_equal(cu.alloc(&d, 1 << 20), 0);
+    gpu_background(d, NP);
+    for (int k = 0; k < NP; k++)
+        want[k] = -1;
+    sub = reg(&l->b, (void *)(uintptr_t)(d + 5 * PAGE + 100), 1000);   /* the first: interior */
+    assert_true(sub >= 0);
+    assert_int_equal(local_write(l, d + 5 * PAGE + 100, 1000, l->b.reg[sub].mr->rkey, 300), IBV_WC_SUCCESS);
+    want[5] = 300;
+    assert_int_equal(gpu_pages_as(d, NP, want, 100, 1000), 0);
+    assert_int_equal(unreg(&l->b, sub), 0);
+    gpu_background(d, NP);
+    want[5] = -1;
+    a = reg(&l->b, (void *)(uintptr_t)d, 3 * PAGE);
+    b = reg(&l->b, (void *)(uintptr_t)(d + 2 * PAGE), 6 * PAGE);
+    assert_true(a >= 0 && b >= 0);
+    for (int k = 0; k < NP; k++) {
+        uint64_t page = d + (uint64_t)k * PAGE;
+        sub = reg(&l->b, (void *)(uintptr_t)(page + 100), 1000);
+        assert_true(sub >= 0);
+        assert_int_equal(l->b.reg[sub].mr->rkey, l->b.reg[b].mr->rkey);  /* the coalesced MR */
+        assert_int_equal(local_write(l, page + 100, 1000, l->b.reg[sub].mr->rkey, 400u + (unsigned)k), IBV_WC_SUCCESS);
+        want[k] = 400 + k;
+        assert_int_equal(gpu_pages_as(d, NP, want, 100, 1000), 0);
+        want[k] = -1;
+        gpu_background(d, NP);
+        assert_int_equal(unreg(&l->b, sub), 0);
+    }
+    assert_int_equal(unreg(&l->b, a), 0);
+    assert_int_equal(unreg(&l->b, b), 0);
+#ifdef E2E_API
+    assert_true(drc_notify_free((void *)(uintptr_t)d, 1 << 20) >= 1);
+#endif
+    assert_int_equal(cu.free_(d), 0);
+}
+
+/* The control: a dmabuf registration with a wrong offset (0 for an interior iova) sends the
+ * write to the start of the export, and the neighbour check sees it. */
+static void test_control_wrong_dmabuf_offset_is_caught(void **state)
+{
+    struct local *l = *state;
+    enum { NP = 8 };
+    unsigned long long d;
+    struct ibv_mr *mr;
+    int want[NP], fd = -1;
+
+    NEED_GPU();
+    assert_int_equal(cu.alloc(&d, 1 << 20), 0);
+    gpu_background(d, NP);
+    for (int k = 0; k < NP; k++)
+        want[k] = -1;
+    assert_int_equal(cu.export_(&fd, d, NP * PAGE, 1, 0), 0);
+    mr = ibv_reg_dmabuf_mr(l->b.pd, 0 /* should be 5 * PAGE */, PAGE, d + 5 * PAGE, fd, ACC);
+    assert_non_null(mr);
+    assert_int_equal(local_write(l, d + 5 * PAGE, PAGE, mr->rkey, 500), IBV_WC_SUCCESS);
+    want[5] = 500;
+    assert_true(gpu_pages_as(d, NP, want, 0, PAGE) > 0);   /* page 5 missed, page 0 overwritten */
+    assert_int_equal(ibv_dereg_mr(mr), 0);
+    close(fd);
+    assert_int_equal(cu.free_(d), 0);
+}
+
+/* A failed dmabuf registration: drc returns the error, closes its export, leaves no MR. */
+static void test_failed_dmabuf_registration_leaks_nothing(void **state)
+{
+    struct local *l = *state;
+    unsigned long long d;
+    loopnic_fail_fn *fail_dmabuf = (loopnic_fail_fn *)dlsym(RTLD_DEFAULT, "loopnic_fail_dmabuf_reg");
+    struct loopnic_counters c0;
+    int fds0, rc, i;
+
+    NEED_LOOPNIC();
+    NEED_GPU();
+    assert_non_null(fail_dmabuf);
+    assert_int_equal(cu.alloc(&d, 1 << 20), 0);
+    i = reg(&l->b, (void *)(uintptr_t)d, 4 * PAGE);   /* the first also probes the NIC's dmabuf support */
+    assert_true(i >= 0);
+    c0 = counters();
+    fds0 = count_fds();
+    fail_dmabuf(1, EIO);
+    rc = reg(&l->b, (void *)(uintptr_t)(d + 64 * PAGE), 4 * PAGE);
+    assert_int_equal(rc, -EIO);
+    assert_int_equal(counters().live_mrs, c0.live_mrs);
+    assert_int_equal(counters().dmabuf_regs, c0.dmabuf_regs);
+    assert_int_equal(count_fds(), fds0);
+    assert_int_equal(unreg(&l->b, i), 0);
+    i = reg(&l->b, (void *)(uintptr_t)(d + 64 * PAGE), 4 * PAGE);   /* the next one works */
+    assert_true(i >= 0);
+    assert_int_equal(counters().dmabuf_regs, c0.dmabuf_regs + 1);
+    assert_int_equal(local_write(l, d + 64 * PAGE, 4 * PAGE, l->b.reg[i].mr->rkey, 600), IBV_WC_SUCCESS);
+    assert_int_equal(unreg(&l->b, i), 0);
+#ifdef E2E_API
+    assert_true(drc_notify_free((void *)(uintptr_t)d, 1 << 20) >= 1);
+#endif
+    assert_int_equal(cu.free_(d), 0);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -630,6 +843,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_hazard_control_without_invalidation, setup_control, teardown),
         cmocka_unit_test_setup_teardown(test_coalesced_host_subbuffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failures_leak_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_coalesced_gpu_subbuffers, setup_local, teardown_local),
+        cmocka_unit_test_setup_teardown(test_control_wrong_dmabuf_offset_is_caught, setup_local, teardown_local),
+        cmocka_unit_test_setup_teardown(test_failed_dmabuf_registration_leaks_nothing, setup_local, teardown_local),
     };
     char reg_path[64];
     int n = 0, rc;
