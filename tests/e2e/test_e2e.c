@@ -16,7 +16,8 @@
  * drc_notify_free; e2e_engine: DRC_PRELOAD=verbs, the interposer without its unmap hooks); the
  * transfer after the remap must then not land in the new memory, and loopnic counts a stale use.
  *
- * Environment: E2E_DEVICE (device name, default the first), E2E_GID_INDEX (default 0).
+ * Environment: E2E_DEVICE (device name, default the first), E2E_GID_INDEX (default 0),
+ * E2E_REQUIRE_HW (refuse to run on loopnic). --probe: exit 0 if libibverbs sees a device, 77 if not.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -856,6 +857,10 @@ int main(int argc, char **argv)
     ln_fail_wr = (loopnic_fail_fn *)dlsym(RTLD_DEFAULT, "loopnic_fail_wr");
     if (argc == 4 && !strcmp(argv[1], "--target"))
         return run_target(atoi(argv[2]), !strcmp(argv[3], "control"));
+    if (ln_counters && getenv("E2E_REQUIRE_HW")) {
+        fprintf(stderr, "e2e: libibverbs.so.1 is the loopback provider (LD_LIBRARY_PATH?), not the real one\n");
+        return 1;
+    }
     /* loopnic: a shared table, so that the target's rkeys and QP numbers resolve here */
     if (ln_counters && !getenv("LOOPNIC_REGISTRY")) {
         snprintf(reg_path, sizeof(reg_path), "/dev/shm/drc-e2e-%d", (int)getpid());
@@ -869,6 +874,10 @@ int main(int argc, char **argv)
         return 77;
     }
     ibv_free_device_list(devs);
+    if (argc == 2 && !strcmp(argv[1], "--probe")) {   /* test_hw.sh: is there a device? */
+        printf("e2e: %d RDMA device(s)\n", n);
+        return 0;
+    }
 #ifdef E2E_API
     rc = cmocka_run_group_tests_name("e2e_api", tests, NULL, NULL);
 #else
