@@ -172,7 +172,7 @@ test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
 	  else echo "!! $$f failed on its corpus"; echo "$$f 0 1" >> $B/test-results/fuzz-replay; fi; \
 	done
 test: test-fuzz-replay
-include tests/loopnic/loopnic.mk tests/e2e/e2e.mk
+include tests/loopnic/loopnic.mk tests/e2e/e2e.mk src/tools/demo.mk
 
 # ---- the ABI: exported names = version script = DRC_API declarations (tests/abi/check_exports.sh) ----
 # Each library with its version script and the headers that declare its names. A failure says
