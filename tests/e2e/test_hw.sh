@@ -1,5 +1,5 @@
 #!/bin/sh
-# make test-hw: the end-to-end suite (tests/e2e/test_e2e.c) on this machine's real RDMA NIC and GPU,
+# make test-hw: the end-to-end suite (tests/e2e/e2e.c) on this machine's real RDMA NIC and GPU,
 # through the system's libibverbs and libcuda (no loopback provider), then `drc doctor`.
 # Usage: tests/e2e/test_hw.sh BUILD_DIR. Exit 0: all passed; 77: no RDMA device here (skipped);
 # otherwise the number of failed programs. E2E_DEVICE / E2E_GID_INDEX pick the NIC port's GID
