@@ -274,21 +274,21 @@ $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/l
 # ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
 # DOUBLES (no NIC, no GPU in CI): a recording libibverbs.so.1 and a libcuda.so.1 that exports
 # dmabufs, both found by the test through LD_LIBRARY_PATH; and the program run under the preload.
-$B/engine/libibverbs.so.1: tests/engine/ibverbs_double.c tests/engine/ibverbs_double.h tests/engine/ibverbs_double.map
+$B/engine/libibverbs.so.1: tests/engine/ibverbs_double.c tests/loopnic/loopnic_record.h tests/engine/ibverbs_double.map
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libibverbs.so.1 \
+	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libibverbs.so.1 \
 	  -Wl,--version-script=tests/engine/ibverbs_double.map -o $@ $< -lpthread
 $B/engine/fakecuda/libcuda.so.1: tests/engine/fake_libcuda.c tests/engine/fake_libcuda.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
-$B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.h tests/engine/fake_libcuda.h \
+	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+$B/engine/engine_child: tests/engine/engine_child.c tests/loopnic/loopnic_record.h tests/engine/fake_libcuda.h \
                         $B/engine/libibverbs.so.1
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
+	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
 # tent_child links no libibverbs: it dlopens it RTLD_LOCAL and dlsyms every call, as TENT and NCCL do.
-$B/engine/tent_child: tests/engine/tent_child.c tests/engine/ibverbs_double.h
+$B/engine/tent_child: tests/engine/tent_child.c tests/loopnic/loopnic_record.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -ldl
+	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
   $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1
 # ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).

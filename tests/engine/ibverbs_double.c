@@ -1,5 +1,5 @@
 /* The recording libibverbs DOUBLE: see ibverbs_double.h. */
-#include "ibverbs_double.h"
+#include "loopnic_record.h"
 
 #include <errno.h>
 #include <fcntl.h>

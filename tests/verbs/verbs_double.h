@@ -14,7 +14,7 @@
 #include <stdio.h>
 
 #include "buildpath.h"
-#include "engine/ibverbs_double.h"
+#include "loopnic/loopnic_record.h"
 #include "verbs/ops.h"
 
 static struct {
