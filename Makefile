@@ -269,11 +269,12 @@ $B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/v
 	ln -sf ../../libdrc.so $(@D)/libdrc.so.0
 	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/verbs_standin.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
 $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child \
-  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/engine/libibverbs.so.1
+  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so
 
 # ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
-# DOUBLES (no NIC, no GPU in CI): a recording libibverbs.so.1 and a libcuda.so.1 that exports
-# dmabufs, both found by the test through LD_LIBRARY_PATH; and the program run under the preload.
+# DOUBLES (no NIC, no GPU in CI): libibverbs.so.1 is the loopback provider with its record
+# ($B/loopnic, tests/loopnic/loopnic.mk), libcuda.so.1 a double that exports dmabufs, both found by
+# the test through LD_LIBRARY_PATH; and the programs run under the preload.
 $B/engine/libibverbs.so.1: tests/engine/ibverbs_double.c tests/loopnic/loopnic_record.h tests/engine/ibverbs_double.map
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libibverbs.so.1 \
@@ -282,15 +283,15 @@ $B/engine/fakecuda/libcuda.so.1: tests/engine/fake_libcuda.c tests/engine/fake_l
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 $B/engine/engine_child: tests/engine/engine_child.c tests/loopnic/loopnic_record.h tests/engine/fake_libcuda.h \
-                        $B/engine/libibverbs.so.1
+                        $B/loopnic/libibverbs.so.1
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
+	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -L$B/loopnic -l:libibverbs.so.1 -ljemalloc -ldl
 # tent_child links no libibverbs: it dlopens it RTLD_LOCAL and dlsyms every call, as TENT and NCCL do.
 $B/engine/tent_child: tests/engine/tent_child.c tests/loopnic/loopnic_record.h
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
-  $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1
+  $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1
 # ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).
 preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/verbs_preload.o
 $B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o
@@ -299,8 +300,8 @@ $B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
 $(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/engine/libibverbs.so.1
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=free
-bench_engine_LDFLAGS :=
-$B/bench/bench_engine: $B/engine/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
+bench_engine_LDFLAGS := -libverbs
+$B/bench/bench_engine: $B/loopnic/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
 
 # ---- the demo and the doctor -----------------------------------------------
 demo: $B/drc

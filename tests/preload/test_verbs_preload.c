@@ -6,8 +6,8 @@
  * There is no NIC and no GPU in CI. The program (tests/engine/engine_child.c)
  * runs as a child process, without sanitizers (this binary may be an ASan
  * build, and ASan does not mix with preloading), against two DOUBLES found
- * through LD_LIBRARY_PATH: build/engine/libibverbs.so.1, a recording
- * libibverbs (tests/engine/ibverbs_double.c), and build/engine/fakecuda/
+ * through LD_LIBRARY_PATH: build/loopnic/libibverbs.so.1, the loopback
+ * provider with its record (tests/loopnic/loopnic_record.h), and build/engine/fakecuda/
  * libcuda.so.1, a CUDA driver whose device memory is reserved address space
  * and whose dmabufs are memfds (tests/engine/fake_libcuda.c). The child
  * checks, from the double's record, what the engine and the NIC would see,
@@ -78,7 +78,7 @@ static void run_child(const char *scenario, int preload, const char *extra, stru
     /* tent_dlopen is a program of its own: it must not link libibverbs */
     snprintf(child, sizeof(child), "%s/engine/%s", build, strcmp(scenario, "tent_dlopen") ? "engine_child" : "tent_child");
     snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/libdrc_verbs.so", build);
-    snprintf(lib, sizeof(lib), "LD_LIBRARY_PATH=%s/engine:%s/engine/fakecuda", build, build);
+    snprintf(lib, sizeof(lib), "LD_LIBRARY_PATH=%s/loopnic:%s/engine/fakecuda", build, build);
     envp[e++] = "PATH=/usr/bin:/bin";
     envp[e++] = lib;
     if (preload)
