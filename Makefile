@@ -296,8 +296,8 @@ $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B
 preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/verbs_preload.o
 $B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o
 $B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
-# The in-process verbs tests dlopen the same recording double and install it as drc's verbs ops table.
-$(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/engine/libibverbs.so.1
+# The in-process verbs tests dlopen the same provider and install it as drc's verbs ops table.
+$(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/loopnic/libibverbs.so.1
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=free
 bench_engine_LDFLAGS := -libverbs

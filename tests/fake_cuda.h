@@ -5,7 +5,7 @@
  * memory, VMM chunks, pinned host, managed) at made-up addresses, answers the
  * driver calls drc makes about them, records each call (its arguments and the
  * context current on the calling thread at that moment), hands out real fds
- * (of /dev/null) as dmabufs so that a test can see them closed, and fails on
+ * (memfds of the export's size) as dmabufs so that a test can see them closed, and fails on
  * request. Not thread-safe: the tests that use it are single-threaded.
  */
 #ifndef DRC_TEST_FAKE_CUDA_H
@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cuda/cuda.h"
@@ -130,7 +131,10 @@ static int fc_export_fn(void *handle, unsigned long long ptr, size_t size, int t
         return DRC__CUDA_ERROR_NOT_SUPPORTED;
     if (fc.export_rc)
         return fc.export_rc;
-    e->fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    /* a memfd of the export's size, as large as the dmabuf would be (a NIC checks offset + length) */
+    e->fd = memfd_create("fake-dmabuf", MFD_CLOEXEC);
+    if (e->fd < 0 || ftruncate(e->fd, (off_t)size) != 0)
+        return DRC__CUDA_ERROR_OUT_OF_MEMORY;
     *(int *)handle = e->fd;
     return 0;
 }

@@ -399,10 +399,19 @@ static int cuda_loaded(void)
     return cu.attr != NULL;
 }
 
+/* Ranges a CUDA double that is no libcuda.so.1 (drc's fake driver table in an in-process test)
+ * declared device memory: loopnic_add_device_memory. Written before the registrations that use them. */
+enum { MAX_DEVMEM = 16 };
+static struct { uint64_t start, len; } g_devmem[MAX_DEVMEM];
+static _Atomic int g_ndevmem;
+
 static int is_gpu(uint64_t addr)
 {
     unsigned int mt = 0;
 
+    for (int i = 0; i < atomic_load(&g_ndevmem); i++)
+        if (addr - g_devmem[i].start < g_devmem[i].len)
+            return 1;
     if (!cuda_loaded())
         return 0;
     return cu.attr(&mt, CU_ATTR_MEMORY_TYPE, addr) == 0 && mt == CU_MEMTYPE_DEVICE;
@@ -2415,4 +2424,20 @@ API unsigned long long ibvd_reg_bytes(void)
     n = g_reg_bytes;
     unlock();
     return n;
+}
+
+API int loopnic_add_device_memory(uint64_t start, uint64_t len)
+{
+    int n = atomic_load(&g_ndevmem);
+
+    if (len == 0) {          /* forget them all */
+        atomic_store(&g_ndevmem, 0);
+        return 0;
+    }
+    if (n == MAX_DEVMEM)
+        return ENOMEM;
+    g_devmem[n].start = start;
+    g_devmem[n].len = len;
+    atomic_store(&g_ndevmem, n + 1);
+    return 0;
 }
