@@ -275,10 +275,6 @@ $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/l
 # DOUBLES (no NIC, no GPU in CI): libibverbs.so.1 is the loopback provider with its record
 # ($B/loopnic, tests/loopnic/loopnic.mk), libcuda.so.1 a double that exports dmabufs, both found by
 # the test through LD_LIBRARY_PATH; and the programs run under the preload.
-$B/engine/libibverbs.so.1: tests/engine/ibverbs_double.c tests/loopnic/loopnic_record.h tests/engine/ibverbs_double.map
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libibverbs.so.1 \
-	  -Wl,--version-script=tests/engine/ibverbs_double.map -o $@ $< -lpthread
 $B/engine/fakecuda/libcuda.so.1: tests/engine/fake_libcuda.c tests/engine/fake_libcuda.h
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
