@@ -633,12 +633,13 @@ static struct {
     int (*free_)(unsigned long long);
     int (*memcpy_)(unsigned long long, unsigned long long, size_t);
     int (*export_)(void *, unsigned long long, size_t, int, unsigned long long);
+    void *h;
 } cu;
 
 /* The CUDA driver (the real one, or loopnic's double through LD_LIBRARY_PATH), a context current. */
 static int cuda_up(void)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *ctx;
+    void *h = cu.h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *ctx;
     int dev;
 
     if (!h)
@@ -786,6 +787,12 @@ static void test_control_wrong_dmabuf_offset_is_caught(void **state)
     int want[NP], fd = -1;
 
     NEED_GPU();
+    if (ln_counters && !dlsym(cu.h, "fakecu_dmabuf_base")) {
+        /* loopnic with the real driver takes a dmabuf's memory to be at iova: only a NIC (or the
+         * CUDA double) moves the bytes the offset names */
+        fprintf(stderr, "skipped: loopnic cannot see dmabuf offsets with the real CUDA driver\n");
+        skip();
+    }
     assert_int_equal(cu.alloc(&d, 1 << 20), 0);
     gpu_background(d, NP);
     for (int k = 0; k < NP; k++)
