@@ -172,7 +172,7 @@ test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
 	  else echo "!! $$f failed on its corpus"; echo "$$f 0 1" >> $B/test-results/fuzz-replay; fi; \
 	done
 test: test-fuzz-replay
-include tests/loopnic/loopnic.mk
+include tests/loopnic/loopnic.mk tests/e2e/e2e.mk src/tools/demo.mk
 
 # ---- the ABI: exported names = version script = DRC_API declarations (tests/abi/check_exports.sh) ----
 # Each library with its version script and the headers that declare its names. A failure says
@@ -286,32 +286,29 @@ $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/l
   $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/fakecuda/libcupti.so
 
 # ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
-# DOUBLES (no NIC, no GPU in CI): a recording libibverbs.so.1 and a libcuda.so.1 that exports
-# dmabufs, both found by the test through LD_LIBRARY_PATH; and the program run under the preload.
-$B/engine/libibverbs.so.1: tests/engine/ibverbs_double.c tests/engine/ibverbs_double.h tests/engine/ibverbs_double.map
+# DOUBLES (no NIC, no GPU in CI): libibverbs.so.1 is the loopback provider with its record
+# ($B/loopnic, tests/loopnic/loopnic.mk), libcuda.so.1 the one CUDA double (tests/doubles), both found by
+# the test through LD_LIBRARY_PATH; and the programs run under the preload.
+$B/engine/engine_child: tests/engine/engine_child.c tests/loopnic/loopnic_record.h tests/doubles/fake_libcuda.h \
+                        $B/loopnic/libibverbs.so.1
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libibverbs.so.1 \
-	  -Wl,--version-script=tests/engine/ibverbs_double.map -o $@ $< -lpthread
-$B/engine/engine_child: tests/engine/engine_child.c tests/engine/ibverbs_double.h \
-                        $B/engine/libibverbs.so.1
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -L$B/engine -l:libibverbs.so.1 -ljemalloc -ldl
+	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -L$B/loopnic -l:libibverbs.so.1 -ljemalloc -ldl
 # tent_child links no libibverbs: it dlopens it RTLD_LOCAL and dlsyms every call, as TENT and NCCL do.
-$B/engine/tent_child: tests/engine/tent_child.c tests/engine/ibverbs_double.h
+$B/engine/tent_child: tests/engine/tent_child.c tests/loopnic/loopnic_record.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -O1 -g $(WARN) -o $@ $< -ldl
+	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
-  $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1
+  $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1
 # ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).
 preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/verbs_preload.o
 $B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o
 $B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
-# The in-process verbs tests dlopen the same recording double and install it as drc's verbs ops table.
-$(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/engine/libibverbs.so.1
+# The in-process verbs tests dlopen the same provider and install it as drc's verbs ops table.
+$(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/loopnic/libibverbs.so.1
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=free
 bench_engine_LDFLAGS := -libverbs
-$B/bench/bench_engine: $B/engine/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
+$B/bench/bench_engine: $B/loopnic/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
 
 # ---- the demo and the doctor -----------------------------------------------
 demo: $B/drc

@@ -20,9 +20,9 @@
  * the wall time. `bench_engine host` uses host memory even where CUDA works.
  *
  * Where there is no RDMA device the program runs itself again over the
- * recording libibverbs DOUBLE (build/engine/libibverbs.so.1) and, without a
- * GPU, the libcuda DOUBLE: then the times are drc's own cost plus the
- * doubles' (no NIC pins anything), and "without drc" shows the count only —
+ * loopback provider, the one libibverbs DOUBLE (build/loopnic/libibverbs.so.1)
+ * and, without a GPU, the libcuda DOUBLE: then the times are drc's own cost plus
+ * the doubles' (no NIC pins anything), and "without drc" shows the count only —
  * a real NIC would refuse ibv_reg_mr on GPU memory without nvidia-peermem.
  */
 #include <dlfcn.h>
@@ -78,10 +78,10 @@ static void reexec_over_doubles(char **argv)
     if (cuda && init && init(0) == 0)
         snprintf(path, sizeof(path), "%s/../engine", exe);
     else
-        snprintf(path, sizeof(path), "%s/../engine:%s/../engine/fakecuda", exe, exe);
+        snprintf(path, sizeof(path), "%s/../loopnic:%s/../engine/fakecuda", exe, exe);
     setenv("LD_LIBRARY_PATH", path, 1);
     setenv("DRC_BENCH_DOUBLES", "1", 1);
-    printf("no RDMA device: running over the recording libibverbs double%s\n",
+    printf("no RDMA device: running over the loopback libibverbs double%s\n",
            strstr(path, "fakecuda") ? " and the libcuda double" : "");
     fflush(stdout);
     execv("/proc/self/exe", argv);
@@ -219,7 +219,7 @@ int main(int argc, char **argv)
     }
     layout();
     printf("device %s%s; 1 GiB %s buffer, %d sub-buffers of 4-200 KiB\n", ibv_get_device_name(list[0]),
-           double_count ? " (recording double: no NIC work is timed)" : "",
+           double_count ? " (loopnic double: no NIC work is timed)" : "",
            gpu == 1 ? "GPU" : gpu == 2 ? "GPU (libcuda double)" : "host", NSUB);
     printf("%-18s %-12s %9s %10s %11s %10s %16s\n", "round", "", "NIC MRs", "NIC GiB", "MRs at end", "ms",
            "us/registration");
@@ -239,7 +239,7 @@ int main(int argc, char **argv)
         }
     }
     if (!double_count)
-        printf("(NIC MR counts need the recording double; on a real NIC see DRC_LOG=info with libdrc_verbs.so)\n");
+        printf("(NIC MR counts need the loopback provider's record; on a real NIC see DRC_LOG=info with libdrc_verbs.so)\n");
     ibv_dealloc_pd(pd);
     ibv_close_device(ctx);
     ibv_free_device_list(list);

@@ -32,7 +32,7 @@ static int rec_reg(void *ctx, const struct drc_reg_args *a, void **h, uint32_t *
     struct rec *r = ctx;
 
     if (a->dmabuf_fd >= 0)
-        close(a->dmabuf_fd);    /* the fake's /dev/null: the cache closes its own copy */
+        close(a->dmabuf_fd);    /* the fake's memfd: the cache closes its own copy */
     *h = (void *)(uintptr_t)++r->regs;
     *lkey = *rkey = 1;
     return 0;

@@ -1,11 +1,11 @@
 /*
  * The program test_verbs_preload runs with build/libdrc_verbs.so preloaded
- * over the recording libibverbs DOUBLE (build/engine/libibverbs.so.1), and
+ * over the one libibverbs DOUBLE, the loopback provider (build/loopnic/libibverbs.so.1), and
  * with CUDA from the libcuda DOUBLE in CI or the real driver on a GPU
  * machine (the same program, the same checks). It registers the way a
  * transfer engine does — ibv_reg_mr on GPU and host buffers, ibv_dereg_mr
  * when done — and checks what the engine and the NIC would see, by reading
- * the double's record of calls. argv[1] names the scenario; exit 0 and a
+ * the provider's record of calls (tests/loopnic/loopnic_record.h). argv[1] names the scenario; exit 0 and a
  * last line "ok <scenario>" when every check held, else 1 after a line
  * "FAIL <line>: <what>".
  */
@@ -20,7 +20,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "ibverbs_double.h"
+#include "loopnic_record.h"
 
 #define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 #define MiB (1ull << 20)
@@ -84,7 +84,7 @@ static struct ibv_pd *open_pd(void)
     struct ibv_pd *pd;
 
     CHECK(list && list[0], "no RDMA device (is the double on LD_LIBRARY_PATH?)");
-    CHECK(!strcmp(ibv_get_device_name(list[0]), "drc_double0"), "not the double: %s", ibv_get_device_name(list[0]));
+    CHECK(!strcmp(ibv_get_device_name(list[0]), "loop0"), "not loopnic: %s", ibv_get_device_name(list[0]));
     ctx = ibv_open_device(list[0]);
     ibv_free_device_list(list);
     CHECK(ctx, "ibv_open_device");

@@ -3,8 +3,8 @@
  * does not link libibverbs. It opens it with dlopen(RTLD_LOCAL) and takes every
  * verbs call it makes by dlsym from that handle, so libibverbs is never in the
  * global scope and RTLD_NEXT from the preload cannot see it. test_verbs_preload
- * runs it with build/libdrc_verbs.so preloaded over the recording double
- * (build/engine/libibverbs.so.1, found through LD_LIBRARY_PATH), and without
+ * runs it with build/libdrc_verbs.so preloaded over the loopback provider
+ * (build/loopnic/libibverbs.so.1, found through LD_LIBRARY_PATH), and without
  * it as a control.
  *
  * ibv_reg_mr from the handle is libibverbs's own, which reaches the preload's
@@ -23,7 +23,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "ibverbs_double.h"
+#include "loopnic_record.h"
 
 #define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 #define MiB (1ull << 20)

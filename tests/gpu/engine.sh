@@ -1,6 +1,6 @@
 #!/bin/sh
 # The GPU tests of issue 5: the ibv_reg_mr interposer (build/libdrc_verbs.so) on real GPU memory,
-# over the recording libibverbs DOUBLE (there is no RDMA NIC on the GPU machine), and the
+# over the loopback provider, the one libibverbs DOUBLE (there is no RDMA NIC on the GPU machine), and the
 # consumer-shaped benchmark. Usage: tests/gpu/engine.sh [BUILD_DIR]
 # Builds with the top Makefile; jemalloc and uthash come from .deps/ when the machine lacks them.
 cd "$(dirname "$0")/../.." || exit 1
@@ -9,11 +9,13 @@ D=$(pwd)/.deps
 [ -d "$D" ] && export C_INCLUDE_PATH="$D/include" LIBRARY_PATH="$D/lib"
 echo "== drc engine GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n)"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/== GPU: /'
-T="$B/libdrc_verbs.so $B/engine/engine_child $B/engine/tent_child $B/engine/libibverbs.so.1 $B/bench/bench_engine"
+T="$B/libdrc_verbs.so $B/engine/engine_child $B/engine/tent_child $B/loopnic/libibverbs.so.1 $B/bench/bench_engine"
 make -s B="$B" $T >/dev/null 2>&1 || { echo "== build with -Werror FAILED: building with warnings off";
     make -s B="$B" WARN=-w $T; } || { echo "== build FAILED"; exit 1; }
 # the double and jemalloc on the library path; libcuda is the real driver
-L=${DRC_ENGINE_LIBPATH:-"$B/engine${D:+:$D/lib}"}
+L=${DRC_ENGINE_LIBPATH:-"$B/loopnic${D:+:$D/lib}"}
+# ibv_reg_mr on GPU memory: accepted, as the recording double did (the scenarios test drc, not peermem)
+export LOOPNIC_PEERMEM=1
 P="$B/libdrc_verbs.so"
 C="$B/engine/engine_child"
 fail=0

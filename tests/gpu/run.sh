@@ -22,6 +22,8 @@ done
 sh ./engine.sh "$B" || fail=$((fail + 1))
 # issue 4: the hooks (wrappers, LD_PRELOAD with static and shared cudart, CUPTI, PyTorch pool)
 sh ./hooks.sh "$B" || fail=$((fail + 1))
+# issue 10: end to end on cudaMalloc, cudaMallocAsync and VMM memory, bytes moved by loopnic
+sh ./e2e.sh "$B" || fail=$((fail + 1))
 echo "== drc doctor"
 "$B/gpu/drc" doctor
 echo "== summary: $(echo $progs | wc -w) programs, $fail failed"

@@ -5,11 +5,17 @@
  * provider copied into it; cuPointerGetAttribute says it is device memory. Each allocation takes
  * one 2 MiB slot, the first free one, so freeing and allocating again gives the same address
  * with a new buffer id, as the real driver does. Just what loopnic calls (cuPointerGetAttribute
- * MEMORY_TYPE / BUFFER_ID / CONTEXT, cuMemcpy, contexts) and cuMemAlloc_v2 / cuMemFree_v2. */
+ * MEMORY_TYPE / BUFFER_ID / CONTEXT, cuMemcpy, contexts) and cuMemAlloc_v2 / cuMemFree_v2, and what
+ * drc's CUDA layer needs to export a dmabuf (the end-to-end suite, tests/e2e): one device,
+ * cuPointerGetAttributes, cuMemGetAddressRange_v2 (the 2 MiB slot), cuMemGetHandleForAddressRange
+ * (a memfd of the range's size), and fakecu_dmabuf_base(), a test-only function with which loopnic
+ * finds the memory behind such an fd, so that a wrong dmabuf offset moves the wrong bytes. */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define API __attribute__((visibility("default")))
 enum { SLOTS = 16, SLOT = 2 << 20 };
@@ -91,6 +97,126 @@ API int cuPointerGetAttribute(void *data, int attr, unsigned long long ptr)
         else
             rc = INVALID_VALUE;
     }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* ---- what drc's CUDA layer needs to export a dmabuf ---- */
+enum { MAX_EXPORTS = 256 };
+static struct { unsigned long long dev, ino, base; } exported[MAX_EXPORTS];
+static unsigned nexported;
+
+API int cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+API int cuDeviceGetCount(int *n) { *n = 1; return OK; }
+API int cuDeviceGet(int *dev, int ordinal) { *dev = 0; return ordinal == 0 ? OK : 101; }
+API int cuDevicePrimaryCtxRetain(void **ctx, int dev) { *ctx = &fake_ctx; return dev == 0 ? OK : 101; }
+API int cuDevicePrimaryCtxRelease_v2(int dev) { return dev == 0 ? OK : 101; }
+API int cuCtxSetCurrent(void *ctx) { (void)ctx; return OK; }
+
+API int cuDeviceGetName(char *name, int len, int dev)
+{
+    (void)dev;
+    if (len > 0) {
+        strncpy(name, "fake GPU (loopnic's CUDA double)", (size_t)len);
+        name[len - 1] = 0;
+    }
+    return OK;
+}
+
+/* DMA_BUF_SUPPORTED (124) and GPU_DIRECT_RDMA_SUPPORTED (116) */
+API int cuDeviceGetAttribute(int *value, int attr, int dev)
+{
+    *value = attr == 124 || attr == 116;
+    return dev == 0 ? OK : 101;
+}
+
+API int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned long long ptr)
+{
+    int s, rc = 500; /* NOT_FOUND */
+
+    pthread_mutex_lock(&lock);
+    s = slot_of(ptr);
+    if (s >= 0 && ids[s]) {
+        if (base)
+            *base = (uintptr_t)(arena + (size_t)s * SLOT);
+        if (size)
+            *size = SLOT;
+        rc = OK;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* CONTEXT 1, MEMORY_TYPE 2, BUFFER_ID 7, IS_MANAGED 8, DEVICE_ORDINAL 9, GPU_DIRECT_RDMA 15: zeros
+ * and success for memory that is not ours, as the driver does */
+API int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, unsigned long long ptr)
+{
+    int s, dev;
+    unsigned long long id;
+
+    pthread_mutex_lock(&lock);
+    s = slot_of(ptr);
+    dev = s >= 0 && ids[s];
+    id = dev ? ids[s] : 0;
+    pthread_mutex_unlock(&lock);
+    for (unsigned i = 0; i < n; i++)
+        switch (attrs[i]) {
+        case 1: *(void **)data[i] = dev ? &fake_ctx : NULL; break;
+        case 2: *(unsigned *)data[i] = dev ? 2u : 0u; break;
+        case 7: *(unsigned long long *)data[i] = id; break;
+        case 8: *(unsigned *)data[i] = 0; break;
+        case 9: *(int *)data[i] = dev ? 0 : -2; break;
+        case 15: *(unsigned *)data[i] = (unsigned)dev; break;
+        default: return INVALID_VALUE;
+        }
+    return OK;
+}
+
+/* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1; host-page alignment required, flags refused */
+API int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t size, int type,
+                                      unsigned long long flags)
+{
+    unsigned long long page = (unsigned long long)sysconf(_SC_PAGESIZE), base;
+    size_t len;
+    struct stat st;
+    int fd;
+
+    if (type != 1 || !size || (ptr & (page - 1)) || (size & (page - 1)))
+        return INVALID_VALUE;
+    if (flags)
+        return 801; /* NOT_SUPPORTED */
+    if (cuMemGetAddressRange_v2(&base, &len, ptr) != OK || ptr + size > base + len)
+        return INVALID_VALUE;
+    fd = memfd_create("fake-dmabuf", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&lock);
+    exported[nexported % MAX_EXPORTS].dev = st.st_dev;
+    exported[nexported % MAX_EXPORTS].ino = st.st_ino;
+    exported[nexported % MAX_EXPORTS].base = ptr;
+    nexported++;
+    pthread_mutex_unlock(&lock);
+    *(int *)handle = fd;
+    return OK;
+}
+
+/* Test-only: the address of byte 0 of dmabuf fd (an export of this double). 0 or -1. */
+API int fakecu_dmabuf_base(int fd, unsigned long long *base)
+{
+    struct stat st;
+    int rc = -1;
+
+    if (fstat(fd, &st) != 0)
+        return -1;
+    pthread_mutex_lock(&lock);
+    for (unsigned i = 0; i < nexported && i < MAX_EXPORTS; i++)
+        if (exported[i].dev == st.st_dev && exported[i].ino == st.st_ino) {
+            *base = exported[i].base;
+            rc = 0;
+        }
     pthread_mutex_unlock(&lock);
     return rc;
 }

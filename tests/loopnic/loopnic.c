@@ -18,6 +18,7 @@
 #undef ibv_query_port
 
 #include "loopnic.h"
+#include "loopnic_record.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -147,6 +148,25 @@ static long g_page = 4096;
 struct pfns { uint64_t *pfn; uint64_t first_page, npages; };
 static struct pfns g_pfns[NMR];
 static int g_pagemap_fd = -1;
+
+/* ---- the record (loopnic_record.h): what the exact-argument tests read. Under g_lock. ---- */
+enum { MAX_CALLS = 1 << 16 };
+static struct ibvd_call g_calls[MAX_CALLS];
+static size_t g_ncalls;
+static size_t g_opcount[IBVD_NOPS];  /* per op, not capped like the record */
+static unsigned long long g_reg_bytes;
+static int g_fail_next, g_probe_errno = EBADF, g_dereg_ret, g_query_ret;
+static unsigned long long g_query_max;
+static _Atomic uintptr_t g_probe_addr;
+
+static void rec(const struct ibvd_call *c)
+{
+    g_opcount[c->op]++;
+    if (c->op == IBVD_REG_VA || c->op == IBVD_REG_DMABUF)
+        g_reg_bytes += c->len;
+    if (g_ncalls < MAX_CALLS)
+        g_calls[g_ncalls++] = *c;
+}
 
 static void lock(void)
 {
@@ -379,10 +399,19 @@ static int cuda_loaded(void)
     return cu.attr != NULL;
 }
 
+/* Ranges a CUDA double that is no libcuda.so.1 (drc's fake driver table in an in-process test)
+ * declared device memory: loopnic_add_device_memory. Written before the registrations that use them. */
+enum { MAX_DEVMEM = 16 };
+static struct { uint64_t start, len; } g_devmem[MAX_DEVMEM];
+static _Atomic int g_ndevmem;
+
 static int is_gpu(uint64_t addr)
 {
     unsigned int mt = 0;
 
+    for (int i = 0; i < atomic_load(&g_ndevmem); i++)
+        if (addr - g_devmem[i].start < g_devmem[i].len)
+            return 1;
     if (!cuda_loaded())
         return 0;
     return cu.attr(&mt, CU_ATTR_MEMORY_TYPE, addr) == 0 && mt == CU_MEMTYPE_DEVICE;
@@ -396,6 +425,20 @@ static int gpu_buffer_id(uint64_t addr, uint64_t *id)
         return -1;
     *id = v;
     return 0;
+}
+
+/* A CUDA double's answer to "where is the memory behind dmabuf fd": 1 and *base, or 0 (the real
+ * driver has no such function). */
+static int dmabuf_base(int fd, uint64_t *base)
+{
+    typedef int base_fn(int fd, unsigned long long *base);
+    base_fn *f;
+    unsigned long long b;
+
+    if (!cuda_loaded() || !(f = (base_fn *)dlsym(cu.h, "fakecu_dmabuf_base")) || f(fd, &b) != 0)
+        return 0;
+    *base = b;
+    return 1;
 }
 
 /* Copy n bytes between two addresses of this process, one of them GPU memory. */
@@ -825,13 +868,22 @@ API int ibv_close_device(struct ibv_context *ctx)
 
 API int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
 {
-    int i = LCTX(ctx)->dev;
+    struct ibvd_call c = { .op = IBVD_QUERY, .ctx = ctx, .fd = -1 };
+    int i = LCTX(ctx)->dev, ret;
+    unsigned long long max;
 
+    lock();
+    ret = c.ret = g_query_ret;
+    max = g_query_max;
+    rec(&c);
+    unlock();
+    if (ret)
+        return ret;
     memset(a, 0, sizeof(*a));
     snprintf(a->fw_ver, sizeof(a->fw_ver), "loopnic-1");
     a->node_guid = htobe64(dev_guid(i));
     a->sys_image_guid = htobe64(dev_guid(i));
-    a->max_mr_size = g_max_mr_size;
+    a->max_mr_size = max ? max : g_max_mr_size;
     a->page_size_cap = ~(uint64_t)(g_page - 1);
     a->vendor_id = 0;
     a->vendor_part_id = 0;
@@ -1012,8 +1064,12 @@ API int ibv_dealloc_pd(struct ibv_pd *pd)
     struct lpd *p = (struct lpd *)pd;
     int busy;
 
+    struct ibvd_call c = { .op = IBVD_DEALLOC_PD, .pd = pd, .fd = -1 };
+
     lock();
     busy = p->nmr > 0 || p->nqp > 0;
+    c.ret = busy ? EBUSY : 0;
+    rec(&c);
     unlock();
     if (busy)
         return EBUSY;
@@ -1067,6 +1123,10 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
     uint32_t flags = 0, slot = 0;
     struct pfns pin = { NULL, 0, 0 };
     int err = 0, dev;
+    struct ibvd_call c = { .op = kind == REG_VA ? IBVD_REG_VA : IBVD_REG_DMABUF, .pd = pd,
+                           .addr = kind == REG_VA ? (uintptr_t)addr : iova, .len = length, .iova = iova,
+                           .offset = kind == REG_VA ? 0 : offset, .fd = kind == REG_VA ? -1 : fd,
+                           .access = (unsigned)access, .fd_size = -1 };
 
     if (!pd || !init()) {
         errno = EINVAL;
@@ -1074,7 +1134,10 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
     }
     dev = p->dev;
     lock();
-    if (kind == REG_VA) {
+    if (g_fail_next) {   /* ibvd_fail_next_reg */
+        err = g_fail_next;
+        g_fail_next = 0;
+    } else if (kind == REG_VA) {
         g_reg_calls++;
         if (g_fail_reg_at && g_reg_calls == g_fail_reg_at)
             err = g_fail_reg_err;
@@ -1097,6 +1160,13 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
             err = EBADF;
             goto fail;
         }
+        {
+            char path[64];
+            ssize_t n;
+            snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+            n = readlink(path, c.fd_link, sizeof(c.fd_link) - 1);
+            c.fd_link[n > 0 ? n : 0] = 0;
+        }
         size = (uint64_t)st.st_size;
         if (size == 0) { /* real dmabufs tell their size through lseek */
             off_t cur = lseek(fd, 0, SEEK_CUR), end = lseek(fd, 0, SEEK_END);
@@ -1105,11 +1175,18 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
             if (cur >= 0)
                 lseek(fd, cur, SEEK_SET);
         }
+        c.fd_size = (long long)size;
         if (offset > size || length > size - offset) {
             err = EINVAL;
             goto fail;
         }
-        a = iova; /* drc and Mooncake pass iova = the buffer's address */
+        /* Where the dmabuf's memory is: a CUDA double may say (fakecu_dmabuf_base, the start of the
+         * exported range), so that a wrong offset reaches the wrong memory as on a real NIC; else
+         * assume iova = the buffer's address, as drc and Mooncake pass it. */
+        if (dmabuf_base(fd, &a))
+            a += offset;
+        else
+            a = iova;
         flags |= F_DMABUF;
         if (is_gpu(a)) {
             flags |= F_GPU;
@@ -1193,6 +1270,9 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
     lm->mr.length = length;
     lm->mr.handle = slot;
     lm->mr.lkey = lm->mr.rkey = m->key;
+    c.mr = &lm->mr;
+    c.lkey = c.rkey = m->key;
+    rec(&c);
     unlock();
     return &lm->mr;
 fail:
@@ -1224,6 +1304,17 @@ API struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length,
 API struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova,
                                      int fd, int access)
 {
+    if (fd == -1 && offset == 0 && length == 0 && iova == 0 && access == 0) {
+        /* drc's buffer-less probe: a NIC that does dmabuf answers EBADF (loopnic_record.h) */
+        struct ibvd_call c = { .op = IBVD_PROBE, .pd = pd, .fd = -1 };
+        init();
+        lock();
+        c.ret = g_probe_errno;
+        rec(&c);
+        unlock();
+        errno = c.ret;
+        return NULL;
+    }
     return reg_common(pd, NULL, length, iova, access, REG_DMABUF, offset, fd);
 }
 
@@ -1235,10 +1326,15 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
     int foreign = 0;
     static int warned;
 
+    struct ibvd_call c = { .op = IBVD_DEREG, .mr = mr, .fd = -1, .first_byte = -1 };
+    int ret;
+
     if (!mr)
         return EINVAL;
     lock();
     if (g_mr_local[mr->lkey & (NMR - 1)] != lm) {
+        c.op = IBVD_DEREG_UNKNOWN;
+        rec(&c);
         /* Not an ibv_mr this provider handed out. If it is a copy naming one of ours (a cache's
          * caller MR: same handle and keys), do what the kernel does with rdma-core: deregister
          * the MR by its handle. rdma-core would then free() the foreign pointer; we leave both
@@ -1253,6 +1349,31 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
         g_cnt[lm->pd->dev].foreign_deregs++;
     }
     m = &g_tab->mr[lm->slot];
+    if (!foreign) {
+        c.pd = lm->mr.pd;
+        c.addr = (m->flags & F_DMABUF) ? m->iova : m->addr;
+        c.len = m->len;
+        c.lkey = lm->mr.lkey;
+        c.rkey = lm->mr.rkey;
+        c.kind = (m->flags & F_DMABUF) ? IBVD_REG_DMABUF : IBVD_REG_VA;
+        if (!(m->flags & F_DMABUF)) {
+            uintptr_t at = atomic_load(&g_probe_addr);
+            c.mapped = host_mapped(m->addr, m->len);
+            if (at < m->addr || at - m->addr >= m->len)
+                at = m->addr;
+            if (c.mapped && getenv("IBVD_READ_AT_DEREG")) {
+                /* through the kernel: PROT_NONE memory reads as EFAULT, not SIGSEGV */
+                unsigned char b;
+                struct iovec liov = { &b, 1 }, riov = { (void *)at, 1 };
+                if (process_vm_readv(getpid(), &liov, 1, &riov, 1, 0) == 1)
+                    c.first_byte = b;
+            }
+        }
+        ret = c.ret = g_dereg_ret;
+        rec(&c);
+    } else {
+        ret = 0;
+    }
     g_mr_local[lm->slot] = NULL;
     m->in_use = 0;
     old_pfn = g_pfns[lm->slot].pfn;
@@ -1271,14 +1392,29 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
         fprintf(stderr, "loopnic: ibv_dereg_mr of an ibv_mr it did not allocate (a copy of MR handle %u): "
                         "deregistered by handle, as the kernel would; rdma-core would also free() it\n",
                 mr->handle);
-    return 0;
+    return ret;
 }
 
+/* Only IBV_REREG_MR_CHANGE_ACCESS of one of our MRs (recorded); anything else IBV_REREG_MR_ERR_INPUT. */
 API int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
 {
-    (void)mr; (void)flags; (void)pd; (void)addr; (void)length; (void)access;
-    errno = ENOSYS;
-    return IBV_REREG_MR_ERR_INPUT;
+    struct ibvd_call c = { .op = IBVD_REREG, .mr = mr, .pd = pd, .addr = (uintptr_t)addr, .len = length,
+                           .access = (unsigned)access, .fd = -1, .kind = flags };
+    struct lmr *lm = (struct lmr *)mr;
+
+    init();
+    lock();
+    c.ret = IBV_REREG_MR_ERR_INPUT;
+    if (mr && g_mr_local[mr->lkey & (NMR - 1)] == lm && flags == IBV_REREG_MR_CHANGE_ACCESS &&
+        !((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))) {
+        g_tab->mr[lm->slot].access = (uint32_t)access;
+        c.ret = 0;
+    }
+    rec(&c);
+    unlock();
+    if (c.ret)
+        errno = EINVAL;
+    return c.ret;
 }
 
 API int loopnic_mr_is_stale(struct ibv_mr *mr)
@@ -2165,4 +2301,143 @@ API void loopnic_set_max_mr_size(uint64_t size)
 {
     init();
     g_max_mr_size = size;
+}
+
+/* ---- the record's API (loopnic_record.h) ---- */
+API size_t ibvd_ncalls(void)
+{
+    size_t n;
+
+    init();
+    lock();
+    n = g_ncalls;
+    unlock();
+    return n;
+}
+
+API int ibvd_call(size_t i, struct ibvd_call *out)
+{
+    int ok;
+
+    init();
+    lock();
+    ok = i < g_ncalls;
+    if (ok)
+        *out = g_calls[i];
+    unlock();
+    return ok;
+}
+
+API void ibvd_reset(void)
+{
+    init();
+    lock();
+    g_ncalls = 0;
+    memset(g_opcount, 0, sizeof(g_opcount));
+    g_reg_bytes = 0;
+    g_fail_next = 0;
+    g_probe_errno = EBADF;
+    g_dereg_ret = 0;
+    g_query_ret = 0;
+    g_query_max = 0;
+    unlock();
+}
+
+API void ibvd_fail_next_reg(int err)
+{
+    init();
+    lock();
+    g_fail_next = err;
+    unlock();
+}
+
+API void ibvd_set_probe_errno(int err)
+{
+    init();
+    lock();
+    g_probe_errno = err;
+    unlock();
+}
+
+API void ibvd_set_dereg_ret(int ret)
+{
+    init();
+    lock();
+    g_dereg_ret = ret;
+    unlock();
+}
+
+API void ibvd_set_query(int ret, unsigned long long max_mr_size)
+{
+    init();
+    lock();
+    g_query_ret = ret;
+    g_query_max = max_mr_size;
+    unlock();
+}
+
+API size_t ibvd_live(void)
+{
+    size_t n = 0;
+
+    init();
+    lock();
+    for (int i = 0; i < MAXDEV; i++)
+        n += g_cnt[i].live_mrs;
+    unlock();
+    return n;
+}
+
+API int ibvd_lkey_live(uint32_t lkey)
+{
+    int live;
+
+    init();
+    lock();
+    live = g_mr_local[lkey & (NMR - 1)] && g_mr_local[lkey & (NMR - 1)]->mr.lkey == lkey;
+    unlock();
+    return live;
+}
+
+API void ibvd_probe(const void *addr)
+{
+    atomic_store(&g_probe_addr, (uintptr_t)addr);
+}
+
+API size_t ibvd_count(enum ibvd_op op)
+{
+    size_t n;
+
+    init();
+    lock();
+    n = op >= 1 && op < IBVD_NOPS ? g_opcount[op] : 0;
+    unlock();
+    return n;
+}
+
+API unsigned long long ibvd_reg_bytes(void)
+{
+    unsigned long long n;
+
+    init();
+    lock();
+    n = g_reg_bytes;
+    unlock();
+    return n;
+}
+
+API int loopnic_add_device_memory(uint64_t start, uint64_t len)
+{
+    int n = atomic_load(&g_ndevmem);
+
+    if (len == 0) {          /* forget them all */
+        atomic_store(&g_ndevmem, 0);
+        return 0;
+    }
+    if (n == MAX_DEVMEM)
+        return ENOMEM;
+    g_devmem[n].start = start;
+    g_devmem[n].len = len;
+    atomic_store(&g_ndevmem, n + 1);
+    return 0;
 }

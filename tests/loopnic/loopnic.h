@@ -65,6 +65,13 @@ typedef int loopnic_num_devices_fn(void);
 void loopnic_set_max_mr_size(uint64_t size);
 typedef void loopnic_set_max_mr_size_fn(uint64_t size);
 
+/* Declare [start, start+len) device memory, for a CUDA double that is not a libcuda.so.1 (drc's
+ * fake driver table in an in-process test): ibv_reg_mr* of it then needs LOOPNIC_PEERMEM=1, as GPU
+ * memory does. len 0 forgets every range. Returns 0, or ENOMEM beyond 16 ranges. Not thread-safe
+ * against registrations. */
+int loopnic_add_device_memory(uint64_t start, uint64_t len);
+typedef int loopnic_add_device_memory_fn(uint64_t start, uint64_t len);
+
 /* 1 if the MR saw its memory freed or remapped since it was registered (whole or in part). */
 int loopnic_mr_is_stale(struct ibv_mr *mr);
 typedef int loopnic_mr_is_stale_fn(struct ibv_mr *mr);

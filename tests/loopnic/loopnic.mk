@@ -1,7 +1,7 @@
 # ---- loopnic: a loopback verbs provider that behaves like a NIC (tests/loopnic/README.md) ----
 # One source, two libraries: $B/loopnic/libibverbs.so.1 (in place of rdma-core's, LD_LIBRARY_PATH)
 # and $B/loopnic/libloopnic.so (LD_PRELOAD over the real one). No sanitizers: it is preloaded.
-LOOPNIC_DEPS  := tests/loopnic/loopnic.c tests/loopnic/loopnic.h tests/loopnic/loopnic.map
+LOOPNIC_DEPS  := tests/loopnic/loopnic.c tests/loopnic/loopnic.h tests/loopnic/loopnic_record.h tests/loopnic/loopnic.map
 LOOPNIC_BUILD  = $(CC) $(CPPFLAGS) -Itests/loopnic -O2 -g $(WARN) -fPIC -fvisibility=hidden -shared \
                  -Wl,--version-script=tests/loopnic/loopnic.map -Wl,-soname,$(notdir $@) -o $@ $< -ldl -lpthread
 $B/loopnic/libibverbs.so.1: $(LOOPNIC_DEPS)

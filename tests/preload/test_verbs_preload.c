@@ -6,8 +6,8 @@
  * There is no NIC and no GPU in CI. The program (tests/engine/engine_child.c)
  * runs as a child process, without sanitizers (this binary may be an ASan
  * build, and ASan does not mix with preloading), against two DOUBLES found
- * through LD_LIBRARY_PATH: build/engine/libibverbs.so.1, a recording
- * libibverbs (tests/engine/ibverbs_double.c), and build/engine/fakecuda/
+ * through LD_LIBRARY_PATH: build/loopnic/libibverbs.so.1, the loopback
+ * provider with its record (tests/loopnic/loopnic_record.h), and build/engine/fakecuda/
  * libcuda.so.1, a CUDA driver whose device memory is reserved address space
  * and whose dmabufs are memfds (tests/engine/fake_libcuda.c). The child
  * checks, from the double's record, what the engine and the NIC would see,
@@ -64,13 +64,14 @@ static void drain(int fd, char *buf, size_t len)
 
 /*
  * Run the child's @scenario with the doubles on LD_LIBRARY_PATH, the
- * interposer preloaded if @preload, and @extra ("NAME=value" or NULL) set.
+ * interposer preloaded if @preload, and @extra ("NAME=value", several
+ * separated by spaces, or NULL) set.
  */
 static void run_child(const char *scenario, int preload, const char *extra, struct run *r)
 {
     char child[PATH_MAX + 32], pre[PATH_MAX + 48], lib[2 * PATH_MAX + 64];
     char *argv[] = { child, (char *)scenario, NULL };
-    char *envp[6];
+    char *envp[8], vars[256], *save = NULL, *v;
     int e = 0, out[2], err[2];
     posix_spawn_file_actions_t fa;
     pid_t pid;
@@ -78,13 +79,14 @@ static void run_child(const char *scenario, int preload, const char *extra, stru
     /* tent_dlopen is a program of its own: it must not link libibverbs */
     snprintf(child, sizeof(child), "%s/engine/%s", build, strcmp(scenario, "tent_dlopen") ? "engine_child" : "tent_child");
     snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/libdrc_verbs.so", build);
-    snprintf(lib, sizeof(lib), "LD_LIBRARY_PATH=%s/engine:%s/engine/fakecuda", build, build);
+    snprintf(lib, sizeof(lib), "LD_LIBRARY_PATH=%s/loopnic:%s/engine/fakecuda", build, build);
     envp[e++] = "PATH=/usr/bin:/bin";
     envp[e++] = lib;
     if (preload)
         envp[e++] = pre;
-    if (extra)
-        envp[e++] = (char *)extra;
+    snprintf(vars, sizeof(vars), "%s", extra ? extra : "");
+    for (v = strtok_r(vars, " ", &save); v && e < 7; v = strtok_r(NULL, " ", &save))
+        envp[e++] = v;
     envp[e] = NULL;
     assert_int_equal(pipe(out), 0);
     assert_int_equal(pipe(err), 0);
@@ -243,7 +245,8 @@ static void test_widening_switch(void **state)
 static void test_verbs_front_off(void **state)
 {
     (void)state;
-    passes("verbs_off", "DRC_VERBS=off");
+    /* straight to the provider, which takes GPU memory through ibv_reg_mr only with peermem */
+    passes("verbs_off", "DRC_VERBS=off LOOPNIC_PEERMEM=1");
 }
 
 /*

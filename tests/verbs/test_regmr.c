@@ -1,9 +1,9 @@
 /*
  * Tests of drc_reg_mr / drc_dereg_mr / drc_pd_release (src/verbs/regmr.c):
  * the two-line patch a transfer engine applies, checked the way the engine
- * would see it. libibverbs is the ONE verbs double (the recording
- * tests/engine/libibverbs.so.1, dlopen'ed and installed as drc's verbs ops
- * table: tests/verbs/verbs_double.h; there is no NIC in CI); CUDA is the
+ * would see it. libibverbs is the ONE verbs double (the loopback provider
+ * build/loopnic/libibverbs.so.1 and its record, dlopen'ed and installed as
+ * drc's verbs ops table: tests/verbs/verbs_double.h; there is no NIC in CI); CUDA is the
  * fake driver table of fake_cuda.h (no GPU in CI).
  */
 #include <errno.h>
@@ -26,8 +26,9 @@
 #define GPU 0x7f0000000000ul
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
-static struct ibv_context ctx_a, ctx_b;
-static struct ibv_pd pd_a = { .context = &ctx_a }, pd_b = { .context = &ctx_b };
+/* Two PDs of the provider on two devices (verbs_double.h: vd.pd[0] on loop0, vd.pd[1] on loop1) */
+#define PD_A (vd.pd[0])
+#define PD_B (vd.pd[1])
 
 /* The last MR the double made, or released (NULL if none). */
 static struct ibv_mr *last_of(enum ibvd_op a, enum ibvd_op b)
@@ -50,6 +51,8 @@ static int setup(void **state)
     vd.reset();
     fc_reset();
     fc_add(GPU, 64 * MiB, 0, 1);
+    vd.add_device_memory(0, 0);
+    vd.add_device_memory(GPU, 64 * MiB);    /* the provider knows it is GPU memory, as libcuda would say */
     return 0;
 }
 
@@ -57,8 +60,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    assert_int_equal(drc_pd_release(&pd_a), 0);
-    assert_int_equal(drc_pd_release(&pd_b), 0);
+    assert_int_equal(drc_pd_release(PD_A), 0);
+    assert_int_equal(drc_pd_release(PD_B), 0);
     assert_int_equal(drc_reg_mr_configure(NULL), 0);
     assert_int_equal(vd.live(), 0);
     return 0;
@@ -79,11 +82,11 @@ static void test_nested_gpu_registrations_share_one_mr(void **state)
     struct ibv_mr *whole, *part, *cached;
 
     (void)state;
-    whole = drc_reg_mr(&pd_a, (void *)GPU, 64 * MiB, RW);
+    whole = drc_reg_mr(PD_A, (void *)GPU, 64 * MiB, RW);
     cached = LAST_MR();
-    part = drc_reg_mr(&pd_a, (void *)(GPU + 4096 + 7), 100, RW);
-    check_caller_mr(whole, &pd_a, GPU, 64 * MiB);
-    check_caller_mr(part, &pd_a, GPU + 4096 + 7, 100);
+    part = drc_reg_mr(PD_A, (void *)(GPU + 4096 + 7), 100, RW);
+    check_caller_mr(whole, PD_A, GPU, 64 * MiB);
+    check_caller_mr(part, PD_A, GPU + 4096 + 7, 100);
     assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
     assert_int_equal(vd.count(IBVD_REG_VA), 0);
     assert_ptr_not_equal(whole, cached);
@@ -102,16 +105,16 @@ static void test_dereg_is_refcounted_and_pd_release_waits(void **state)
     struct ibv_mr *a, *b;
 
     (void)state;
-    a = drc_reg_mr(&pd_a, (void *)GPU, 2 * MiB, RW);
-    b = drc_reg_mr(&pd_a, (void *)GPU, 2 * MiB, RW);
+    a = drc_reg_mr(PD_A, (void *)GPU, 2 * MiB, RW);
+    b = drc_reg_mr(PD_A, (void *)GPU, 2 * MiB, RW);
     assert_non_null(a);
     assert_non_null(b);
     assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
     assert_int_equal(drc_dereg_mr(a), 0);
-    assert_int_equal(drc_pd_release(&pd_a), -EBUSY);
+    assert_int_equal(drc_pd_release(PD_A), -EBUSY);
     assert_int_equal(vd.live(), 1);
     assert_int_equal(drc_dereg_mr(b), 0);
-    assert_int_equal(drc_pd_release(&pd_a), 0);
+    assert_int_equal(drc_pd_release(PD_A), 0);
     assert_int_equal(vd.count(IBVD_DEREG), 1);
 }
 
@@ -122,7 +125,7 @@ static void test_uncacheable_access_passes_through(void **state)
     struct ibv_mr *mr;
 
     (void)state;
-    mr = drc_reg_mr(&pd_a, buf, sizeof(buf), RW | IBV_ACCESS_ON_DEMAND);
+    mr = drc_reg_mr(PD_A, buf, sizeof(buf), RW | IBV_ACCESS_ON_DEMAND);
     assert_non_null(mr);
     assert_ptr_equal(mr, LAST_MR());   /* the library's own MR */
     assert_int_equal(drc_dereg_mr(mr), 0);
@@ -137,11 +140,11 @@ static void test_bad_arguments_and_failures_set_errno(void **state)
     assert_null(drc_reg_mr(NULL, (void *)GPU, 4096, RW));
     assert_int_equal(errno, EINVAL);
     errno = 0;
-    assert_null(drc_reg_mr(&pd_a, (void *)GPU, 0, RW));
+    assert_null(drc_reg_mr(PD_A, (void *)GPU, 0, RW));
     assert_int_equal(errno, EINVAL);
     vd.fail_next_reg(ENOMEM);
     errno = 0;
-    assert_null(drc_reg_mr(&pd_a, (void *)GPU, 4096, RW));
+    assert_null(drc_reg_mr(PD_A, (void *)GPU, 4096, RW));
     assert_int_equal(errno, ENOMEM);
     assert_int_equal(drc_dereg_mr(NULL), -EINVAL);
     assert_int_equal(drc_pd_release(NULL), -EINVAL);
@@ -154,12 +157,12 @@ static void test_invalidated_while_held(void **state)
     uint32_t old;
 
     (void)state;
-    held = drc_reg_mr(&pd_a, (void *)GPU, 4 * MiB, RW);
+    held = drc_reg_mr(PD_A, (void *)GPU, 4 * MiB, RW);
     assert_non_null(held);
     old = held->lkey;
     assert_int_equal(drc_notify_free((void *)GPU, 64 * MiB), 1);
     assert_int_equal(vd.live(), 1);
-    fresh = drc_reg_mr(&pd_a, (void *)GPU, 4 * MiB, RW);
+    fresh = drc_reg_mr(PD_A, (void *)GPU, 4 * MiB, RW);
     assert_non_null(fresh);
     assert_int_not_equal(fresh->lkey, old);
     assert_int_equal(vd.count(IBVD_REG_DMABUF), 2);
@@ -175,12 +178,12 @@ static void test_host_memory_and_two_pds(void **state)
     struct ibv_mr *a1, *a2, *b1;
 
     (void)state;
-    a1 = drc_reg_mr(&pd_a, buf, sizeof(buf), RW);
-    a2 = drc_reg_mr(&pd_a, buf + 100, 50, RW);
-    b1 = drc_reg_mr(&pd_b, buf, sizeof(buf), RW);
-    check_caller_mr(a1, &pd_a, (uintptr_t)buf, sizeof(buf));
-    check_caller_mr(a2, &pd_a, (uintptr_t)buf + 100, 50);
-    check_caller_mr(b1, &pd_b, (uintptr_t)buf, sizeof(buf));
+    a1 = drc_reg_mr(PD_A, buf, sizeof(buf), RW);
+    a2 = drc_reg_mr(PD_A, buf + 100, 50, RW);
+    b1 = drc_reg_mr(PD_B, buf, sizeof(buf), RW);
+    check_caller_mr(a1, PD_A, (uintptr_t)buf, sizeof(buf));
+    check_caller_mr(a2, PD_A, (uintptr_t)buf + 100, 50);
+    check_caller_mr(b1, PD_B, (uintptr_t)buf, sizeof(buf));
     assert_int_equal(vd.count(IBVD_REG_VA), 2);    /* one per PD */
     assert_int_equal(a1->lkey, a2->lkey);
     assert_int_not_equal(a1->lkey, b1->lkey);
@@ -195,11 +198,11 @@ static void test_gpu_registration_covers_the_allocation(void **state)
     struct ibv_mr *a, *b;
 
     (void)state;
-    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_LOCAL_WRITE);
-    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    a = drc_reg_mr(PD_A, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(a, PD_A, GPU + 5 * MiB + 3, 1000);
     assert_int_equal(LAST_MR()->length, 64 * MiB);
-    b = drc_reg_mr(&pd_a, (void *)(GPU + 40 * MiB), 3 * MiB, IBV_ACCESS_LOCAL_WRITE);
-    check_caller_mr(b, &pd_a, GPU + 40 * MiB, 3 * MiB);
+    b = drc_reg_mr(PD_A, (void *)(GPU + 40 * MiB), 3 * MiB, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(b, PD_A, GPU + 40 * MiB, 3 * MiB);
     assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
     assert_int_equal(drc_dereg_mr(a), 0);
     assert_int_equal(drc_dereg_mr(b), 0);
@@ -217,27 +220,27 @@ static void test_remote_access_is_not_widened_unless_asked(void **state)
     struct ibv_mr *a;
 
     (void)state;
-    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_REMOTE_READ);
-    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    a = drc_reg_mr(PD_A, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_REMOTE_READ);
+    check_caller_mr(a, PD_A, GPU + 5 * MiB + 3, 1000);
     assert_true(vd_reg(0, &c));
     assert_true(c.iova == GPU + 5 * MiB && c.len == 4096);     /* the page of the range asked */
     assert_int_equal(c.access, IBV_ACCESS_REMOTE_READ);
     assert_int_equal(drc_dereg_mr(a), 0);
-    assert_int_equal(drc_pd_release(&pd_a), 0);
+    assert_int_equal(drc_pd_release(PD_A), 0);
     /* opted in: widened */
     cfg.flags = DRC_F_WIDEN_REMOTE;
     assert_int_equal(drc_reg_mr_configure(&cfg), 0);
-    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, RW);
-    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    a = drc_reg_mr(PD_A, (void *)(GPU + 5 * MiB + 3), 1000, RW);
+    check_caller_mr(a, PD_A, GPU + 5 * MiB + 3, 1000);
     assert_true(vd_reg(1, &c));
     assert_true(c.iova == GPU && c.len == 64 * MiB);
     assert_int_equal(drc_dereg_mr(a), 0);
-    assert_int_equal(drc_pd_release(&pd_a), 0);
+    assert_int_equal(drc_pd_release(PD_A), 0);
     /* never: not even a local-only registration */
     cfg.flags = DRC_F_NO_WIDEN;
     assert_int_equal(drc_reg_mr_configure(&cfg), 0);
-    a = drc_reg_mr(&pd_a, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_LOCAL_WRITE);
-    check_caller_mr(a, &pd_a, GPU + 5 * MiB + 3, 1000);
+    a = drc_reg_mr(PD_A, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(a, PD_A, GPU + 5 * MiB + 3, 1000);
     assert_true(vd_reg(2, &c));
     assert_true(c.iova == GPU + 5 * MiB && c.len == 4096);
     assert_int_equal(drc_dereg_mr(a), 0);
@@ -253,8 +256,8 @@ static void test_allocation_too_large_for_the_device(void **state)
 
     (void)state;
     vd.set_query(0, 16 * MiB);
-    a = drc_reg_mr(&pd_a, (void *)(GPU + 4096), 8192, IBV_ACCESS_LOCAL_WRITE);   /* would be widened */
-    check_caller_mr(a, &pd_a, GPU + 4096, 8192);
+    a = drc_reg_mr(PD_A, (void *)(GPU + 4096), 8192, IBV_ACCESS_LOCAL_WRITE);   /* would be widened */
+    check_caller_mr(a, PD_A, GPU + 4096, 8192);
     assert_int_equal(vd.count(IBVD_REG_DMABUF), 1);
     assert_int_equal(LAST_MR()->length, 8192);
     assert_int_equal(drc_dereg_mr(a), 0);

@@ -1,7 +1,7 @@
 /*
- * Tests of src/verbs/verbs.c against the ONE verbs double: the recording
- * libibverbs (tests/engine/ibverbs_double.c), dlopen'ed by path and installed
- * as drc's verbs ops table (tests/verbs/verbs_double.h). CUDA is the fake
+ * Tests of src/verbs/verbs.c against the ONE verbs double: the loopback
+ * provider and its record (tests/loopnic/), dlopen'ed by path and installed
+ * as drc's verbs ops table, with PDs of its own (tests/verbs/verbs_double.h). CUDA is the fake
  * driver table of tests/fake_cuda.h; /sys/module is a temporary folder;
  * close() is counted by a definition of close here (the library objects are
  * linked into this program). There is no NIC and no GPU in CI. Each test
@@ -31,8 +31,8 @@
 #define GPU 0x7f0000000000ul
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
-static struct ibv_context fake_ctx;
-static struct ibv_pd fake_pd = { .context = &fake_ctx };
+/* drc's PD: one of the provider's (verbs_double.h's vd.pd[0], on device loop0) */
+#define PD (vd.pd[0])
 
 /* close() calls per fd, counted here: drc's objects are linked into this program. */
 static int closes[64];
@@ -60,7 +60,7 @@ static struct ibvd_call reg_call(int n)
     struct ibvd_call c;
 
     assert_true(vd_reg(n, &c));
-    assert_ptr_equal(c.pd, &fake_pd);
+    assert_ptr_equal(c.pd, PD);
     return c;
 }
 
@@ -71,6 +71,7 @@ static void peermem(int loaded)
 {
     char path[128];
 
+    setenv("LOOPNIC_PEERMEM", loaded ? "1" : "0", 1);   /* the NIC takes GPU VAs only with nvidia-peermem */
     snprintf(path, sizeof(path), "%s/sys/module/nvidia_peermem", sysroot);
     if (loaded)
         assert_int_equal(mkdir(path, 0700), 0);
@@ -88,6 +89,8 @@ static int setup(void **state)
     fc_reset();
     fc_add(GPU, 64 * MiB, 0, 1);
     fc_add(GPU + 64 * MiB, 64 * MiB, 1, 2);
+    vd.add_device_memory(0, 0);
+    vd.add_device_memory(GPU, 128 * MiB);   /* the provider knows it is GPU memory, as libcuda would say */
     snprintf(sysroot, sizeof(sysroot), "/tmp/drc-test-verbs-XXXXXX");
     assert_non_null(mkdtemp(sysroot));
     snprintf(path, sizeof(path), "%s/sys", sysroot);
@@ -119,7 +122,7 @@ static drc_cache_t *cache(enum drc_policy policy, unsigned flags)
     struct drc_config cfg = { .flags = flags, .policy = policy };
     drc_cache_t *c = NULL;
 
-    assert_int_equal(drc_cache_create_verbs(&fake_pd, &cfg, &c), 0);
+    assert_int_equal(drc_cache_create_verbs(PD, &cfg, &c), 0);
     return c;
 }
 
@@ -143,7 +146,7 @@ static void host_memory_via_reg_mr_iova2(void **state)
         struct ibvd_call q;
 
         assert_true(vd_nth(IBVD_QUERY, 0, &q));
-        assert_ptr_equal(q.ctx, &fake_ctx);     /* the PD's own context */
+        assert_ptr_equal(q.ctx, vd.ctx[0]);     /* the PD's own context */
     }
     assert_int_equal(drc_get(c, buf + 100, 5000, RW | IBV_ACCESS_MW_BIND, &r), 0);
     assert_int_equal(nregs(), 1);
@@ -326,7 +329,7 @@ static void policies(void **state)
         struct drc_config cfg = { .flags = 0, .policy = (enum drc_policy)7 };
         drc_cache_t *x = NULL;
 
-        assert_int_equal(drc_cache_create_verbs(&fake_pd, &cfg, &x), -EINVAL);
+        assert_int_equal(drc_cache_create_verbs(PD, &cfg, &x), -EINVAL);
         assert_null(x);
     }
     assert_int_equal(drc_cache_create_verbs(NULL, NULL, &c), -EINVAL);
@@ -336,13 +339,13 @@ static void probe_answers(void **state)
 {
     (void)state;
     vd.set_probe_errno(EBADF);
-    assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), 0);
+    assert_int_equal(drc__verbs_probe_dmabuf(PD), 0);
     vd.set_probe_errno(EOPNOTSUPP);
-    assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), -EOPNOTSUPP);
+    assert_int_equal(drc__verbs_probe_dmabuf(PD), -EOPNOTSUPP);
     vd.set_probe_errno(EPROTONOSUPPORT);
-    assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), -EPROTONOSUPPORT);
+    assert_int_equal(drc__verbs_probe_dmabuf(PD), -EPROTONOSUPPORT);
     vd.set_probe_errno(EINVAL);     /* unexpected: reported, and dmabuf is tried */
-    assert_int_equal(drc__verbs_probe_dmabuf(&fake_pd), -EINVAL);
+    assert_int_equal(drc__verbs_probe_dmabuf(PD), -EINVAL);
     assert_int_equal(vd.count(IBVD_PROBE), 4);
     assert_non_null(strstr(drc__verbs_advice(-EOPNOTSUPP), "rdma-core"));
 }
@@ -405,7 +408,7 @@ static void create_failures(void **state)
 
     (void)state;
     vd.set_query(ENODEV, 0);
-    assert_int_equal(drc_cache_create_verbs(&fake_pd, NULL, &c), -ENODEV);
+    assert_int_equal(drc_cache_create_verbs(PD, NULL, &c), -ENODEV);
     assert_null(c);
 }
 

@@ -1,29 +1,22 @@
 /*
- * A recording DOUBLE of libibverbs.so.1 (there is no RDMA NIC in CI, nor on
- * the GPU test machine). Built as build/engine/libibverbs.so.1 with the same
- * soname and symbol versions, and put in front of the real one through
- * LD_LIBRARY_PATH.
+ * loopnic's record: every registration, deregistration, dmabuf probe, ibv_query_device,
+ * ibv_rereg_mr and ibv_dealloc_pd of the process, with the exact arguments, and what a test wants
+ * to know about the memory at that moment (at a deregistration: is the range still mapped, and
+ * one byte of it; at a dmabuf registration: what the fd is and how large), plus controls to make
+ * those calls fail. The tests that check drc's exact arguments (tests/verbs/, tests/preload/,
+ * the engine children tests/engine/, tests/bench/bench_engine.c) read it; loopnic is the one libibverbs
+ * double (issue 8). Exported by build/loopnic/libibverbs.so.1 and libloopnic.so under LOOPNIC_1;
+ * a program linked against the real libibverbs finds these with dlsym. Thread-safe.
  *
- * It has one device ("drc_double0"), whose PDs and MRs are plain memory.
- * Like rdma-core 44, its exported ibv_reg_mr and ibv_reg_mr_iova call
- * ibv_reg_mr_iova2 through the PLT, and ibv_reg_dmabuf_mr leaves the dmabuf
- * offset in mr->addr. ibv_reg_dmabuf_mr(fd -1) fails with EBADF, as a NIC
- * with dmabuf support does. Every registration and deregistration is
- * recorded, with what a test wants to know about the memory at that moment
- * (at a deregistration: is the range still mapped, and its first byte; at a
- * dmabuf registration: what the fd is and how large). ibv_dereg_mr of an MR
- * it did not make is recorded and refused with EINVAL (the real library
- * would corrupt memory). ibv_dealloc_pd fails with EBUSY while MRs of the PD
- * are registered, as the kernel does. ibv_rereg_mr records its call and
- * changes the access of an MR it made (EINVAL for any other). Thread-safe.
- *
- * The ONE verbs double of the tests: the engine tests find it through
- * LD_LIBRARY_PATH, the in-process tests (tests/verbs/) dlopen it by path and
- * fill drc's verbs ops table from it (drc__verbs_ops_dlopen), then steer it
- * with the ibvd_* controls below (failures, the probe's answer, max_mr_size).
+ * What the record adds to loopnic's rules (README.md): the buffer-less dmabuf probe drc makes,
+ * ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0), is recorded as IBVD_PROBE and fails with
+ * ibvd_set_probe_errno's errno (EBADF, "this NIC does dmabuf", by default) instead of being
+ * checked as a registration; ibv_rereg_mr(IBV_REREG_MR_CHANGE_ACCESS) of one of loopnic's MRs
+ * changes its access; ibv_dereg_mr of a copy of an MR (a cache's caller MR) is recorded as
+ * IBVD_DEREG_UNKNOWN (and deregisters by handle, as the kernel does).
  */
-#ifndef IBVERBS_DOUBLE_H
-#define IBVERBS_DOUBLE_H
+#ifndef LOOPNIC_RECORD_H
+#define LOOPNIC_RECORD_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -32,7 +25,8 @@ struct ibv_pd;
 struct ibv_mr;
 
 enum ibvd_op {
-    IBVD_REG_VA = 1, IBVD_REG_DMABUF = 2, IBVD_DEREG = 3, IBVD_DEREG_UNKNOWN = 4,
+    IBVD_REG_VA = 1, IBVD_REG_DMABUF = 2, IBVD_DEREG = 3,
+    IBVD_DEREG_UNKNOWN = 4, /* ibv_dereg_mr of an ibv_mr loopnic did not hand out (a copy, or garbage) */
     IBVD_PROBE = 5,         /* ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0): drc's buffer-less dmabuf probe */
     IBVD_QUERY = 6,         /* ibv_query_device */
     IBVD_REREG = 7,         /* ibv_rereg_mr, whatever it answered */
@@ -54,8 +48,9 @@ struct ibvd_call {
     uint32_t lkey, rkey;
     int kind;                   /* DEREG: the op that made the MR; REREG: the flags */
     int mapped;                 /* DEREG of a VA MR: 1 if every page of the range was still mapped */
-    int first_byte;             /* DEREG of a VA MR: the byte ibvd_probe() named if the MR covers it, else
-                                 * the range's first byte, as it was then; -1 if unmapped */
+    int first_byte;             /* DEREG of a VA MR, with IBVD_READ_AT_DEREG=1 in the environment: the byte
+                                 * ibvd_probe() named if the MR covers it, else the range's first byte,
+                                 * as it was then; -1 if unmapped or not asked */
     char fd_link[48];           /* REG_DMABUF: readlink of /proc/self/fd/<fd> ("/dmabuf:" for a real one) */
     long long fd_size;          /* REG_DMABUF: lseek(fd, 0, SEEK_END), -1 if it cannot seek */
 };
@@ -71,7 +66,7 @@ void ibvd_fail_next_reg(int err);
 void ibvd_set_probe_errno(int err);
 /* ibv_dereg_mr releases the MR and returns @ret (default 0). */
 void ibvd_set_dereg_ret(int ret);
-/* ibv_query_device returns @ret, and reports @max_mr_size (0: $IBVD_MAX_MR_SIZE, else 1 TiB). */
+/* ibv_query_device returns @ret, and reports @max_mr_size (0: loopnic's own, LOOPNIC_MAX_MR_SIZE). */
 void ibvd_set_query(int ret, unsigned long long max_mr_size);
 /* MRs registered now, and whether @lkey is one of them. */
 size_t ibvd_live(void);

@@ -1,0 +1,902 @@
+/* The end-to-end suite (issue 10): two processes, an initiator (this test) and a target (this
+ * program re-executed with --target), exchange QP numbers, addresses and rkeys over a socketpair,
+ * register through drc and move patterns both ways with RDMA WRITE and READ; every byte is checked.
+ *
+ * One source, two programs (tests/e2e/e2e.mk):
+ *   e2e_api     registers through drc's C API (drc_cache_create_verbs, drc_get, drc_region_mr);
+ *               the allocator's part (drc_notify_free before a free) is done by hand.
+ *   e2e_engine  an engine on plain verbs (ibv_reg_mr / ibv_dereg_mr) that knows nothing of drc;
+ *               run with build/libdrc_verbs.so preloaded, drc serves its registrations and sees
+ *               its munmaps.
+ * Both link the system's -libverbs. On the loopback provider (LD_LIBRARY_PATH=build/loopnic) the
+ * provider's control API (found with dlsym) adds its counters: stale uses, live MRs, injected
+ * failures. On a real NIC (make test-hw) the tests that need that API skip, the others run as is.
+ *
+ * The controls: the hazard test runs again with a target that has no invalidation (e2e_api: no
+ * drc_notify_free; e2e_engine: DRC_PRELOAD=verbs, the interposer without its unmap hooks); the
+ * transfer after the remap must then not land in the new memory, and loopnic counts a stale use.
+ *
+ * Environment: E2E_DEVICE (device name, default the first), E2E_GID_INDEX (default 0),
+ * E2E_REQUIRE_HW (refuse to run on loopnic). --probe: exit 0 if libibverbs sees a device, 77 if not.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <infiniband/verbs.h>
+
+#include "loopnic.h"
+#ifdef E2E_API
+#include "drc.h"
+#include "drc_verbs.h"
+#endif
+
+#define ACC (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+enum { PAGE = 4096, NREG = 64 };
+
+/* ---- the loopback provider's control API, if this libibverbs is loopnic ---- */
+static loopnic_get_counters_fn *ln_counters;
+static loopnic_fail_fn *ln_fail_reg, *ln_fail_wr;
+
+static struct loopnic_counters counters(void)
+{
+    struct loopnic_counters c;
+
+    memset(&c, 0, sizeof(c));
+    if (ln_counters)
+        ln_counters(-1, &c);
+    return c;
+}
+
+#define NEED_LOOPNIC()                                                          \
+    do {                                                                        \
+        if (!ln_counters) {                                                     \
+            fprintf(stderr, "skipped: needs the loopnic provider's control API\n"); \
+            skip();                                                             \
+        }                                                                       \
+    } while (0)
+
+/* ---- one process's verbs side ---- */
+struct qpinfo { uint32_t qp_num, psn; uint16_t lid; uint8_t gid[16]; };
+
+struct side {
+    struct ibv_device **devs;
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    int gid_index;
+    struct qpinfo me, peer;
+    struct {                /* registrations, by index */
+        struct ibv_mr *mr;
+        void *region;       /* e2e_api: the drc_region_t */
+    } reg[NREG];
+#ifdef E2E_API
+    drc_cache_t *cache;
+#endif
+};
+
+static int side_open(struct side *s)
+{
+    const char *want = getenv("E2E_DEVICE");
+    struct ibv_qp_init_attr ia;
+    struct ibv_port_attr pa;
+    union ibv_gid gid;
+    int n = 0, i = 0;
+
+    memset(s, 0, sizeof(*s));
+    s->gid_index = getenv("E2E_GID_INDEX") ? atoi(getenv("E2E_GID_INDEX")) : 0;
+    if (!(s->devs = ibv_get_device_list(&n)) || n < 1)
+        return -1;
+    if (want)
+        for (i = 0; i < n && strcmp(ibv_get_device_name(s->devs[i]), want); i++) {}
+    if (i == n || !(s->ctx = ibv_open_device(s->devs[i])) || !(s->pd = ibv_alloc_pd(s->ctx)) ||
+        !(s->cq = ibv_create_cq(s->ctx, 256, NULL, NULL, 0)))
+        return -1;
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = ia.recv_cq = s->cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 64;
+    ia.cap.max_recv_wr = 1;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    if (!(s->qp = ibv_create_qp(s->pd, &ia)) || ibv_query_port(s->ctx, 1, &pa) != 0)
+        return -1;
+    memset(&gid, 0, sizeof(gid));
+    ibv_query_gid(s->ctx, 1, s->gid_index, &gid);
+    s->me.qp_num = s->qp->qp_num;
+    s->me.psn = (uint32_t)getpid() & 0xffffff;
+    s->me.lid = pa.lid;
+    memcpy(s->me.gid, gid.raw, 16);
+#ifdef E2E_API
+    if (drc_cache_create_verbs(s->pd, NULL, &s->cache) != 0)
+        return -1;
+#endif
+    return 0;
+}
+
+/* RESET -> INIT -> RTR -> RTS towards s->peer */
+static int side_connect(struct side *s)
+{
+    struct ibv_qp_attr a;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RESET;
+    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE))
+        return -1;
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = ACC;
+    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        return -1;
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = s->peer.qp_num;
+    a.rq_psn = s->peer.psn;
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 12;
+    a.ah_attr.dlid = s->peer.lid;
+    a.ah_attr.port_num = 1;
+    a.ah_attr.is_global = 1;
+    memcpy(a.ah_attr.grh.dgid.raw, s->peer.gid, 16);
+    a.ah_attr.grh.sgid_index = (uint8_t)s->gid_index;
+    a.ah_attr.grh.hop_limit = 1;
+    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+        return -1;
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = s->me.psn;
+    a.max_rd_atomic = 4;
+    return ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static void side_close(struct side *s)
+{
+    for (int i = 0; i < NREG; i++)
+        if (s->reg[i].mr) {
+#ifdef E2E_API
+            drc_put(s->cache, s->reg[i].region);
+#else
+            ibv_dereg_mr(s->reg[i].mr);
+#endif
+        }
+#ifdef E2E_API
+    if (s->cache)
+        drc_cache_destroy(s->cache);
+#endif
+    if (s->qp)
+        ibv_destroy_qp(s->qp);
+    if (s->cq)
+        ibv_destroy_cq(s->cq);
+    if (s->pd)
+        ibv_dealloc_pd(s->pd);
+    if (s->ctx)
+        ibv_close_device(s->ctx);
+    if (s->devs)
+        ibv_free_device_list(s->devs);
+}
+
+/* Register [addr, addr+len): drc_get (e2e_api) or ibv_reg_mr (e2e_engine). Returns the slot, or
+ * a negative errno. */
+static int reg(struct side *s, void *addr, size_t len)
+{
+    int i;
+
+    for (i = 0; i < NREG && s->reg[i].mr; i++) {}
+    if (i == NREG)
+        return -ENOSPC;
+#ifdef E2E_API
+    {
+        drc_region_t *r;
+        int rc = drc_get(s->cache, addr, len, ACC, &r);
+        if (rc)
+            return rc;
+        s->reg[i].region = r;
+        s->reg[i].mr = drc_region_mr(r);
+    }
+#else
+    if (!(s->reg[i].mr = ibv_reg_mr(s->pd, addr, len, ACC)))
+        return -errno;
+#endif
+    return i;
+}
+
+static int unreg(struct side *s, int i)
+{
+    struct ibv_mr *mr = s->reg[i].mr;
+
+    s->reg[i].mr = NULL;
+#ifdef E2E_API
+    (void)mr;
+    return drc_put(s->cache, s->reg[i].region);
+#else
+    return ibv_dereg_mr(mr);
+#endif
+}
+
+/* One signalled RDMA WRITE or READ of len bytes between local (lkey) and remote (rkey); returns
+ * the completion's status, or -1 if the post failed or nothing completed within 10 s. */
+static int post(struct side *s, int write, void *local, uint32_t lkey, size_t len, uint64_t raddr, uint32_t rkey)
+{
+    struct ibv_sge sg = { (uintptr_t)local, (uint32_t)len, lkey };
+    struct ibv_send_wr wr, *bad;
+    struct ibv_wc wc;
+    struct timespec t0, t;
+    int n = 0;
+
+    memset(&wr, 0, sizeof(wr));
+    wr.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = raddr;   /* drc registers with iova = the address */
+    wr.wr.rdma.rkey = rkey;
+    if (ibv_post_send(s->qp, &wr, &bad))
+        return -1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while ((n = ibv_poll_cq(s->cq, 1, &wc)) == 0) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 10)
+            return -1;
+    }
+    return n == 1 ? (int)wc.status : -1;
+}
+
+/* The pattern: a byte that depends on the seed and on the offset, so a shifted copy is caught. */
+static unsigned char pat(unsigned seed, size_t i)
+{
+    return (unsigned char)(seed * 131u + i * 7u + (i >> 12) * 13u + 1u);
+}
+
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = pat(seed, i);
+}
+
+/* Bytes that differ from the pattern. */
+static size_t bad_bytes(const unsigned char *p, size_t n, unsigned seed)
+{
+    size_t bad = 0;
+
+    for (size_t i = 0; i < n; i++)
+        bad += p[i] != pat(seed, i);
+    return bad;
+}
+
+static void *map(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* ---- the target: does what the initiator asks, one message at a time ---- */
+enum op { T_ALLOC, T_FILL, T_CHECK, T_REG, T_UNREG, T_REMAP, T_POST, T_COUNTERS, T_QUIT };
+struct msg { uint32_t op, arg; uint64_t a, b, c, d, e; };
+
+static int run_target(int fd, int no_invalidation)
+{
+    struct side s;
+    struct msg m, r;
+    int rc = 1;
+
+    if (side_open(&s) != 0 || write(fd, &s.me, sizeof(s.me)) != sizeof(s.me) ||
+        read(fd, &s.peer, sizeof(s.peer)) != sizeof(s.peer) || side_connect(&s) != 0) {
+        fprintf(stderr, "e2e target: verbs setup failed\n");
+        return 1;
+    }
+    while (read(fd, &m, sizeof(m)) == sizeof(m)) {
+        memset(&r, 0, sizeof(r));
+        switch ((enum op)m.op) {
+        case T_ALLOC:            /* a = len -> a = address, zeroed */
+            r.a = (uintptr_t)map(m.a);
+            break;
+        case T_FILL:             /* a = address, b = len, arg = seed */
+            fill((unsigned char *)(uintptr_t)m.a, m.b, m.arg);
+            break;
+        case T_CHECK:            /* -> a = bytes that differ */
+            r.a = bad_bytes((unsigned char *)(uintptr_t)m.a, m.b, m.arg);
+            break;
+        case T_REG: {            /* -> arg = slot or negative errno; a = rkey; b = lkey */
+            int i = reg(&s, (void *)(uintptr_t)m.a, m.b);
+            r.arg = (uint32_t)i;
+            if (i >= 0) {
+                r.a = s.reg[i].mr->rkey;
+                r.b = s.reg[i].mr->lkey;
+            }
+            break;
+        }
+        case T_UNREG:
+            r.arg = (uint32_t)unreg(&s, (int)m.arg);
+            break;
+        case T_REMAP: {          /* free a, b bytes and map the same VA again (zeroed) */
+            void *p = (void *)(uintptr_t)m.a;
+#ifdef E2E_API
+            if (!no_invalidation)
+                drc_notify_free(p, m.b);   /* what the allocator tells drc before it frees */
+#endif
+            r.arg = munmap(p, m.b) != 0 ||
+                    mmap(p, m.b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != p;
+            break;
+        }
+        case T_POST:             /* arg = write; a = local, b = lkey, c = len, d = remote, e = rkey */
+            r.arg = (uint32_t)post(&s, (int)m.arg, (void *)(uintptr_t)m.a, (uint32_t)m.b, m.c, m.d, (uint32_t)m.e);
+            break;
+        case T_COUNTERS: {       /* -> a = live MRs, b = registrations */
+            struct loopnic_counters c = counters();
+            r.a = c.live_mrs;
+            r.b = c.total_regs;
+            break;
+        }
+        case T_QUIT:
+            side_close(&s);
+            rc = 0;
+            r.arg = 0;
+            if (write(fd, &r, sizeof(r)) != sizeof(r))
+                rc = 1;
+            return rc;
+        }
+        if (write(fd, &r, sizeof(r)) != sizeof(r))
+            break;
+    }
+    (void)no_invalidation;
+    return rc;
+}
+
+/* ---- the initiator ---- */
+struct env {
+    struct side s;
+    int fd;
+    pid_t pid;
+};
+
+static struct msg ask(struct env *e, uint32_t op, uint32_t arg, uint64_t a, uint64_t b, uint64_t c, uint64_t d,
+                      uint64_t x)
+{
+    struct msg m = { op, arg, a, b, c, d, x }, r;
+
+    assert_int_equal(write(e->fd, &m, sizeof(m)), sizeof(m));
+    assert_int_equal(read(e->fd, &r, sizeof(r)), sizeof(r));
+    return r;
+}
+
+/* Start a target (with or without drc's invalidation) and connect a QP pair to it. */
+static int start(void **state, int no_invalidation)
+{
+    struct env *e = calloc(1, sizeof(*e));
+    int sv[2];
+
+    if (!e || socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+        return -1;
+    e->pid = fork();
+    if (e->pid == 0) {
+        char fdarg[16];
+        close(sv[0]);
+        snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
+        if (no_invalidation)
+            setenv("DRC_PRELOAD", "verbs", 1);   /* e2e_engine: the interposer without its unmap hooks */
+        execl("/proc/self/exe", "e2e-target", "--target", fdarg, no_invalidation ? "control" : "drc", (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    e->fd = sv[0];
+    if (e->pid < 0 || side_open(&e->s) != 0 || write(e->fd, &e->s.me, sizeof(e->s.me)) != sizeof(e->s.me) ||
+        read(e->fd, &e->s.peer, sizeof(e->s.peer)) != sizeof(e->s.peer) || side_connect(&e->s) != 0) {
+        fprintf(stderr, "e2e: verbs setup failed\n");
+        return -1;
+    }
+    *state = e;
+    return 0;
+}
+
+static int setup(void **state) { return start(state, 0); }
+static int setup_control(void **state) { return start(state, 1); }
+
+static int teardown(void **state)
+{
+    struct env *e = *state;
+    struct msg m = { T_QUIT, 0, 0, 0, 0, 0, 0 }, r;
+    int st = 0;
+
+    if (write(e->fd, &m, sizeof(m)) != sizeof(m) || read(e->fd, &r, sizeof(r)) != sizeof(r))
+        fprintf(stderr, "e2e: the target did not answer QUIT\n");
+    waitpid(e->pid, &st, 0);
+    close(e->fd);
+    side_close(&e->s);
+    free(e);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+/* Patterns both ways, WRITE and READ, started from each side, at several sizes and offsets. */
+static void test_patterns_both_ways(void **state)
+{
+    struct env *e = *state;
+    enum { LEN = 64 * PAGE };
+    static const size_t off[] = { 0, 1, 4095, 5 * PAGE + 17 }, sz[] = { 1, 4096, 3 * PAGE + 5, 40 * PAGE };
+    unsigned char *mine = map(LEN);
+    uint64_t theirs = ask(e, T_ALLOC, 0, LEN, 0, 0, 0, 0).a;
+    struct msg tr;
+    int mi, seed = 1;
+    uint32_t lkey, rkey;
+    struct loopnic_counters c0 = counters();
+
+    assert_true(mine && theirs);
+    mi = reg(&e->s, mine, LEN);
+    assert_true(mi >= 0);
+    lkey = e->s.reg[mi].mr->lkey;
+    tr = ask(e, T_REG, 0, theirs, LEN, 0, 0, 0);
+    assert_true((int)tr.arg >= 0);
+    rkey = (uint32_t)tr.a;
+    for (size_t i = 0; i < sizeof(off) / sizeof(off[0]); i++)
+        for (size_t j = 0; j < sizeof(sz) / sizeof(sz[0]); j++, seed += 4) {
+            size_t o = off[i], n = sz[j];
+            /* initiator WRITEs, the target checks */
+            fill(mine + o, n, (unsigned)seed);
+            assert_int_equal(post(&e->s, 1, mine + o, lkey, n, theirs + o, rkey), IBV_WC_SUCCESS);
+            assert_int_equal(ask(e, T_CHECK, (uint32_t)seed, theirs + o, n, 0, 0, 0).a, 0);
+            /* the target fills, the initiator READs */
+            ask(e, T_FILL, (uint32_t)seed + 1, theirs + o, n, 0, 0, 0);
+            memset(mine + o, 0, n);
+            assert_int_equal(post(&e->s, 0, mine + o, lkey, n, theirs + o, rkey), IBV_WC_SUCCESS);
+            assert_int_equal(bad_bytes(mine + o, n, (unsigned)seed + 1), 0);
+            /* the target WRITEs into the initiator */
+            ask(e, T_FILL, (uint32_t)seed + 2, theirs + o, n, 0, 0, 0);
+            memset(mine + o, 0, n);
+            assert_int_equal(ask(e, T_POST, 1, theirs + o, tr.b, n, (uintptr_t)(mine + o), e->s.reg[mi].mr->rkey).arg,
+                             IBV_WC_SUCCESS);
+            assert_int_equal(bad_bytes(mine + o, n, (unsigned)seed + 2), 0);
+            /* the target READs from the initiator */
+            fill(mine + o, n, (unsigned)seed + 3);
+            assert_int_equal(ask(e, T_POST, 0, theirs + o, tr.b, n, (uintptr_t)(mine + o), e->s.reg[mi].mr->rkey).arg,
+                             IBV_WC_SUCCESS);
+            assert_int_equal(ask(e, T_CHECK, (uint32_t)seed + 3, theirs + o, n, 0, 0, 0).a, 0);
+        }
+    if (ln_counters)   /* every byte went through the provider, none was refused */
+        assert_int_equal(counters().wr_errors - c0.wr_errors, 0);
+    assert_int_equal((int)ask(e, T_UNREG, tr.arg, 0, 0, 0, 0, 0).arg, 0);
+    assert_int_equal(unreg(&e->s, mi), 0);
+    munmap(mine, LEN);
+}
+
+/* register, transfer, free, map the same VA again, register, transfer, verify. Returns the bytes
+ * of the second transfer that did not land in the new memory; *stale gets loopnic's count. */
+static size_t hazard(struct env *e, uint64_t *stale)
+{
+    enum { LEN = 16 * PAGE };
+    unsigned char *mine = map(LEN);
+    uint64_t theirs = ask(e, T_ALLOC, 0, LEN, 0, 0, 0, 0).a;
+    struct loopnic_counters c0 = counters();
+    struct msg t1, t2;
+    int mi;
+    size_t bad;
+
+    assert_true(mine && theirs);
+    mi = reg(&e->s, mine, LEN);
+    assert_true(mi >= 0);
+    t1 = ask(e, T_REG, 0, theirs, LEN, 0, 0, 0);
+    assert_true((int)t1.arg >= 0);
+    fill(mine, LEN, 7);
+    assert_int_equal(post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)t1.a), IBV_WC_SUCCESS);
+    assert_int_equal(ask(e, T_CHECK, 7, theirs, LEN, 0, 0, 0).a, 0);
+    /* the target's engine is done with it and frees it; the same VA comes back */
+    assert_int_equal((int)ask(e, T_UNREG, t1.arg, 0, 0, 0, 0, 0).arg, 0);
+    assert_int_equal(ask(e, T_REMAP, 0, theirs, LEN, 0, 0, 0).arg, 0);
+    t2 = ask(e, T_REG, 0, theirs, LEN, 0, 0, 0);
+    assert_true((int)t2.arg >= 0);
+    fill(mine, LEN, 8);
+    post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)t2.a);  /* status checked by the callers */
+    bad = ask(e, T_CHECK, 8, theirs, LEN, 0, 0, 0).a;
+    *stale = counters().stale_uses - c0.stale_uses;
+    assert_int_equal((int)ask(e, T_UNREG, t2.arg, 0, 0, 0, 0, 0).arg, 0);
+    assert_int_equal(unreg(&e->s, mi), 0);
+    munmap(mine, LEN);
+    return bad;
+}
+
+static void test_hazard_with_drc(void **state)
+{
+    uint64_t stale;
+
+    assert_int_equal(hazard(*state, &stale), 0);   /* every byte in the new memory */
+    assert_int_equal(stale, 0);
+}
+
+/* The control: the same program, the target's drc not told of the free. */
+static void test_hazard_control_without_invalidation(void **state)
+{
+    uint64_t stale;
+
+    assert_true(hazard(*state, &stale) > 0);       /* the transfer missed the new memory */
+    if (ln_counters)
+        assert_true(stale > 0);                    /* and the provider saw the stale MR used */
+}
+
+/* Coalesced registrations: overlapping ranges of the target share one MR; a WRITE into each
+ * page through the MR of a sub-buffer lands in that page and nowhere else. */
+static void test_coalesced_host_subbuffers(void **state)
+{
+    struct env *e = *state;
+    enum { NP = 8, LEN = NP * PAGE };
+    unsigned char *mine = map(PAGE);
+    uint64_t theirs = ask(e, T_ALLOC, 0, LEN, 0, 0, 0, 0).a;
+    struct msg a, b, sub;
+    int mi;
+
+    assert_true(mine && theirs);
+    mi = reg(&e->s, mine, PAGE);
+    assert_true(mi >= 0);
+    for (int k = 0; k < NP; k++)
+        ask(e, T_FILL, 100u + (uint32_t)k, theirs + (uint64_t)k * PAGE, PAGE, 0, 0, 0);
+    a = ask(e, T_REG, 0, theirs, 3 * PAGE, 0, 0, 0);             /* pages 0-2 */
+    b = ask(e, T_REG, 0, theirs + 2 * PAGE, 6 * PAGE, 0, 0, 0);  /* pages 2-7: overlaps, merged */
+    assert_true((int)a.arg >= 0 && (int)b.arg >= 0);
+    for (int k = 0; k < NP; k++) {
+        uint64_t page = theirs + (uint64_t)k * PAGE;
+        sub = ask(e, T_REG, 0, page + 100, 1000, 0, 0, 0);        /* a sub-buffer inside page k */
+        assert_true((int)sub.arg >= 0);
+        assert_int_equal(sub.a, b.a);                             /* served by the coalesced MR */
+        fill(mine, 1000, 200u + (unsigned)k);
+        assert_int_equal(post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, 1000, page + 100, (uint32_t)sub.a),
+                         IBV_WC_SUCCESS);
+        assert_int_equal(ask(e, T_CHECK, 200u + (uint32_t)k, page + 100, 1000, 0, 0, 0).a, 0);
+        /* the rest of page k and every other page are what they were */
+        assert_int_equal(ask(e, T_CHECK, 100u + (uint32_t)k, page, 100, 0, 0, 0).a, 0);
+        ask(e, T_FILL, 100u + (uint32_t)k, page, PAGE, 0, 0, 0);  /* restore page k */
+        for (int j = 0; j < NP; j++)
+            assert_int_equal(ask(e, T_CHECK, 100u + (uint32_t)j, theirs + (uint64_t)j * PAGE, PAGE, 0, 0, 0).a, 0);
+        assert_int_equal((int)ask(e, T_UNREG, sub.arg, 0, 0, 0, 0, 0).arg, 0);
+    }
+    assert_int_equal((int)ask(e, T_UNREG, a.arg, 0, 0, 0, 0, 0).arg, 0);
+    assert_int_equal((int)ask(e, T_UNREG, b.arg, 0, 0, 0, 0, 0).arg, 0);
+    assert_int_equal(unreg(&e->s, mi), 0);
+    munmap(mine, PAGE);
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    assert_non_null(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* Failures on the way: the provider fails the 2nd registration from now, then a work request;
+ * drc returns the error, leaks no fd and no MR, and the next registration and transfer work. */
+static void test_failures_leak_nothing(void **state)
+{
+    struct env *e = *state;
+    enum { LEN = 4 * PAGE };
+    unsigned char *mine;
+    uint64_t theirs;
+    struct msg t;
+    struct loopnic_counters c0;
+    int fds0, mi, rc, first;
+
+    NEED_LOOPNIC();
+    mine = map(LEN);
+    theirs = ask(e, T_ALLOC, 0, LEN, 0, 0, 0, 0).a;
+    t = ask(e, T_REG, 0, theirs, LEN, 0, 0, 0);
+    assert_true(mine && theirs && (int)t.arg >= 0);
+    fds0 = count_fds();
+    ln_fail_reg(2, EFAULT);                           /* the second registration from now fails */
+    first = reg(&e->s, mine + 3 * PAGE, PAGE);        /* the first works */
+    assert_true(first >= 0);
+    c0 = counters();
+    rc = reg(&e->s, mine, PAGE);
+    assert_int_equal(rc, -EFAULT);                    /* drc returns the provider's error */
+    assert_int_equal(counters().live_mrs, c0.live_mrs);
+    assert_int_equal(counters().reg_failures, c0.reg_failures + 1);
+    assert_int_equal(count_fds(), fds0);
+    mi = reg(&e->s, mine, LEN);                       /* the next one works */
+    assert_true(mi >= 0);
+    assert_true(counters().live_mrs > c0.live_mrs);
+
+    ln_fail_wr(1, IBV_WC_RETRY_EXC_ERR);              /* a work request fails */
+    fill(mine, LEN, 9);
+    assert_int_equal(post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)t.a), IBV_WC_RETRY_EXC_ERR);
+    assert_true(ask(e, T_CHECK, 9, theirs, LEN, 0, 0, 0).a > 0);   /* nothing moved */
+    assert_int_equal(side_connect(&e->s), 0);         /* the QP went to error: connect it again */
+    assert_int_equal(post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)t.a), IBV_WC_SUCCESS);
+    assert_int_equal(ask(e, T_CHECK, 9, theirs, LEN, 0, 0, 0).a, 0);
+    assert_int_equal(unreg(&e->s, mi), 0);
+    assert_int_equal(unreg(&e->s, first), 0);
+    assert_int_equal((int)ask(e, T_UNREG, t.arg, 0, 0, 0, 0, 0).arg, 0);
+    assert_int_equal(count_fds(), fds0);
+    munmap(mine, LEN);
+}
+
+/* ---- GPU memory, in one process (QPs to each other): the dmabuf path ---- */
+static struct {
+    int (*init)(unsigned);
+    int (*dev_get)(int *, int);
+    int (*retain)(void **, int);
+    int (*set_cur)(void *);
+    int (*alloc)(unsigned long long *, size_t);
+    int (*free_)(unsigned long long);
+    int (*memcpy_)(unsigned long long, unsigned long long, size_t);
+    int (*export_)(void *, unsigned long long, size_t, int, unsigned long long);
+    void *h;
+} cu;
+
+/* The CUDA driver (the real one, or loopnic's double through LD_LIBRARY_PATH), a context current. */
+static int cuda_up(void)
+{
+    void *h = cu.h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *ctx;
+    int dev;
+
+    if (!h)
+        return 0;
+    *(void **)&cu.init = dlsym(h, "cuInit");
+    *(void **)&cu.dev_get = dlsym(h, "cuDeviceGet");
+    *(void **)&cu.retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+    *(void **)&cu.set_cur = dlsym(h, "cuCtxSetCurrent");
+    *(void **)&cu.alloc = dlsym(h, "cuMemAlloc_v2");
+    *(void **)&cu.free_ = dlsym(h, "cuMemFree_v2");
+    *(void **)&cu.memcpy_ = dlsym(h, "cuMemcpy");
+    *(void **)&cu.export_ = dlsym(h, "cuMemGetHandleForAddressRange");
+    return cu.init && cu.dev_get && cu.retain && cu.set_cur && cu.alloc && cu.free_ && cu.memcpy_ && cu.export_ &&
+           cu.init(0) == 0 && cu.dev_get(&dev, 0) == 0 && cu.retain(&ctx, dev) == 0 && cu.set_cur(ctx) == 0;
+}
+
+struct local { struct side a, b; unsigned char *src; int si; };   /* a writes into b's memory */
+
+static int setup_local(void **state)
+{
+    struct local *l = calloc(1, sizeof(*l));
+
+    if (!l || side_open(&l->a) || side_open(&l->b))
+        return -1;
+    l->a.peer = l->b.me;
+    l->b.peer = l->a.me;
+    if (side_connect(&l->a) || side_connect(&l->b) || !(l->src = map(16 * PAGE)) ||
+        (l->si = reg(&l->a, l->src, 16 * PAGE)) < 0)
+        return -1;
+    *state = l;
+    return 0;
+}
+
+static int teardown_local(void **state)
+{
+    struct local *l = *state;
+
+    side_close(&l->a);
+    side_close(&l->b);
+    munmap(l->src, 16 * PAGE);
+    free(l);
+    return 0;
+}
+
+#define NEED_GPU()                                                              \
+    do {                                                                        \
+        if (!cuda_up()) {                                                       \
+            fprintf(stderr, "skipped: no CUDA driver (libcuda.so.1)\n");        \
+            skip();                                                             \
+        }                                                                       \
+    } while (0)
+
+/* WRITE n bytes of pattern seed from a's source to b's dst through rkey; the status. */
+static int local_write(struct local *l, uint64_t dst, size_t n, uint32_t rkey, unsigned seed)
+{
+    fill(l->src, n, seed);
+    return post(&l->a, 1, l->src, l->a.reg[l->si].mr->lkey, n, dst, rkey);
+}
+
+/* Pages of GPU memory at d whose bytes differ from page pattern 100 + k (want[k] = -1), or from
+ * pattern want[k] at [off, off + n) of page k. */
+static int gpu_pages_as(uint64_t d, int np, const int *want, size_t off, size_t n)
+{
+    unsigned char *h = malloc((size_t)np * PAGE);
+    int bad = 0;
+
+    assert_non_null(h);
+    assert_int_equal(cu.memcpy_((uintptr_t)h, d, (size_t)np * PAGE), 0);
+    for (int k = 0; k < np; k++) {
+        unsigned char *p = h + (size_t)k * PAGE;
+        if (want[k] < 0)
+            bad += bad_bytes(p, PAGE, 100u + (unsigned)k) != 0;
+        else
+            bad += bad_bytes(p, off, 100u + (unsigned)k) != 0 || bad_bytes(p + off, n, (unsigned)want[k]) != 0;
+    }
+    free(h);
+    return bad;
+}
+
+static void gpu_background(uint64_t d, int np)
+{
+    unsigned char *h = malloc((size_t)np * PAGE);
+
+    assert_non_null(h);
+    for (int k = 0; k < np; k++)
+        fill(h + (size_t)k * PAGE, PAGE, 100u + (unsigned)k);
+    assert_int_equal(cu.memcpy_(d, (uintptr_t)h, (size_t)np * PAGE), 0);
+    free(h);
+}
+
+/* Coalesced and interior registrations of GPU memory (dmabuf: drc exports, the NIC registers
+ * the fd at iova = address with the offset drc computed): a WRITE into each sub-buffer lands
+ * there and nowhere else. UCX issue 11417 was a wrong offset that sent writes to neighbours. */
+static void test_coalesced_gpu_subbuffers(void **state)
+{
+    struct local *l = *state;
+    enum { NP = 8 };
+    unsigned long long d;
+    int want[NP], a, b, sub;
+
+    NEED_GPU();
+    assert_int_equal(cu.alloc(&d, 1 << 20), 0);
+    gpu_background(d, NP);
+    for (int k = 0; k < NP; k++)
+        want[k] = -1;
+    sub = reg(&l->b, (void *)(uintptr_t)(d + 5 * PAGE + 100), 1000);   /* the first: interior */
+    assert_true(sub >= 0);
+    assert_int_equal(local_write(l, d + 5 * PAGE + 100, 1000, l->b.reg[sub].mr->rkey, 300), IBV_WC_SUCCESS);
+    want[5] = 300;
+    assert_int_equal(gpu_pages_as(d, NP, want, 100, 1000), 0);
+    assert_int_equal(unreg(&l->b, sub), 0);
+    gpu_background(d, NP);
+    want[5] = -1;
+    a = reg(&l->b, (void *)(uintptr_t)d, 3 * PAGE);
+    b = reg(&l->b, (void *)(uintptr_t)(d + 2 * PAGE), 6 * PAGE);
+    assert_true(a >= 0 && b >= 0);
+    for (int k = 0; k < NP; k++) {
+        uint64_t page = d + (uint64_t)k * PAGE;
+        sub = reg(&l->b, (void *)(uintptr_t)(page + 100), 1000);
+        assert_true(sub >= 0);
+        assert_int_equal(l->b.reg[sub].mr->rkey, l->b.reg[b].mr->rkey);  /* the coalesced MR */
+        assert_int_equal(local_write(l, page + 100, 1000, l->b.reg[sub].mr->rkey, 400u + (unsigned)k), IBV_WC_SUCCESS);
+        want[k] = 400 + k;
+        assert_int_equal(gpu_pages_as(d, NP, want, 100, 1000), 0);
+        want[k] = -1;
+        gpu_background(d, NP);
+        assert_int_equal(unreg(&l->b, sub), 0);
+    }
+    assert_int_equal(unreg(&l->b, a), 0);
+    assert_int_equal(unreg(&l->b, b), 0);
+#ifdef E2E_API
+    assert_true(drc_notify_free((void *)(uintptr_t)d, 1 << 20) >= 1);
+#endif
+    assert_int_equal(cu.free_(d), 0);
+}
+
+/* The control: a dmabuf registration with a wrong offset (0 for an interior iova) sends the
+ * write to the start of the export, and the neighbour check sees it. */
+static void test_control_wrong_dmabuf_offset_is_caught(void **state)
+{
+    struct local *l = *state;
+    enum { NP = 8 };
+    unsigned long long d;
+    struct ibv_mr *mr;
+    int want[NP], fd = -1;
+
+    NEED_GPU();
+    if (ln_counters && !dlsym(cu.h, "fakecu_dmabuf_base")) {
+        /* loopnic with the real driver takes a dmabuf's memory to be at iova: only a NIC (or the
+         * CUDA double) moves the bytes the offset names */
+        fprintf(stderr, "skipped: loopnic cannot see dmabuf offsets with the real CUDA driver\n");
+        skip();
+    }
+    assert_int_equal(cu.alloc(&d, 1 << 20), 0);
+    gpu_background(d, NP);
+    for (int k = 0; k < NP; k++)
+        want[k] = -1;
+    assert_int_equal(cu.export_(&fd, d, NP * PAGE, 1, 0), 0);
+    mr = ibv_reg_dmabuf_mr(l->b.pd, 0 /* should be 5 * PAGE */, PAGE, d + 5 * PAGE, fd, ACC);
+    assert_non_null(mr);
+    assert_int_equal(local_write(l, d + 5 * PAGE, PAGE, mr->rkey, 500), IBV_WC_SUCCESS);
+    want[5] = 500;
+    assert_true(gpu_pages_as(d, NP, want, 0, PAGE) > 0);   /* page 5 missed, page 0 overwritten */
+    assert_int_equal(ibv_dereg_mr(mr), 0);
+    close(fd);
+    assert_int_equal(cu.free_(d), 0);
+}
+
+/* A failed dmabuf registration: drc returns the error, closes its export, leaves no MR. */
+static void test_failed_dmabuf_registration_leaks_nothing(void **state)
+{
+    struct local *l = *state;
+    unsigned long long d;
+    loopnic_fail_fn *fail_dmabuf = (loopnic_fail_fn *)dlsym(RTLD_DEFAULT, "loopnic_fail_dmabuf_reg");
+    struct loopnic_counters c0;
+    int fds0, rc, i;
+
+    NEED_LOOPNIC();
+    NEED_GPU();
+    assert_non_null(fail_dmabuf);
+    assert_int_equal(cu.alloc(&d, 1 << 20), 0);
+    i = reg(&l->b, (void *)(uintptr_t)d, 4 * PAGE);   /* the first also probes the NIC's dmabuf support */
+    assert_true(i >= 0);
+    c0 = counters();
+    fds0 = count_fds();
+    fail_dmabuf(1, EIO);
+    rc = reg(&l->b, (void *)(uintptr_t)(d + 64 * PAGE), 4 * PAGE);
+    assert_int_equal(rc, -EIO);
+    assert_int_equal(counters().live_mrs, c0.live_mrs);
+    assert_int_equal(counters().dmabuf_regs, c0.dmabuf_regs);
+    assert_int_equal(count_fds(), fds0);
+    assert_int_equal(unreg(&l->b, i), 0);
+    i = reg(&l->b, (void *)(uintptr_t)(d + 64 * PAGE), 4 * PAGE);   /* the next one works */
+    assert_true(i >= 0);
+    assert_int_equal(counters().dmabuf_regs, c0.dmabuf_regs + 1);
+    assert_int_equal(local_write(l, d + 64 * PAGE, 4 * PAGE, l->b.reg[i].mr->rkey, 600), IBV_WC_SUCCESS);
+    assert_int_equal(unreg(&l->b, i), 0);
+#ifdef E2E_API
+    assert_true(drc_notify_free((void *)(uintptr_t)d, 1 << 20) >= 1);
+#endif
+    assert_int_equal(cu.free_(d), 0);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_patterns_both_ways, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hazard_with_drc, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hazard_control_without_invalidation, setup_control, teardown),
+        cmocka_unit_test_setup_teardown(test_coalesced_host_subbuffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failures_leak_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_coalesced_gpu_subbuffers, setup_local, teardown_local),
+        cmocka_unit_test_setup_teardown(test_control_wrong_dmabuf_offset_is_caught, setup_local, teardown_local),
+        cmocka_unit_test_setup_teardown(test_failed_dmabuf_registration_leaks_nothing, setup_local, teardown_local),
+    };
+    char reg_path[64];
+    int n = 0, rc;
+    struct ibv_device **devs;
+
+    ln_counters = (loopnic_get_counters_fn *)dlsym(RTLD_DEFAULT, "loopnic_get_counters");
+    ln_fail_reg = (loopnic_fail_fn *)dlsym(RTLD_DEFAULT, "loopnic_fail_reg");
+    ln_fail_wr = (loopnic_fail_fn *)dlsym(RTLD_DEFAULT, "loopnic_fail_wr");
+    if (argc == 4 && !strcmp(argv[1], "--target"))
+        return run_target(atoi(argv[2]), !strcmp(argv[3], "control"));
+    if (ln_counters && getenv("E2E_REQUIRE_HW")) {
+        fprintf(stderr, "e2e: libibverbs.so.1 is the loopback provider (LD_LIBRARY_PATH?), not the real one\n");
+        return 1;
+    }
+    /* loopnic: a shared table, so that the target's rkeys and QP numbers resolve here */
+    if (ln_counters && !getenv("LOOPNIC_REGISTRY")) {
+        snprintf(reg_path, sizeof(reg_path), "/dev/shm/drc-e2e-%d", (int)getpid());
+        setenv("LOOPNIC_REGISTRY", reg_path, 1);
+    } else {
+        reg_path[0] = 0;
+    }
+    devs = ibv_get_device_list(&n);
+    if (!devs || n == 0) {
+        printf("e2e: no RDMA device: skipped\n");
+        return 77;
+    }
+    ibv_free_device_list(devs);
+    if (argc == 2 && !strcmp(argv[1], "--probe")) {   /* test_hw.sh: is there a device? */
+        printf("e2e: %d RDMA device(s)\n", n);
+        return 0;
+    }
+#ifdef E2E_API
+    rc = cmocka_run_group_tests_name("e2e_api", tests, NULL, NULL);
+#else
+    if (!dlsym(RTLD_DEFAULT, "drc_notify_free"))
+        fprintf(stderr, "e2e_engine: drc is not preloaded: the control and the coalescing checks will fail\n");
+    rc = cmocka_run_group_tests_name("e2e_engine", tests, NULL, NULL);
+#endif
+    if (reg_path[0])
+        unlink(reg_path);
+    return rc;
+}
