@@ -9,14 +9,18 @@
  * Region memory is never returned while the cache lives (it is type-stable,
  * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it.
  *
- * The reference word, r->word = HELD | users:
+ * The reference word, r->word = HELD | DEAD? | users:
  *   HELD is set while the region is live or detached. It is cleared only
- *   under c->lock, only by CAS(HELD -> 0), so only when no user holds the
- *   region; the thread whose CAS succeeds deregisters it. Users are added and
- *   dropped without the lock. A put that leaves exactly HELD on a detached
- *   region takes the lock to release it; `detached` is set before the CAS
- *   that would release it, so either that CAS sees the user gone, or the
- *   user's put sees `detached` and releases it itself.
+ *   by CAS(HELD -> 0) under c->lock, or by CAS(HELD|DEAD -> 0), so only when
+ *   no user holds the region; the thread whose CAS succeeds deregisters it.
+ *   Users are added and dropped without the lock. A put that leaves exactly
+ *   HELD on a detached region takes the lock to release it; `detached` is
+ *   set before the CAS that would release it, so either that CAS sees the
+ *   user gone, or the user's put sees `detached` and releases it itself.
+ *   DEAD marks a region invalidated while held (retire): it is in no tree,
+ *   so the put that leaves exactly HELD|DEAD releases it without the lock.
+ *   The bit is in the word, not beside it, so that a put learns it from its
+ *   own decrement and never acts on a region that was released meanwhile.
  *
  * Lookups take no lock: they walk c->tree under a sequence count.
  *   writer (c->lock held)             lockless lookup
@@ -79,7 +83,8 @@
 #endif
 
 #define HELD     (1ull << 63)
-#define USERS(w) ((w) & ~HELD)
+#define DEAD     (1ull << 62)
+#define USERS(w) ((w) & ~(HELD | DEAD))
 
 #define LD(x)       __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v)    __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
@@ -185,6 +190,7 @@ struct drc_cache {
     struct drc_region *lru_head, *lru_tail;     /* least recently idle first; kept only if limited */
     struct drc_region *pool;
     struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
+    uint64_t ndetached;             /* atomic: DETACHED_OFF regions, held and invalid (see retire) */
     struct chunk *chunks;
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
@@ -471,10 +477,9 @@ static void unlink_live(drc_cache_t *c, struct drc_region *r)
     INC(c->bytes, -region_len(r));
 }
 
-/* Release r if no user holds it: the caller deregisters everything on *dead. */
-static int try_release(struct drc_region *r, struct drc_region **dead)
+/* Release r if its word is still @w, which has no user: the caller deregisters everything on *dead. */
+static int try_release_w(struct drc_region *r, uint64_t w, struct drc_region **dead)
 {
-    uint64_t w = HELD;
 
     if (!__atomic_compare_exchange_n(&r->word, &w, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
         return 0;
@@ -483,13 +488,37 @@ static int try_release(struct drc_region *r, struct drc_region **dead)
     return 1;
 }
 
-/* A live region leaves the tree: released if idle, else detached until its last put. */
+static int try_release(struct drc_region *r, struct drc_region **dead)
+{
+    return try_release_w(r, HELD, dead);
+}
+
+/*
+ * A live region leaves the tree: released if idle, else detached until its
+ * last put. A superseded region is still valid, and goes into c->detached so
+ * that a range invalidation can still find it (DETACHED_TREE); an invalid
+ * one needs no finding (DETACHED_OFF): it is only counted, and its last put
+ * releases it without the lock. The state is set before the CAS that would
+ * release it, so the put that races the CAS sees which it is.
+ */
+enum { LIVE = 0, DETACHED_TREE = 1, DETACHED_OFF = 2 };
+
 static void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
 {
+    uint64_t w;
+
     unlink_live(c, r);
-    ST_SC(r->detached, 1);
-    if (!try_release(r, dead))
-        drc__itree_insert(&c->detached, &r->node);
+    if (LD(r->valid)) {
+        ST_SC(r->detached, DETACHED_TREE);
+        if (!try_release(r, dead))
+            drc__itree_insert(&c->detached, &r->node);
+    } else {
+        __atomic_fetch_add(&c->ndetached, 1, __ATOMIC_SEQ_CST);
+        ST_SC(r->detached, DETACHED_OFF);
+        w = __atomic_fetch_or(&r->word, DEAD, __ATOMIC_SEQ_CST) | DEAD;
+        if (!USERS(w) && try_release_w(r, w, dead))
+            __atomic_fetch_sub(&c->ndetached, 1, __ATOMIC_SEQ_CST);
+    }
 }
 
 static int over_limits(const drc_cache_t *c)
@@ -576,7 +605,7 @@ static int release_list(drc_cache_t *c, struct drc_region *dead)
 
 static int nothing_registered(const drc_cache_t *c)
 {
-    return !c->tree.root && !c->detached.root && !c->pending;
+    return !c->tree.root && !c->detached.root && !c->pending && !LD_SC(c->ndetached);
 }
 
 static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
@@ -587,15 +616,23 @@ static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
         __atomic_store_n(&c->hi, last, __ATOMIC_RELEASE);
 }
 
-/* The last user of r is gone (r->word == HELD): release a detached region, refresh the LRU. */
-static int became_idle(drc_cache_t *c, struct drc_region *r)
+/* The last user of r is gone (its put left @w, HELD or HELD|DEAD): release a detached region, refresh the LRU. */
+static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
 {
     struct drc_region *dead = NULL;
 
+    tally(c, ST_IDLED);
+    if (w & DEAD) {
+        /* invalidated while held, in no tree: nothing but the count to update, no lock */
+        if (!try_release_w(r, w, &dead))
+            return 0;   /* a stale lookup took it meanwhile: its put releases it */
+        __atomic_fetch_sub(&c->ndetached, 1, __ATOMIC_SEQ_CST);
+        return release_list(c, dead);
+    }
     if (!LD_SC(r->detached) && !c->limited)
         return 0;
     lock(c);
-    if (LD(r->detached)) {
+    if (LD(r->detached) == DETACHED_TREE) {
         if (try_release(r, &dead))
             drc__itree_remove(&c->detached, &r->node);
     } else if (c->limited && (LD(r->word) & HELD)) {
@@ -616,10 +653,7 @@ static int unref(drc_cache_t *c, struct drc_region *r)
 {
     uint64_t w = __atomic_sub_fetch(&r->word, 1, __ATOMIC_SEQ_CST);
 
-    if (w != HELD)
-        return 0;
-    tally(c, ST_IDLED);
-    return became_idle(c, r);
+    return USERS(w) ? 0 : became_idle(c, r, w);
 }
 
 static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
@@ -1004,10 +1038,7 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
         if (!USERS(w))
             return -EINVAL;
     } while (!__atomic_compare_exchange_n(&r->word, &w, w - 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
-    if (w - 1 != HELD)
-        return 0;
-    tally(c, ST_IDLED);
-    return became_idle(c, r);
+    return USERS(w - 1) ? 0 : became_idle(c, r, w - 1);
 }
 
 int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
@@ -1114,6 +1145,32 @@ err_hint:
     return err;
 }
 
+int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
+{
+    struct drc_region *dead = NULL;
+    int n = 0;
+
+    if (!c || !r || r->cache != c || !USERS(LD_SC(r->word)))
+        return -EINVAL;     /* the caller's reference keeps r from being released or reused below */
+    if (LD(c->inert))
+        return 0;
+    lock(c);
+    if (LD(r->detached) == LIVE) {
+        seq_begin(c);
+        ST_SC(r->valid, 0);
+        retire(c, r, &dead);
+        seq_end(c);
+        n = 1;
+    } else if (LD(r->valid)) {
+        ST_SC(r->valid, 0);     /* superseded but still valid: now it is not */
+        n = 1;
+    }
+    INC(c->invalidated, (uint64_t)n);
+    unlock(c);
+    release_list(c, dead);      /* empty: the caller still holds r */
+    return n;
+}
+
 /*
  * In a fork() child (notify.c's atfork handler, only this thread exists):
  * the cache is the parent's, its registrations and backend context too. It
@@ -1163,7 +1220,7 @@ static uint64_t held_in(const struct drc__itree *t)
 
 static int busy(const drc_cache_t *c)
 {
-    return c->pending || c->detached.root || held_in(&c->tree);
+    return c->pending || c->detached.root || LD_SC(c->ndetached) || held_in(&c->tree);
 }
 
 int drc_cache_destroy(drc_cache_t *c)
