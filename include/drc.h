@@ -134,7 +134,10 @@ DRC_API int  drc_cache_destroy(drc_cache_t *c);
  * has any), and take a reference on it.
  * A hit takes no lock. A miss registers [addr rounded down to the host page,
  * addr+len rounded up), coalesced with every overlapping valid region of the
- * same memory and the same remote bits (unless DRC_F_NO_MERGE), through the
+ * same memory and the same remote bits (unless DRC_F_NO_MERGE, or unless the
+ * union would be more than twice the request's own page range: then the
+ * request is registered alone, overlapping its neighbours, so that buffers
+ * packed side by side never re-register a growing union), through the
  * backend, without a lock
  * held. Never returns a region that an invalidation begun before the lookup
  * removed, nor one whose registration raced an invalidation of its range.

@@ -182,11 +182,13 @@ struct drc_cache {
     struct hint_tab *hint;          /* atomic: replaced under c->lock (release store) */
     unsigned page_shift;
     int inert;                      /* atomic: inherited by a fork() child (drc__cache_forked) */
+    int overlapping;                /* atomic, set under c->lock, never cleared: live regions may overlap */
 
     pthread_mutex_t lock __attribute__((aligned(64)));
     pthread_cond_t pending_done;
     struct drc__itree detached;
     struct pending *pending;
+    unsigned pending_waiters;       /* c->lock: getters asleep on pending_done */
     struct drc_region *lru_head, *lru_tail;     /* least recently idle first; kept only if limited */
     struct drc_region *pool;
     struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
@@ -253,7 +255,9 @@ static void wait_pending(drc_cache_t *c)
     ST(c->owner, (pthread_t)0);
     drc__lock_depth--;
 #endif
+    c->pending_waiters++;
     pthread_cond_wait(&c->pending_done, &c->lock);
+    c->pending_waiters--;
 #ifdef DRC_DEBUG
     drc__lock_depth++;
     ST(c->owner, pthread_self());
@@ -399,21 +403,27 @@ static int serves(unsigned have, unsigned want)
 }
 
 /* A region containing [s, last] that serves @access, or NULL. */
-static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t s, uintptr_t last,
-                                          unsigned access, int *budget)
+static struct drc_region *find_containing(const drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access,
+                                          int *budget)
 {
+    const struct drc__itree *t = &c->tree;
     struct drc__itree_node *n;
     struct drc_region *r;
 
     /*
      * Coalesced regions do not overlap, so the region starting last at or
-     * before s is the only candidate: one cache line per level. Overlapping
-     * regions (DRC_F_NO_MERGE, or merges refused by a size limit) fall
-     * through to the full overlap walk.
+     * before s is the only candidate: one cache line per level. Once regions
+     * may overlap (DRC_F_NO_MERGE, merges refused by a size limit or by the
+     * remote bits), a failed floor falls through to the full overlap walk.
+     * A region that overlaps another is published inside the writer's
+     * window that sets `overlapping`, so a lookup that read it unset and
+     * kept an unchanged count saw a tree without overlaps.
      */
     n = drc__itree_floor(t, s, budget);
     if (n && LD(n->last) >= last && serves(LD(region_of(n)->access), access))
         return region_of(n);
+    if (!LD(c->overlapping))
+        return NULL;
     for (n = drc__itree_first(t, s, last, budget); n; n = drc__itree_next(n, s, last, budget)) {
         if (LD(n->start) > s)
             break;      /* in start order: no later node starts early enough */
@@ -687,7 +697,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
         }
         if (!hinted) {
             budget = LOOKUP_BUDGET;
-            r = find_containing(&c->tree, s, last, access, &budget);
+            r = find_containing(c, s, last, access, &budget);
             if (!r || !tryget(c, r))
                 return NULL;
         }
@@ -726,7 +736,8 @@ static void pending_unlink(drc_cache_t *c, struct pending *p)
     for (pp = &c->pending; *pp != p; pp = &(*pp)->next)
         ;
     *pp = p->next;
-    pthread_cond_broadcast(&c->pending_done);
+    if (c->pending_waiters)
+        pthread_cond_broadcast(&c->pending_done);
 }
 
 /* A miss: what to register, given the overlapping live regions (c->lock). */
@@ -734,6 +745,7 @@ struct plan {
     uintptr_t start, last;
     unsigned access;
     int merging;
+    int overlaps;       /* a live region overlapping it stays: set c->overlapping */
 };
 
 /* May r be joined into a registration of @m with @access? Same memory, and never wider remote bits. */
@@ -744,27 +756,39 @@ static int joinable(const struct drc_region *r, const struct drc__mem *m, unsign
            (r->access & DRC_ACCESS_REMOTE) == (access & DRC_ACCESS_REMOTE);
 }
 
+/*
+ * One overlap walk under the lock: a live region that serves [s, last]
+ * (returned in *hit), else the plan of the miss. A miss is coalesced with
+ * every overlapping joinable region, unless the union would be more than
+ * twice the request's own page range: then it is registered alone,
+ * overlapping its neighbours, so that buffers packed next to each other
+ * (sharing their boundary pages) never re-register a growing union.
+ */
 static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, const struct drc__mem *m,
-                       struct plan *p)
+                       struct plan *p, struct drc_region **hit)
 {
     struct drc__itree_node *n;
     uintptr_t start = s & ~(uintptr_t)(c->page - 1), end = last | (c->page - 1);
     int budget = DRC__ITREE_UNBOUNDED;
 
     ASSERT_LOCKED(c);
-    if (c->max_len && end - start >= c->max_len)
-        return -E2BIG;
+    *hit = NULL;
     p->start = start;
     p->last = end;
     p->access = access;
     p->merging = 0;
-    if (c->flags & DRC_F_NO_MERGE)
-        return 0;
+    p->overlaps = 0;
     for (n = drc__itree_first(&c->tree, start, end, &budget); n; n = drc__itree_next(n, start, end, &budget)) {
         struct drc_region *r = region_of(n);
 
-        if (!joinable(r, m, access))
+        if (n->start <= s && n->last >= last && serves(r->access, access)) {
+            *hit = r;
+            return 0;
+        }
+        if ((c->flags & DRC_F_NO_MERGE) || !joinable(r, m, access)) {
+            p->overlaps = 1;
             continue;
+        }
         if (n->start < p->start)
             p->start = n->start;
         if (n->last > p->last)
@@ -772,11 +796,15 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
         p->access |= r->access;
         p->merging = 1;
     }
-    if (p->merging && ((c->max_len && p->last - p->start >= c->max_len) || p->last - p->start == UINTPTR_MAX)) {
-        p->start = start;       /* the union would be too large for the device (or for a size_t) */
+    if (c->max_len && end - start >= c->max_len)
+        return -E2BIG;
+    if (p->merging && ((c->max_len && p->last - p->start >= c->max_len) || p->last - p->start == UINTPTR_MAX ||
+                       (p->last - p->start) / 2 > end - start)) {
+        p->start = start;       /* too large for the device, for a size_t, or for what was asked */
         p->last = end;
         p->access = access;
         p->merging = 0;
+        p->overlaps = 1;
     }
     return 0;
 }
@@ -900,7 +928,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     struct plan p;
     void *handle = NULL;
     uint32_t lkey = 0, rkey = 0;
-    int err, budget, registered;
+    int err, registered;
     unsigned grow;
 
     DRC_ASSERT_NO_LOCK();
@@ -909,8 +937,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         return err;
     lock(c);
     for (;;) {
-        budget = DRC__ITREE_UNBOUNDED;
-        r = find_containing(&c->tree, s, last, access, &budget);
+        err = plan_region(c, s, last, access, &m, &p, &r);
         if (r) {
             if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
                 tally(c, ST_USED);
@@ -925,7 +952,6 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         wait_pending(c);
     }
     INC(c->misses, 1);
-    err = plan_region(c, s, last, access, &m, &p);
     if (err) {
         unlock(c);
         return err;
@@ -963,6 +989,8 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     seq_begin(c);
     if (p.merging)
         supersede(c, &p, &m, &dead);
+    if (p.overlaps)
+        ST_SC(c->overlapping, 1);
     publish(c, r, &p, &m, handle, lkey, rkey);
     ST(*hint_slot(c, s), r);
     if (c->limited)

@@ -318,6 +318,38 @@ static void remote_access_is_never_widened(void **state)
     done(b, c);
 }
 
+/*
+ * Packed host sub-buffers (a transfer engine's 10,000 neighbours that share
+ * their boundary pages): each miss joins its neighbour only while the union
+ * stays within twice its own pages, so the total registered stays within
+ * twice the buffer instead of re-registering a growing union every time.
+ */
+static void packed_neighbours_do_not_reregister_a_growing_union(void **state)
+{
+    enum { N = 10000, SUB = 100000 };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    unsigned long i, total = 0;
+    drc_region_t *r;
+
+    (void)state;
+    for (i = 0; i < N; i++) {
+        r = get_ok(c, at(0, i * SUB), SUB, LW | RW | RR);
+        assert_int_equal(drc_put(c, r), 0);
+    }
+    for (i = 0; i < tb_nreg(b); i++)
+        total += b->rec[i].args.len;
+    print_message("%lu registrations, %lu bytes for a %lu-byte buffer\n", tb_nreg(b), total, (unsigned long)N * SUB);
+    assert_true(total <= 2ul * N * SUB);
+    /* and each neighbour hits now */
+    for (i = 0; i < N; i++) {
+        r = get_ok(c, at(0, i * SUB), SUB, LW | RW | RR);
+        assert_int_equal(drc_put(c, r), 0);
+    }
+    assert_int_equal(b->reg_calls, tb_nreg(b));
+    done(b, c);
+}
+
 static void adjacent_pages_do_not_merge(void **state)
 {
     struct tb *b = tb_new();
@@ -1094,6 +1126,7 @@ int main(void)
         cmocka_unit_test(merge_with_busy_region_defers_its_dereg),
         cmocka_unit_test(local_access_upgrade_merges),
         cmocka_unit_test(remote_access_is_never_widened),
+        cmocka_unit_test(packed_neighbours_do_not_reregister_a_growing_union),
         cmocka_unit_test(adjacent_pages_do_not_merge),
         cmocka_unit_test(no_merge_registers_own_range),
         cmocka_unit_test(invalidate_by_handle),
