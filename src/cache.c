@@ -183,6 +183,7 @@ struct drc_cache {
     unsigned page_shift;
     int inert;                      /* atomic: inherited by a fork() child (drc__cache_forked) */
     int overlapping;                /* atomic, set under c->lock, never cleared: live regions may overlap */
+    unsigned npending;              /* atomic, changed under c->lock: registrations pending or being inserted */
 
     pthread_mutex_t lock __attribute__((aligned(64)));
     pthread_cond_t pending_done;
@@ -958,6 +959,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     }
     pend = (struct pending){ .start = p.start, .last = p.last, .stale = 0, .next = c->pending };
     c->pending = &pend;
+    __atomic_fetch_add(&c->npending, 1, __ATOMIC_SEQ_CST);    /* before the frees are read (notify.c) */
     widen_hull(c, p.start, p.last);
     unlock(c);
 
@@ -980,6 +982,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     if (!err && pend.stale)
         err = RACED;        /* it may map memory that is being freed: never insert it */
     if (err) {
+        __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);
         unlock(c);
         mem_free(spare);
         if (registered)
@@ -996,6 +999,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     if (c->limited)
         evict(c, &dead);
     seq_end(c);
+    __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);    /* inserted: a probe now finds it (see drc_invalidate) */
     grow = hint_want(c);
     unlock(c);
     release_list(c, dead);
@@ -1069,6 +1073,39 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
     return USERS(w - 1) ? 0 : became_idle(c, r, w - 1);
 }
 
+/*
+ * The lockless probe of an invalidation (a free event): 1 if, at one instant,
+ * no live region overlapped [s, last], no registration was pending or being
+ * inserted, and no superseded region (still valid) was held. Then there is
+ * nothing to invalidate, and drc_invalidate returns without the lock. It is
+ * the hit path's protocol (a walk under the sequence count), read as:
+ *   getter (miss)                          probe
+ *   lock; add pending; npending++ (SC)     s = seq (even, else take the lock)
+ *   unlock; wait for frees in flight       npending, detached.root: 0, 0 ?
+ *   register                               walk the tree: nothing overlaps ?
+ *   lock; seq++; insert; seq++             seq == s ?  nothing there
+ *   npending-- (SC); unlock
+ * A registration counted before the probe's load of npending sends the
+ * probe to the lock. One counted after it began after the probe's instant:
+ * it is the race that every invalidation has with a registration begun
+ * after it, closed for frees by the bracket of notify.c (npending is
+ * stored before the getter reads the frees in flight, and the freer's entry
+ * is published before the probe reads npending: one of the two sees the
+ * other). An insert that the walk could miss changes seq.
+ */
+static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
+    int budget = LOOKUP_BUDGET;
+
+    if ((seq & 1) || LD_SC(c->npending) || LD(c->detached.root))
+        return 0;
+    if (drc__itree_first(&c->tree, s, last, &budget) || budget <= 0)
+        return 0;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
+    return LD(c->seq) == seq;
+}
+
 int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
 {
     struct drc_region *r, *dead = NULL;
@@ -1088,6 +1125,8 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
         return 0;           /* a fork child never deregisters the parent's regions */
     /* The hull covers every pending registration too, so skipping here misses none. */
     if (last < __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE) || s > __atomic_load_n(&c->hi, __ATOMIC_ACQUIRE))
+        return 0;
+    if (nothing_there(c, s, last))
         return 0;
     lock(c);
     budget = DRC__ITREE_UNBOUNDED;
