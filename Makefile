@@ -171,7 +171,7 @@ $B/tests/test_verbs_preload $B/asan/tests/test_verbs_preload: $B/libdrc_verbs.so
   $B/engine/fakecuda/libcuda.so.1
 test_regmr_LDFLAGS := -Wl,--wrap=ibv_reg_mr_iova2,--wrap=ibv_reg_dmabuf_mr,--wrap=ibv_dereg_mr,--wrap=ibv_query_device
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
-test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=free
+test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free
 bench_engine_LDFLAGS :=
 $B/bench/bench_engine: $B/engine/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
 

@@ -132,7 +132,11 @@ struct drc_region {
  * start, keys one of the two or three grains the region touches) to the
  * region a lookup last found there, so that a hit is one slot load and
  * one region line instead of a tree descent (about 2 log2 n dependent loads,
- * each a coin-toss branch on random addresses). Lookups fill it with plain
+ * each a coin-toss branch on random addresses). The slot is the grain number
+ * modulo the table size, not a hash: neighbouring grains sit in neighbouring
+ * slots, so lookups in address order share slot lines, and one contiguous
+ * arena of regions fills the table without collisions. The table is calloc'd:
+ * fresh pages are not written until a slot is. Lookups fill it with plain
  * atomic stores, without the lock; nothing else writes it, and nothing
  * clears it: a slot may point to a region that has since been detached,
  * released or reused, so a lookup checks what it finds exactly as it checks
@@ -292,6 +296,13 @@ static void *mem_alloc(size_t size)
     if (p)
         memset(p, 0, size);
     return p;
+}
+
+/* Zeroed memory without the 64-byte alignment: calloc skips the memset of fresh pages (the hint tables). */
+static void *mem_zalloc(size_t size)
+{
+    DRC_ASSERT_NO_LOCK();
+    return calloc(1, size);
 }
 
 static void mem_free(void *p)
@@ -671,7 +682,7 @@ static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
 {
     struct hint_tab *t = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
 
-    return &t->slot[((uint64_t)(s >> t->grain) * 0x9e3779b97f4a7c15ull) >> t->shift];
+    return &t->slot[(s >> t->grain) & (~(uintptr_t)0 >> t->shift)];
 }
 
 static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
@@ -849,7 +860,7 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
 
 static struct hint_tab *hint_new(unsigned bits, struct hint_tab *older)
 {
-    struct hint_tab *t = mem_alloc(sizeof(*t) + (sizeof(t->slot[0]) << bits));
+    struct hint_tab *t = mem_zalloc(sizeof(*t) + (sizeof(t->slot[0]) << bits));
 
     if (t) {
         t->shift = 64 - bits;
