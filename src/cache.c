@@ -121,6 +121,7 @@ struct drc_region {
     void *handle;
     uint32_t lkey, rkey;
     int valid;                      /* atomic */
+    struct drc_region *pred, *succ; /* atomic, written in a writer's window: live neighbours in start order */
     struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
 } __attribute__((aligned(64)));
@@ -492,6 +493,10 @@ static size_t region_len(const struct drc_region *r)
 static void unlink_live(drc_cache_t *c, struct drc_region *r)
 {
     ASSERT_WRITING(c);
+    if (r->pred)
+        ST(r->pred->succ, r->succ);
+    if (r->succ)
+        ST(r->succ->pred, r->pred);
     drc__itree_remove(&c->tree, &r->node);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
@@ -906,6 +911,8 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
 static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
                     void *handle, uint32_t lkey, uint32_t rkey)
 {
+    struct drc__itree_node *n;
+
     ASSERT_WRITING(c);
     DRC_ASSERT(LD(r->word) == 0 && r->cache == c);
     ST(r->node.start, p->start);
@@ -919,6 +926,14 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
     drc__itree_insert(&c->tree, &r->node);
+    n = drc__itree_prev(&r->node);
+    ST(r->pred, n ? region_of(n) : NULL);
+    if (n)
+        ST(region_of(n)->succ, r);
+    n = drc__itree_succ(&r->node);
+    ST(r->succ, n ? region_of(n) : NULL);
+    if (n)
+        ST(region_of(n)->pred, r);
     if (c->limited)
         lru_append(c, r);
     INC(c->regions, 1);
@@ -1089,7 +1104,9 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
  * no live region overlapped [s, last], no registration was pending or being
  * inserted, and no superseded region (still valid) was held. Then there is
  * nothing to invalidate, and drc_invalidate returns without the lock. It is
- * the hit path's protocol (a walk under the sequence count), read as:
+ * the hit path's protocol (a walk, or a look at a region's live neighbour
+ * links, under the sequence count: a writer changes both inside its
+ * window), read as:
  *   getter (miss)                          probe
  *   lock; add pending; npending++ (SC)     s = seq (even, else take the lock)
  *   unlock; wait for frees in flight       npending, detached.root: 0, 0 ?
@@ -1107,12 +1124,47 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
 static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
 {
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
-    int budget = LOOKUP_BUDGET;
+    struct drc_region **hs, *r, *n;
+    struct drc__itree_node *f;
+    int budget = LOOKUP_BUDGET, empty;
 
     if ((seq & 1) || LD_SC(c->npending) || LD(c->detached.root))
         return 0;
-    if (drc__itree_first(&c->tree, s, last, &budget) || budget <= 0)
-        return 0;
+    if (LD(c->overlapping)) {
+        /* any region may reach into the range: the overlap walk */
+        if (drc__itree_first(&c->tree, s, last, &budget) || budget <= 0)
+            return 0;
+        empty = 1;
+    } else {
+        /*
+         * Disjoint regions: nothing overlaps [s, last] iff a live region r
+         * lies left of it and r's successor right of it (or the mirror).
+         * The hint slot of s usually holds such a neighbour (a lookup there,
+         * or an earlier probe, put it there); else floor(last) is the left
+         * neighbour, found by one descent and left in the slot.
+         */
+        hs = hint_slot(c, s);
+        r = LD(*hs);
+        if (!r || LD(r->detached) != LIVE || !(LD(r->word) & HELD) ||
+            (LD(r->node.last) >= s && LD(r->node.start) <= last)) {
+            f = drc__itree_floor(&c->tree, last, &budget);
+            if (budget <= 0)
+                return 0;
+            if (!f)
+                goto validate;      /* every region starts after last */
+            r = region_of(f);
+            if (LD(r->node.last) >= s)
+                return 0;           /* something there (or a torn walk): the locked path decides */
+            ST(*hs, r);
+        }
+        if (LD(r->node.last) < s)
+            empty = !(n = LD(r->succ)) || LD(n->node.start) > last;
+        else
+            empty = !(n = LD(r->pred)) || LD(n->node.last) < s;
+        if (!empty)
+            return 0;
+    }
+validate:
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
     return LD(c->seq) == seq;
 }
@@ -1279,6 +1331,19 @@ static void check_trees(const drc_cache_t *c)
     long live = drc__itree_check(&c->tree), det = drc__itree_check(&c->detached);
 
     DRC_ASSERT(live >= 0 && (uint64_t)live == c->regions);
+    {
+        /* the neighbour links are the tree's start order */
+        struct drc__itree_node *n;
+        const struct drc_region *prev = NULL;
+        int budget = DRC__ITREE_UNBOUNDED;
+
+        for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
+             n = drc__itree_next(n, 0, UINTPTR_MAX, &budget)) {
+            DRC_ASSERT(region_of(n)->pred == prev && (!prev || prev->succ == region_of(n)));
+            prev = region_of(n);
+        }
+        DRC_ASSERT(!prev || !prev->succ);
+    }
     DRC_ASSERT(det >= 0);
     DRC_ASSERT(!c->limited || !c->regions == !c->lru_head);
 }

@@ -332,6 +332,30 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr
     }
 }
 
+struct drc__itree_node *drc__itree_prev(const struct drc__itree_node *n)
+{
+    if (n->left) {
+        for (n = n->left; n->right; n = n->right)
+            ;
+        return (node_t *)n;
+    }
+    while (n->parent && n == n->parent->left)
+        n = n->parent;
+    return n->parent;
+}
+
+struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n)
+{
+    if (n->right) {
+        for (n = n->right; n->left; n = n->left)
+            ;
+        return (node_t *)n;
+    }
+    while (n->parent && n == n->parent->right)
+        n = n->parent;
+    return n->parent;
+}
+
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
 {
     const node_t *n = LD(t->root);

@@ -56,6 +56,14 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget);
 
 /*
+ * The neighbours of @n in start order (in-order predecessor and successor),
+ * or NULL. Writers only (they read the tree without atomics): cache.c keeps
+ * its own neighbour links, which lockless readers follow.
+ */
+struct drc__itree_node *drc__itree_prev(const struct drc__itree_node *n);
+struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n);
+
+/*
  * Check every invariant (BST order, red-black rules, parent links,
  * subtree_last) and return the node count, or -1 if one is broken.
  * O(n): for tests, fuzzers and DRC_DEBUG builds.

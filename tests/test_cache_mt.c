@@ -248,6 +248,7 @@ struct race {
     int stop;                       /* atomic */
     unsigned long violations, not_live, bad_bounds, gets, errors;  /* atomic */
     int by_handle;                  /* invalidate with drc_region_invalidate, not by range */
+    int disjoint;                   /* one-page regions on even pages only, one access: none overlap */
     unsigned long epoch;            /* atomic: by-handle invalidations returned so far */
 };
 
@@ -283,6 +284,12 @@ static void *hitter_thread(void *p)
         size_t want = 1 + xs(&h->rng) % (2 * pg());
         unsigned a = acc[xs(&h->rng) % 4];
 
+        if (x->disjoint) {
+            page &= ~(size_t)1;     /* gaps on the odd pages: free events there take the lockless probe */
+            off = 0;
+            want = pg();
+            a = LW;
+        }
         if (page * pg() + off + want > SPACE * pg())
             want = SPACE * pg() - page * pg() - off;
         /* invalidations that returned before this get began */
@@ -318,7 +325,7 @@ static void *hitter_thread(void *p)
     return NULL;
 }
 
-static void race_invalidations(const struct drc_config *cfg, int by_handle)
+static void race_invalidations(const struct drc_config *cfg, int by_handle, int disjoint)
 {
     struct race x = { 0 };
     struct hitter h[HITTERS];
@@ -332,6 +339,7 @@ static void race_invalidations(const struct drc_config *cfg, int by_handle)
     x.b = tb_new();
     x.c = mk(x.b, cfg);
     x.by_handle = by_handle;
+    x.disjoint = disjoint;
     memset(dead_at, 0, sizeof(dead_at));
     for (i = 0; i < HITTERS; i++) {
         h[i] = (struct hitter){ &x, 0x1234567ull * (uint64_t)(i + 1) };
@@ -359,7 +367,11 @@ static void race_invalidations(const struct drc_config *cfg, int by_handle)
             assert_int_equal(drc_put(x.c, r), 0);
             continue;
         }
-        assert_true(drc_invalidate(x.c, at(page, xs(&rng) % 64), n * pg() - 64) >= 0);
+        if (disjoint) {
+            n = 1;
+            assert_true(drc_notify_free(at(page, 0), pg()) >= 0);  /* a free event: gap or region */
+        } else
+            assert_true(drc_invalidate(x.c, at(page, xs(&rng) % 64), n * pg() - 64) >= 0);
         for (p = page; p < page + n; p++)
             __atomic_store_n(&x.floor[p], before, __ATOMIC_RELEASE);
         if (k % 64 == 0)
@@ -387,7 +399,7 @@ static void race_invalidations(const struct drc_config *cfg, int by_handle)
 static void gets_after_invalidate_never_return_old_regions(void **state)
 {
     (void)state;
-    race_invalidations(NULL, 0);
+    race_invalidations(NULL, 0, 0);
 }
 
 static void same_race_without_merging(void **state)
@@ -395,7 +407,7 @@ static void same_race_without_merging(void **state)
     struct drc_config cfg = { .flags = DRC_F_NO_MERGE };
 
     (void)state;
-    race_invalidations(&cfg, 0);
+    race_invalidations(&cfg, 0, 0);
 }
 
 static void same_race_with_eviction(void **state)
@@ -403,7 +415,7 @@ static void same_race_with_eviction(void **state)
     struct drc_config cfg = { .max_regions = 3, .max_bytes = 6 * pg() };
 
     (void)state;
-    race_invalidations(&cfg, 0);
+    race_invalidations(&cfg, 0, 0);
 }
 
 /* ---- stats while other threads take and drop references ---------------- */
@@ -515,7 +527,19 @@ static void getter_sleeps_through_a_free_in_flight(void **state)
 static void gets_after_invalidate_by_handle_never_return_it(void **state)
 {
     (void)state;
-    race_invalidations(NULL, 1);
+    race_invalidations(NULL, 1, 0);
+}
+
+/*
+ * Free events racing inserts where regions never overlap, so that an event
+ * in a gap returns from the lockless probe (neighbour links, hint slot,
+ * floor descent) and one on a region takes the lock: no get begun after an
+ * event returned gets a region registered before it.
+ */
+static void free_event_probe_racing_inserts(void **state)
+{
+    (void)state;
+    race_invalidations(NULL, 0, 1);
 }
 
 int main(void)
@@ -528,6 +552,7 @@ int main(void)
         cmocka_unit_test_setup(same_race_without_merging, setup_alarm),
         cmocka_unit_test_setup(same_race_with_eviction, setup_alarm),
         cmocka_unit_test_setup(gets_after_invalidate_by_handle_never_return_it, setup_alarm),
+        cmocka_unit_test_setup(free_event_probe_racing_inserts, setup_alarm),
         cmocka_unit_test_setup(stats_are_kept_as_they_change, setup_alarm),
         cmocka_unit_test_setup(getter_sleeps_through_a_free_in_flight, setup_alarm),
     };
