@@ -35,6 +35,13 @@
  *                       range; that get searches for every queued one)
  *   2 threads hit       both threads hit the same regions; ns per op per
  *                       thread, and the pair's throughput over one thread's
+ *   2 threads free      each thread, on its own half: a free event over a
+ *                       region (invalidated, deregistered), then a get
+ *                       that registers it again (ns per pair per thread)
+ *   2 threads missing   a fresh cache filled by two threads, each its half
+ *   hit vs invalidate   one thread hits its half while the other
+ *                       invalidates held regions of its half and registers
+ *                       them again (the hitter's ns)
  *
  * Each row checks that it measured what it claims: hits register nothing,
  * misses register every time, each invalidation deregisters its region,
@@ -269,20 +276,19 @@ static inline void inval_held(struct cache *c, uint32_t i)
     cache_put(c, r);
 }
 
-static inline void free_event(struct cache *c, void *a, size_t len)
+/* A free event; drc says how many regions it invalidated, UCX only queues it (0). */
+static inline int free_event(struct cache *c, void *a, size_t len)
 {
     ucm_event_t ev;
 
-    if (!c->ucx) {
-        if (drc_notify_free(a, len) != 0)
-            failed = 1;
-        return;
-    }
+    if (!c->ucx)
+        return drc_notify_free(a, len);
     ev.vm_unmapped.address = a;
     ev.vm_unmapped.size = len;
     ucm_event_enter();
     ucm_event_dispatch(UCM_EVENT_VM_UNMAPPED, &ev);
     ucm_event_leave();
+    return 0;
 }
 
 static void fill(struct cache *c, uint32_t n)
@@ -295,7 +301,10 @@ static void fill(struct cache *c, uint32_t n)
 
 /* ---- rows ---------------------------------------------------------------- */
 
-enum kind { HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, INV_HELD, FREE_GAP, PAIR_HIT, KINDS };
+enum kind {
+    HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, INV_HELD, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS,
+    HIT_VS_INV, KINDS
+};
 
 static const char *const kind_name[KINDS] = {
     [HIT_RAND] = "hit, interior slice, random region",
@@ -306,6 +315,9 @@ static const char *const kind_name[KINDS] = {
     [INV_HELD] = "invalidate one held region",
     [FREE_GAP] = "free event, nothing registered",
     [PAIR_HIT] = "2 threads hit same regions (per op)",
+    [PAIR_FREE] = "2 threads: free event on a region + get",
+    [PAIR_MISS] = "2 threads missing (per miss)",
+    [HIT_VS_INV] = "hit while a thread invalidates others",
 };
 
 struct row {
@@ -322,6 +334,7 @@ static const struct row rows[] = {
     { INV_HELD, 1024 }, { INV_HELD, 65536 },
     { FREE_GAP, 1024 }, { FREE_GAP, 65536 },
     { PAIR_HIT, 1024 }, { PAIR_HIT, 65536 },
+    { PAIR_FREE, 1024 }, { PAIR_MISS, 1024 }, { PAIR_MISS, 65536 }, { HIT_VS_INV, 1024 }, { HIT_VS_INV, 65536 },
 };
 
 enum { ROWS = sizeof(rows) / sizeof(rows[0]) };
@@ -400,6 +413,143 @@ static double pair_hit(struct cache *c)
     pin(1);
     CHECK(regs == r0, "%s: a two-thread hit registered", c->ucx ? "ucx" : "drc");
     return p.ns[0] > p.ns[1] ? p.ns[0] : p.ns[1];
+}
+
+/*
+ * Two threads at once, each on its own half of the regions (@kind):
+ *   PAIR_FREE   a free event over one of its regions (which invalidates and
+ *               deregisters it), then a get that registers it again
+ *   PAIR_MISS   a fresh cache filled, each thread its half (ns per miss)
+ *   HIT_VS_INV  thread 0 hits its half; thread 1 invalidates held regions of
+ *               its half by handle and registers them again (thread 0's ns)
+ */
+struct duo {
+    struct cache *c;
+    enum kind kind;
+    uint32_t n;
+    pthread_barrier_t go;
+    int stop;
+    double ns[2];
+};
+
+struct duo_arg {
+    struct duo *d;
+    int id;
+};
+
+static void *duo_thread(void *v)
+{
+    struct duo_arg *a = v;
+    struct duo *d = a->d;
+    uint32_t half = d->n / 2, base = (uint32_t)a->id * half, i;
+    uint64_t t0, ops = 0, x = 0x12345u + (uint64_t)a->id;
+    size_t k;
+
+    pthread_barrier_wait(&d->go);
+    t0 = now_ns();
+    switch (d->kind) {
+    case PAIR_FREE:
+        for (k = 0; k < FREES / 8; k++, ops++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            i = base + (uint32_t)((x >> 33) % half);
+            free_event(d->c, addr_of(i, 0), REGION);
+            getput(d->c, addr_of(i, 0), REGION);
+        }
+        break;
+    case PAIR_MISS:
+        for (i = base; i < base + half; i++, ops++)
+            getput(d->c, addr_of(i, 0), REGION);
+        break;
+    case HIT_VS_INV:
+        if (a->id == 0) {
+            for (k = 0; k < HITS; k++, ops++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                i = (uint32_t)((x >> 33) % half);
+                getput(d->c, addr_of(i, seq_off[k]), SLICE);
+            }
+            __atomic_store_n(&d->stop, 1, __ATOMIC_RELEASE);
+        } else {
+            while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                i = base + (uint32_t)((x >> 33) % half);
+                inval_held(d->c, i);
+                getput(d->c, addr_of(i, 0), REGION);
+                ops++;
+            }
+        }
+        break;
+    case HIT_RAND:
+    case HIT_SEQ:
+    case HIT_START:
+    case MISS_FRESH:
+    case MISS_AGAIN:
+    case INV_HELD:
+    case FREE_GAP:
+    case PAIR_HIT:
+    case KINDS:
+        break;
+    }
+    d->ns[a->id] = ops ? (double)(now_ns() - t0) / (double)ops : 0;
+    return NULL;
+}
+
+static double duo_run(struct cache *c, enum kind kind, uint32_t n)
+{
+    struct duo d = { .c = c, .kind = kind, .n = n };
+    struct duo_arg a[2] = { { &d, 0 }, { &d, 1 } };
+    pthread_t t[2];
+    int i;
+
+    pin(0);
+    pthread_barrier_init(&d.go, NULL, 2);
+    for (i = 0; i < 2; i++)
+        pthread_create(&t[i], NULL, duo_thread, &a[i]);
+    for (i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&d.go);
+    pin(1);
+    if (kind == HIT_VS_INV)
+        return d.ns[0];
+    return d.ns[0] > d.ns[1] ? d.ns[0] : d.ns[1];
+}
+
+static double pair_free(struct cache *c, uint32_t n)
+{
+    uint64_t d0 = deregs, r0 = regs;
+    double ns = duo_run(c, PAIR_FREE, n);
+
+    CHECK(deregs - d0 == 2 * (FREES / 8) && regs - r0 == 2 * (FREES / 8),
+          "%s: %llu deregistrations and %llu registrations for %d free events and gets", c->ucx ? "ucx" : "drc",
+          (unsigned long long)(deregs - d0), (unsigned long long)(regs - r0), 2 * (FREES / 8));
+    return ns;
+}
+
+static double pair_miss(int ucx, uint32_t n)
+{
+    uint64_t r0 = regs;
+    double total = 0;
+    size_t done = 0;
+
+    while (done < MAXN) {
+        struct cache c = cache_new(ucx);
+
+        total += duo_run(&c, PAIR_MISS, n) * (n / 2);
+        cache_free(&c);
+        done += n;
+    }
+    CHECK(regs - r0 == done, "%s: %llu registrations for %zu misses in two threads", ucx ? "ucx" : "drc",
+          (unsigned long long)(regs - r0), done);
+    return total / (double)(done / 2);
+}
+
+static double hit_vs_inv(struct cache *c, uint32_t n)
+{
+    uint64_t r0 = regs, d0 = deregs;
+    double ns = duo_run(c, HIT_VS_INV, n);
+
+    CHECK(regs - r0 == deregs - d0, "%s: %llu registrations against %llu invalidations", c->ucx ? "ucx" : "drc",
+          (unsigned long long)(regs - r0), (unsigned long long)(deregs - d0));
+    return ns;
 }
 
 /* Fresh misses: caches filled from empty until at least MAXN registrations. */
@@ -485,16 +635,17 @@ static double free_gaps(struct cache *c, uint32_t n)
 {
     uint64_t t0, d0 = deregs;
     size_t k;
+    int found = 0;
 
     for (k = 0; k < FREES / 10; k++)
-        free_event(c, addr_of(seq_i[k], REGION), STRIDE - REGION);
+        found += free_event(c, addr_of(seq_i[k], REGION), STRIDE - REGION);
     getput(c, addr_of(0, 0), REGION);
     t0 = now_ns();
     for (k = 0; k < FREES; k++)
-        free_event(c, addr_of(seq_i[k % HITS], REGION), STRIDE - REGION);
+        found += free_event(c, addr_of(seq_i[k % HITS], REGION), STRIDE - REGION);
     getput(c, addr_of(0, 0), REGION);     /* drains UCX's queue of ranges */
     t0 = now_ns() - t0;
-    CHECK(deregs == d0, "%s: a free event in a gap deregistered", c->ucx ? "ucx" : "drc");
+    CHECK(deregs == d0 && !found, "%s: a free event in a gap invalidated", c->ucx ? "ucx" : "drc");
     (void)n;
     return (double)t0 / FREES;
 }
@@ -531,12 +682,16 @@ static void child(int ucx, int fd)
     pin(1);
     for (k = 0; k < ROWS; k++) {
         const struct row *rw = &rows[k];
+        const char *only = getenv("BENCH_ONLY");
         struct cache c;
 
+        res[k] = 0;
+        if (only && !strstr(kind_name[rw->kind], only))
+            continue;   /* BENCH_ONLY=<part of a row name>: measure those rows only */
         draw(rw->n, rw->kind == HIT_SEQ);
-        if (rw->kind == MISS_FRESH) {
+        if (rw->kind == MISS_FRESH || rw->kind == PAIR_MISS) {
             for (run = 0; run < RUNS; run++)
-                v[run] = miss_fresh(ucx, rw->n);
+                v[run] = rw->kind == MISS_FRESH ? miss_fresh(ucx, rw->n) : pair_miss(ucx, rw->n);
             res[k] = median(v, RUNS);
             continue;
         }
@@ -563,6 +718,13 @@ static void child(int ucx, int fd)
             case PAIR_HIT:
                 v[run] = pair_hit(&c);
                 break;
+            case PAIR_FREE:
+                v[run] = pair_free(&c, rw->n);
+                break;
+            case HIT_VS_INV:
+                v[run] = hit_vs_inv(&c, rw->n);
+                break;
+            case PAIR_MISS:
             case MISS_FRESH:
             case KINDS:
                 break;
@@ -630,6 +792,8 @@ int main(void)
             umax = v[rep] > umax ? v[rep] : umax;
         }
         u = median(v, REPS);
+        if (d == 0 && u == 0)
+            continue;
         printf("| %s | %u | %.1f [%.1f-%.1f] | %.1f [%.1f-%.1f] | %.2f |\n", kind_name[rows[k].kind], rows[k].n, d,
                dmin, dmax, u, umin, umax, d / u);
     }
