@@ -911,7 +911,7 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
 static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
                     void *handle, uint32_t lkey, uint32_t rkey)
 {
-    struct drc__itree_node *n;
+    struct drc__itree_node *n, *nx;
 
     ASSERT_WRITING(c);
     DRC_ASSERT(LD(r->word) == 0 && r->cache == c);
@@ -925,15 +925,13 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->lkey = lkey;
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
-    drc__itree_insert(&c->tree, &r->node);
-    n = drc__itree_prev(&r->node);
+    drc__itree_insert_at(&c->tree, &r->node, &n, &nx);
     ST(r->pred, n ? region_of(n) : NULL);
     if (n)
         ST(region_of(n)->succ, r);
-    n = drc__itree_succ(&r->node);
-    ST(r->succ, n ? region_of(n) : NULL);
-    if (n)
-        ST(region_of(n)->pred, r);
+    ST(r->succ, nx ? region_of(nx) : NULL);
+    if (nx)
+        ST(region_of(nx)->pred, r);
     if (c->limited)
         lru_append(c, r);
     INC(c->regions, 1);

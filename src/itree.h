@@ -35,6 +35,10 @@ struct drc__itree {
 /* Insert @n (start and last set by the caller). Equal starts are allowed. */
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
 
+/* The same, also giving @n's neighbours in start order (as drc__itree_prev/succ would), or NULL. */
+void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_node **prev,
+                          struct drc__itree_node **succ);
+
 /* Remove @n, which must be in @t. */
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
 

@@ -37,9 +37,14 @@ static uint64_t rnd(struct model *m)
 
 static void ins(struct model *m, int i, uintptr_t start, uintptr_t last)
 {
+    struct drc__itree_node *prev, *succ;
+
     m->n[i].start = start;
     m->n[i].last = last;
-    drc__itree_insert(&m->t, &m->n[i]);
+    drc__itree_insert_at(&m->t, &m->n[i], &prev, &succ);
+    /* the neighbours the insert reports are the in-order ones */
+    assert_ptr_equal(prev, drc__itree_prev(&m->n[i]));
+    assert_ptr_equal(succ, drc__itree_succ(&m->n[i]));
     m->in[i] = 1;
     m->count++;
     assert_int_equal(drc__itree_check(&m->t), m->count);
