@@ -713,6 +713,9 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
             hinted = 0;
         }
         if (!hinted) {
+            /* beyond the hull (a cache filled in address order): a miss without the descent */
+            if (s < LD(c->lo) || last > LD(c->hi))
+                return NULL;
             budget = LOOKUP_BUDGET;
             r = find_containing(c, s, last, access, &budget);
             if (!r || !tryget(c, r))
