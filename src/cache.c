@@ -34,8 +34,9 @@
  * sees the changed count and drops it. If the writer's CAS lands first, the
  * increment fails. A walk that raced a rotation may miss r or wander; the
  * count catches both, and `budget` bounds the wandering. Before walking, a
- * lookup tries the hint table (see struct hint_tab): a guess, taken under the
- * same count and refused if the region was detached. Invariant for every
+ * lookup tries the hint table (see struct hint_tab): a guess, validated by
+ * the reference it takes (lookup_lockless), refused if the region was
+ * detached. Invariant for every
  * path that takes a region out of the tree: it sets `detached` inside the
  * writer's window (retire), or releases the region (HELD cleared) first
  * (evict), so that a stale hint can never be taken for a live region.
@@ -137,12 +138,12 @@ struct drc_region {
  * modulo the table size, not a hash: neighbouring grains sit in neighbouring
  * slots, so lookups in address order share slot lines, and one contiguous
  * arena of regions fills the table without collisions. The table is calloc'd:
- * fresh pages are not written until a slot is. Lookups fill it with plain
- * atomic stores, without the lock; nothing else writes it, and nothing
- * clears it: a slot may point to a region that has since been detached,
- * released or reused, so a lookup checks what it finds exactly as it checks
- * a tree walk (bounds, then tryget, then the sequence count), plus
- * !detached, the one state a tree walk cannot reach. Tables are replaced by
+ * fresh pages are not written until a slot is. Lookups (and free-event
+ * probes, with a region beside a gap) fill it with plain atomic stores,
+ * without the lock; nothing else writes it, and nothing clears it: a slot
+ * may point to a region that has since been detached, released or reused,
+ * so a lookup checks what it finds: bounds, tryget, bounds again (now they
+ * cannot change), then !detached (lookup_lockless). Tables are replaced by
  * larger ones under c->lock as the cache grows; a replaced table stays
  * allocated (a lockless lookup may still read it) until drc_cache_destroy.
  */
@@ -699,39 +700,41 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
 {
     struct drc_region *r, **hs;
     unsigned seq;
-    int budget, tries, hinted;
+    int budget, tries;
 
+    /*
+     * The hint: no sequence count. Once tryget holds r, r cannot be released
+     * or reused, so its bounds and bits are what they will stay: check them
+     * again, then that r is still live. Every path out of the tree either
+     * sets `detached` before the CAS that would release r (retire: then our
+     * SC load sees it, or our CAS came first and the lookup is ordered before
+     * that writer) or releases r first (evict: then tryget failed). A region
+     * being published holds the count of its getter and is inserted in the
+     * same locked section: taking it is a lookup ordered after that insert.
+     * So writers elsewhere in the cache never make a hint hit retry.
+     */
+    hs = hint_slot(c, s);
+    r = LD(*hs);
+    if (r && covers(r, s, last, access) && tryget(c, r)) {
+        if (covers(r, s, last, access) && LD_SC(r->detached) == LIVE)
+            return r;
+        unref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
+    }
+    /* beyond the hull (a cache filled in address order): a miss without the descent */
+    if (s < LD(c->lo) || last > LD(c->hi))
+        return NULL;
     for (tries = 0; tries < 2; tries++) {
         seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
         if (seq & 1)
             return NULL;        /* a writer is at work: wait for it on the lock */
-        hs = hint_slot(c, s);
-        r = LD(*hs);
-        hinted = r && covers(r, s, last, access) && tryget(c, r);
-        if (hinted && LD(r->detached)) {
-            unref(c, r);        /* left the tree: walk it, and the walk replaces the hint */
-            hinted = 0;
-        }
-        if (!hinted) {
-            /* beyond the hull (a cache filled in address order): a miss without the descent */
-            if (s < LD(c->lo) || last > LD(c->hi))
-                return NULL;
-            budget = LOOKUP_BUDGET;
-            r = find_containing(c, s, last, access, &budget);
-            if (!r || !tryget(c, r))
-                return NULL;
-        }
+        budget = LOOKUP_BUDGET;
+        r = find_containing(c, s, last, access, &budget);
+        if (!r || !tryget(c, r))
+            return NULL;
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
-        /*
-         * seq unchanged: no writer ran since the first load, so r is what
-         * the load saw. A region found in the tree was live then; one found
-         * through a hint may have left the tree earlier, and then it was
-         * detached (retire sets that inside the writer's window) or released
-         * (and tryget failed).
-         */
+        /* seq unchanged: no writer ran since the first load, so r was live in the tree then */
         if (LD(c->seq) == seq && !LD(r->detached)) {
-            if (!hinted)
-                ST(*hs, r);
+            ST(*hs, r);
             return r;
         }
         unref(c, r);
