@@ -306,7 +306,7 @@ $B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
 # The in-process verbs tests dlopen the same provider and install it as drc's verbs ops table.
 $(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/loopnic/libibverbs.so.1
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
-core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=free
+core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free
 bench_engine_LDFLAGS := -libverbs
 $B/bench/bench_engine: $B/loopnic/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
 

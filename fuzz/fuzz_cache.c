@@ -12,8 +12,9 @@
  *     was not registered before an invalidation of a range it overlaps;
  *   - refcounts balance: stats.in_use is the number of distinct regions the
  *     model holds, a put of a region not held fails and changes nothing;
- *   - drc_region_valid() of every held region is what the model expects, and
- *     drc_invalidate() returns how many valid regions overlapped its range;
+ *   - drc_region_valid() of every held region is what the model expects,
+ *     drc_invalidate() returns how many valid regions overlapped its range,
+ *     and drc_region_invalidate() of a held region 1 if it was valid;
  *   - over a limit, no idle region is left in the tree;
  * and at the end (and at every re-creation), with everything put, destroy
  * succeeds and every handle was deregistered exactly once.
@@ -307,6 +308,25 @@ static void op_invalidate(struct state *st, struct fuzz_in *in)
     FUZZ_ASSERT(drc_invalidate(st->c, (const void *)s, len) == want);
 }
 
+/* drc_region_invalidate of a held region: it and only it becomes invalid; 1 if it was valid. */
+static void op_invalidate_handle(struct state *st, struct fuzz_in *in)
+{
+    struct handle *h;
+    drc_region_t *r;
+    int k, want;
+
+    if (!st->nholds)
+        return;
+    k = (int)fuzz_range(in, 0, (uint64_t)st->nholds - 1);
+    r = st->holds[k].r;
+    h = handle_of(r);
+    want = h->valid;
+    h->valid = 0;
+    FUZZ_ASSERT(drc_region_invalidate(st->c, r) == want);
+    FUZZ_ASSERT(drc_region_valid(r) == 0);
+    FUZZ_ASSERT(h->live);      /* held: deregistered on its last put, not now */
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fuzz_in in = { data, size };
@@ -338,7 +358,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             op_get(&st, &in, 0, 1);     /* an invalidation inside reg() */
             break;
         case 6:
-            op_put(&st, &in);
+            if (fuzz_u8(&in) % 4 == 0)
+                op_invalidate_handle(&st, &in);
+            else
+                op_put(&st, &in);
             break;
         case 7:
             if (fuzz_u8(&in) % 8 == 0) {

@@ -170,7 +170,10 @@ DRC_API int  drc_cache_destroy(drc_cache_t *c);
  * has any), and take a reference on it.
  * A hit takes no lock. A miss registers [addr rounded down to the host page,
  * addr+len rounded up), coalesced with every overlapping valid region of the
- * same memory and the same remote bits (unless DRC_F_NO_MERGE), through the
+ * same memory and the same remote bits (unless DRC_F_NO_MERGE, or unless the
+ * union would be more than twice the request's own page range: then the
+ * request is registered alone, overlapping its neighbours, so that buffers
+ * packed side by side never re-register a growing union), through the
  * backend, without a lock
  * held. Never returns a region that an invalidation begun before the lookup
  * removed, nor one whose registration raced an invalidation of its range.
@@ -200,6 +203,18 @@ DRC_API int  drc_put(drc_cache_t *c, drc_region_t *r);
  * call from a backend's reg() or dereg().
  */
 DRC_API int  drc_invalidate(drc_cache_t *c, const void *addr, size_t len);
+
+/*
+ * Invalidate the region @r, which the caller holds (a reference from
+ * drc_get() not yet put): when this returns no drc_get() in any thread
+ * returns it, and it is deregistered on its last drc_put() (the caller's,
+ * or another holder's). The cheap way to drop a registration one knows:
+ * no range search. Other regions over the same memory are left alone.
+ * Returns 1 if @r was valid, 0 if it was already invalid, or -EINVAL (NULL,
+ * @r not of @c, or @r not held). Does not allocate. Thread-safe, and safe to
+ * call from a backend's reg() or dereg().
+ */
+DRC_API int  drc_region_invalidate(drc_cache_t *c, drc_region_t *r);
 
 /* 1 while the region may still be returned by drc_get(), 0 once invalidated. Thread-safe. */
 DRC_API int  drc_region_valid(const drc_region_t *r);

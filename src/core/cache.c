@@ -9,14 +9,18 @@
  * Region memory is never returned while the cache lives (it is type-stable,
  * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it.
  *
- * The reference word, r->word = HELD | users:
+ * The reference word, r->word = HELD | DEAD? | users:
  *   HELD is set while the region is live or detached. It is cleared only
- *   under c->lock, only by CAS(HELD -> 0), so only when no user holds the
- *   region; the thread whose CAS succeeds deregisters it. Users are added and
- *   dropped without the lock. A put that leaves exactly HELD on a detached
- *   region takes the lock to release it; `detached` is set before the CAS
- *   that would release it, so either that CAS sees the user gone, or the
- *   user's put sees `detached` and releases it itself.
+ *   by CAS(HELD -> 0) under c->lock, or by CAS(HELD|DEAD -> 0), so only when
+ *   no user holds the region; the thread whose CAS succeeds deregisters it.
+ *   Users are added and dropped without the lock. A put that leaves exactly
+ *   HELD on a detached region takes the lock to release it; `detached` is
+ *   set before the CAS that would release it, so either that CAS sees the
+ *   user gone, or the user's put sees `detached` and releases it itself.
+ *   DEAD marks a region invalidated while held (retire): it is in no tree,
+ *   so the put that leaves exactly HELD|DEAD releases it without the lock.
+ *   The bit is in the word, not beside it, so that a put learns it from its
+ *   own decrement and never acts on a region that was released meanwhile.
  *
  * Lookups take no lock: they walk c->tree under a sequence count.
  *   writer (c->lock held)             lockless lookup
@@ -30,8 +34,9 @@
  * sees the changed count and drops it. If the writer's CAS lands first, the
  * increment fails. A walk that raced a rotation may miss r or wander; the
  * count catches both, and `budget` bounds the wandering. Before walking, a
- * lookup tries the hint table (see struct hint_tab): a guess, taken under the
- * same count and refused if the region was detached. Invariant for every
+ * lookup tries the hint table (see struct hint_tab): a guess, validated by
+ * the reference it takes (lookup_lockless), refused if the region was
+ * detached. Invariant for every
  * path that takes a region out of the tree: it sets `detached` inside the
  * writer's window (retire), or releases the region (HELD cleared) first
  * (evict), so that a stale hint can never be taken for a live region.
@@ -79,7 +84,8 @@
 #endif
 
 #define HELD     (1ull << 63)
-#define USERS(w) ((w) & ~HELD)
+#define DEAD     (1ull << 62)
+#define USERS(w) ((w) & ~(HELD | DEAD))
 
 #define LD(x)       __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v)    __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
@@ -116,6 +122,7 @@ struct drc_region {
     void *handle;
     uint32_t lkey, rkey;
     int valid;                      /* atomic */
+    struct drc_region *pred, *succ; /* atomic, written in a writer's window: live neighbours in start order */
     struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
 } __attribute__((aligned(64)));
@@ -127,12 +134,16 @@ struct drc_region {
  * start, keys one of the two or three grains the region touches) to the
  * region a lookup last found there, so that a hit is one slot load and
  * one region line instead of a tree descent (about 2 log2 n dependent loads,
- * each a coin-toss branch on random addresses). Lookups fill it with plain
- * atomic stores, without the lock; nothing else writes it, and nothing
- * clears it: a slot may point to a region that has since been detached,
- * released or reused, so a lookup checks what it finds exactly as it checks
- * a tree walk (bounds, then tryget, then the sequence count), plus
- * !detached, the one state a tree walk cannot reach. Tables are replaced by
+ * each a coin-toss branch on random addresses). The slot is the grain number
+ * modulo the table size, not a hash: neighbouring grains sit in neighbouring
+ * slots, so lookups in address order share slot lines, and one contiguous
+ * arena of regions fills the table without collisions. The table is calloc'd:
+ * fresh pages are not written until a slot is. Lookups (and free-event
+ * probes, with a region beside a gap) fill it with plain atomic stores,
+ * without the lock; nothing else writes it, and nothing clears it: a slot
+ * may point to a region that has since been detached, released or reused,
+ * so a lookup checks what it finds: bounds, tryget, bounds again (now they
+ * cannot change), then !detached (lookup_lockless). Tables are replaced by
  * larger ones under c->lock as the cache grows; a replaced table stays
  * allocated (a lockless lookup may still read it) until drc_cache_destroy.
  */
@@ -177,14 +188,18 @@ struct drc_cache {
     struct hint_tab *hint;          /* atomic: replaced under c->lock (release store) */
     unsigned page_shift;
     int inert;                      /* atomic: inherited by a fork() child (drc__cache_forked) */
+    int overlapping;                /* atomic, set under c->lock, never cleared: live regions may overlap */
+    unsigned npending;              /* atomic, changed under c->lock: registrations pending or being inserted */
 
     pthread_mutex_t lock __attribute__((aligned(64)));
     pthread_cond_t pending_done;
     struct drc__itree detached;
     struct pending *pending;
+    unsigned pending_waiters;       /* c->lock: getters asleep on pending_done */
     struct drc_region *lru_head, *lru_tail;     /* least recently idle first; kept only if limited */
     struct drc_region *pool;
     struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
+    uint64_t ndetached;             /* atomic: DETACHED_OFF regions, held and invalid (see retire) */
     struct chunk *chunks;
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
@@ -247,7 +262,9 @@ static void wait_pending(drc_cache_t *c)
     ST(c->owner, (pthread_t)0);
     drc__lock_depth--;
 #endif
+    c->pending_waiters++;
     pthread_cond_wait(&c->pending_done, &c->lock);
+    c->pending_waiters--;
 #ifdef DRC_DEBUG
     drc__lock_depth++;
     ST(c->owner, pthread_self());
@@ -281,6 +298,13 @@ static void *mem_alloc(size_t size)
     if (p)
         memset(p, 0, size);
     return p;
+}
+
+/* Zeroed memory without the 64-byte alignment: calloc skips the memset of fresh pages (the hint tables). */
+static void *mem_zalloc(size_t size)
+{
+    DRC_ASSERT_NO_LOCK();
+    return calloc(1, size);
 }
 
 static void mem_free(void *p)
@@ -393,21 +417,27 @@ static int serves(unsigned have, unsigned want)
 }
 
 /* A region containing [s, last] that serves @access, or NULL. */
-static struct drc_region *find_containing(const struct drc__itree *t, uintptr_t s, uintptr_t last,
-                                          unsigned access, int *budget)
+static struct drc_region *find_containing(const drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access,
+                                          int *budget)
 {
+    const struct drc__itree *t = &c->tree;
     struct drc__itree_node *n;
     struct drc_region *r;
 
     /*
      * Coalesced regions do not overlap, so the region starting last at or
-     * before s is the only candidate: one cache line per level. Overlapping
-     * regions (DRC_F_NO_MERGE, or merges refused by a size limit) fall
-     * through to the full overlap walk.
+     * before s is the only candidate: one cache line per level. Once regions
+     * may overlap (DRC_F_NO_MERGE, merges refused by a size limit or by the
+     * remote bits), a failed floor falls through to the full overlap walk.
+     * A region that overlaps another is published inside the writer's
+     * window that sets `overlapping`, so a lookup that read it unset and
+     * kept an unchanged count saw a tree without overlaps.
      */
     n = drc__itree_floor(t, s, budget);
     if (n && LD(n->last) >= last && serves(LD(region_of(n)->access), access))
         return region_of(n);
+    if (!LD(c->overlapping))
+        return NULL;
     for (n = drc__itree_first(t, s, last, budget); n; n = drc__itree_next(n, s, last, budget)) {
         if (LD(n->start) > s)
             break;      /* in start order: no later node starts early enough */
@@ -464,6 +494,10 @@ static size_t region_len(const struct drc_region *r)
 static void unlink_live(drc_cache_t *c, struct drc_region *r)
 {
     ASSERT_WRITING(c);
+    if (r->pred)
+        ST(r->pred->succ, r->succ);
+    if (r->succ)
+        ST(r->succ->pred, r->pred);
     drc__itree_remove(&c->tree, &r->node);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
@@ -471,10 +505,9 @@ static void unlink_live(drc_cache_t *c, struct drc_region *r)
     INC(c->bytes, -region_len(r));
 }
 
-/* Release r if no user holds it: the caller deregisters everything on *dead. */
-static int try_release(struct drc_region *r, struct drc_region **dead)
+/* Release r if its word is still @w, which has no user: the caller deregisters everything on *dead. */
+static int try_release_w(struct drc_region *r, uint64_t w, struct drc_region **dead)
 {
-    uint64_t w = HELD;
 
     if (!__atomic_compare_exchange_n(&r->word, &w, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
         return 0;
@@ -483,13 +516,37 @@ static int try_release(struct drc_region *r, struct drc_region **dead)
     return 1;
 }
 
-/* A live region leaves the tree: released if idle, else detached until its last put. */
+static int try_release(struct drc_region *r, struct drc_region **dead)
+{
+    return try_release_w(r, HELD, dead);
+}
+
+/*
+ * A live region leaves the tree: released if idle, else detached until its
+ * last put. A superseded region is still valid, and goes into c->detached so
+ * that a range invalidation can still find it (DETACHED_TREE); an invalid
+ * one needs no finding (DETACHED_OFF): it is only counted, and its last put
+ * releases it without the lock. The state is set before the CAS that would
+ * release it, so the put that races the CAS sees which it is.
+ */
+enum { LIVE = 0, DETACHED_TREE = 1, DETACHED_OFF = 2 };
+
 static void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
 {
+    uint64_t w;
+
     unlink_live(c, r);
-    ST_SC(r->detached, 1);
-    if (!try_release(r, dead))
-        drc__itree_insert(&c->detached, &r->node);
+    if (LD(r->valid)) {
+        ST_SC(r->detached, DETACHED_TREE);
+        if (!try_release(r, dead))
+            drc__itree_insert(&c->detached, &r->node);
+    } else {
+        __atomic_fetch_add(&c->ndetached, 1, __ATOMIC_SEQ_CST);
+        ST_SC(r->detached, DETACHED_OFF);
+        w = __atomic_fetch_or(&r->word, DEAD, __ATOMIC_SEQ_CST) | DEAD;
+        if (!USERS(w) && try_release_w(r, w, dead))
+            __atomic_fetch_sub(&c->ndetached, 1, __ATOMIC_SEQ_CST);
+    }
 }
 
 static int over_limits(const drc_cache_t *c)
@@ -576,7 +633,7 @@ static int release_list(drc_cache_t *c, struct drc_region *dead)
 
 static int nothing_registered(const drc_cache_t *c)
 {
-    return !c->tree.root && !c->detached.root && !c->pending;
+    return !c->tree.root && !c->detached.root && !c->pending && !LD_SC(c->ndetached);
 }
 
 static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
@@ -587,15 +644,23 @@ static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
         __atomic_store_n(&c->hi, last, __ATOMIC_RELEASE);
 }
 
-/* The last user of r is gone (r->word == HELD): release a detached region, refresh the LRU. */
-static int became_idle(drc_cache_t *c, struct drc_region *r)
+/* The last user of r is gone (its put left @w, HELD or HELD|DEAD): release a detached region, refresh the LRU. */
+static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
 {
     struct drc_region *dead = NULL;
 
+    tally(c, ST_IDLED);
+    if (w & DEAD) {
+        /* invalidated while held, in no tree: nothing but the count to update, no lock */
+        if (!try_release_w(r, w, &dead))
+            return 0;   /* a stale lookup took it meanwhile: its put releases it */
+        __atomic_fetch_sub(&c->ndetached, 1, __ATOMIC_SEQ_CST);
+        return release_list(c, dead);
+    }
     if (!LD_SC(r->detached) && !c->limited)
         return 0;
     lock(c);
-    if (LD(r->detached)) {
+    if (LD(r->detached) == DETACHED_TREE) {
         if (try_release(r, &dead))
             drc__itree_remove(&c->detached, &r->node);
     } else if (c->limited && (LD(r->word) & HELD)) {
@@ -616,17 +681,14 @@ static int unref(drc_cache_t *c, struct drc_region *r)
 {
     uint64_t w = __atomic_sub_fetch(&r->word, 1, __ATOMIC_SEQ_CST);
 
-    if (w != HELD)
-        return 0;
-    tally(c, ST_IDLED);
-    return became_idle(c, r);
+    return USERS(w) ? 0 : became_idle(c, r, w);
 }
 
 static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
 {
     struct hint_tab *t = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
 
-    return &t->slot[((uint64_t)(s >> t->grain) * 0x9e3779b97f4a7c15ull) >> t->shift];
+    return &t->slot[(s >> t->grain) & (~(uintptr_t)0 >> t->shift)];
 }
 
 static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
@@ -638,36 +700,41 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
 {
     struct drc_region *r, **hs;
     unsigned seq;
-    int budget, tries, hinted;
+    int budget, tries;
 
+    /*
+     * The hint: no sequence count. Once tryget holds r, r cannot be released
+     * or reused, so its bounds and bits are what they will stay: check them
+     * again, then that r is still live. Every path out of the tree either
+     * sets `detached` before the CAS that would release r (retire: then our
+     * SC load sees it, or our CAS came first and the lookup is ordered before
+     * that writer) or releases r first (evict: then tryget failed). A region
+     * being published holds the count of its getter and is inserted in the
+     * same locked section: taking it is a lookup ordered after that insert.
+     * So writers elsewhere in the cache never make a hint hit retry.
+     */
+    hs = hint_slot(c, s);
+    r = LD(*hs);
+    if (r && covers(r, s, last, access) && tryget(c, r)) {
+        if (covers(r, s, last, access) && LD_SC(r->detached) == LIVE)
+            return r;
+        unref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
+    }
+    /* beyond the hull (a cache filled in address order): a miss without the descent */
+    if (s < LD(c->lo) || last > LD(c->hi))
+        return NULL;
     for (tries = 0; tries < 2; tries++) {
         seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
         if (seq & 1)
             return NULL;        /* a writer is at work: wait for it on the lock */
-        hs = hint_slot(c, s);
-        r = LD(*hs);
-        hinted = r && covers(r, s, last, access) && tryget(c, r);
-        if (hinted && LD(r->detached)) {
-            unref(c, r);        /* left the tree: walk it, and the walk replaces the hint */
-            hinted = 0;
-        }
-        if (!hinted) {
-            budget = LOOKUP_BUDGET;
-            r = find_containing(&c->tree, s, last, access, &budget);
-            if (!r || !tryget(c, r))
-                return NULL;
-        }
+        budget = LOOKUP_BUDGET;
+        r = find_containing(c, s, last, access, &budget);
+        if (!r || !tryget(c, r))
+            return NULL;
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
-        /*
-         * seq unchanged: no writer ran since the first load, so r is what
-         * the load saw. A region found in the tree was live then; one found
-         * through a hint may have left the tree earlier, and then it was
-         * detached (retire sets that inside the writer's window) or released
-         * (and tryget failed).
-         */
+        /* seq unchanged: no writer ran since the first load, so r was live in the tree then */
         if (LD(c->seq) == seq && !LD(r->detached)) {
-            if (!hinted)
-                ST(*hs, r);
+            ST(*hs, r);
             return r;
         }
         unref(c, r);
@@ -692,7 +759,8 @@ static void pending_unlink(drc_cache_t *c, struct pending *p)
     for (pp = &c->pending; *pp != p; pp = &(*pp)->next)
         ;
     *pp = p->next;
-    pthread_cond_broadcast(&c->pending_done);
+    if (c->pending_waiters)
+        pthread_cond_broadcast(&c->pending_done);
 }
 
 /* A miss: what to register, given the overlapping live regions (c->lock). */
@@ -700,6 +768,7 @@ struct plan {
     uintptr_t start, last;
     unsigned access;
     int merging;
+    int overlaps;       /* a live region overlapping it stays: set c->overlapping */
 };
 
 /* May r be joined into a registration of @m with @access? Same memory, and never wider remote bits. */
@@ -710,27 +779,39 @@ static int joinable(const struct drc_region *r, const struct drc__mem *m, unsign
            (r->access & DRC_ACCESS_REMOTE) == (access & DRC_ACCESS_REMOTE);
 }
 
+/*
+ * One overlap walk under the lock: a live region that serves [s, last]
+ * (returned in *hit), else the plan of the miss. A miss is coalesced with
+ * every overlapping joinable region, unless the union would be more than
+ * twice the request's own page range: then it is registered alone,
+ * overlapping its neighbours, so that buffers packed next to each other
+ * (sharing their boundary pages) never re-register a growing union.
+ */
 static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, const struct drc__mem *m,
-                       struct plan *p)
+                       struct plan *p, struct drc_region **hit)
 {
     struct drc__itree_node *n;
     uintptr_t start = s & ~(uintptr_t)(c->page - 1), end = last | (c->page - 1);
     int budget = DRC__ITREE_UNBOUNDED;
 
     ASSERT_LOCKED(c);
-    if (c->max_len && end - start >= c->max_len)
-        return -E2BIG;
+    *hit = NULL;
     p->start = start;
     p->last = end;
     p->access = access;
     p->merging = 0;
-    if (c->flags & DRC_F_NO_MERGE)
-        return 0;
+    p->overlaps = 0;
     for (n = drc__itree_first(&c->tree, start, end, &budget); n; n = drc__itree_next(n, start, end, &budget)) {
         struct drc_region *r = region_of(n);
 
-        if (!joinable(r, m, access))
+        if (n->start <= s && n->last >= last && serves(r->access, access)) {
+            *hit = r;
+            return 0;
+        }
+        if ((c->flags & DRC_F_NO_MERGE) || !joinable(r, m, access)) {
+            p->overlaps = 1;
             continue;
+        }
         if (n->start < p->start)
             p->start = n->start;
         if (n->last > p->last)
@@ -738,11 +819,15 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
         p->access |= r->access;
         p->merging = 1;
     }
-    if (p->merging && ((c->max_len && p->last - p->start >= c->max_len) || p->last - p->start == UINTPTR_MAX)) {
-        p->start = start;       /* the union would be too large for the device (or for a size_t) */
+    if (c->max_len && end - start >= c->max_len)
+        return -E2BIG;
+    if (p->merging && ((c->max_len && p->last - p->start >= c->max_len) || p->last - p->start == UINTPTR_MAX ||
+                       (p->last - p->start) / 2 > end - start)) {
+        p->start = start;       /* too large for the device, for a size_t, or for what was asked */
         p->last = end;
         p->access = access;
         p->merging = 0;
+        p->overlaps = 1;
     }
     return 0;
 }
@@ -786,7 +871,7 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
 
 static struct hint_tab *hint_new(unsigned bits, struct hint_tab *older)
 {
-    struct hint_tab *t = mem_alloc(sizeof(*t) + (sizeof(t->slot[0]) << bits));
+    struct hint_tab *t = mem_zalloc(sizeof(*t) + (sizeof(t->slot[0]) << bits));
 
     if (t) {
         t->shift = 64 - bits;
@@ -832,6 +917,8 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
 static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
                     void *handle, uint32_t lkey, uint32_t rkey)
 {
+    struct drc__itree_node *n, *nx;
+
     ASSERT_WRITING(c);
     DRC_ASSERT(LD(r->word) == 0 && r->cache == c);
     ST(r->node.start, p->start);
@@ -844,7 +931,13 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->lkey = lkey;
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
-    drc__itree_insert(&c->tree, &r->node);
+    drc__itree_insert_at(&c->tree, &r->node, &n, &nx);
+    ST(r->pred, n ? region_of(n) : NULL);
+    if (n)
+        ST(region_of(n)->succ, r);
+    ST(r->succ, nx ? region_of(nx) : NULL);
+    if (nx)
+        ST(region_of(nx)->pred, r);
     if (c->limited)
         lru_append(c, r);
     INC(c->regions, 1);
@@ -866,7 +959,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     struct plan p;
     void *handle = NULL;
     uint32_t lkey = 0, rkey = 0;
-    int err, budget, registered;
+    int err, registered;
     unsigned grow;
 
     DRC_ASSERT_NO_LOCK();
@@ -875,8 +968,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         return err;
     lock(c);
     for (;;) {
-        budget = DRC__ITREE_UNBOUNDED;
-        r = find_containing(&c->tree, s, last, access, &budget);
+        err = plan_region(c, s, last, access, &m, &p, &r);
         if (r) {
             if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
                 tally(c, ST_USED);
@@ -891,13 +983,13 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         wait_pending(c);
     }
     INC(c->misses, 1);
-    err = plan_region(c, s, last, access, &m, &p);
     if (err) {
         unlock(c);
         return err;
     }
     pend = (struct pending){ .start = p.start, .last = p.last, .stale = 0, .next = c->pending };
     c->pending = &pend;
+    __atomic_fetch_add(&c->npending, 1, __ATOMIC_SEQ_CST);    /* before the frees are read (notify.c) */
     widen_hull(c, p.start, p.last);
     unlock(c);
 
@@ -920,6 +1012,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     if (!err && pend.stale)
         err = RACED;        /* it may map memory that is being freed: never insert it */
     if (err) {
+        __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);
         unlock(c);
         mem_free(spare);
         if (registered)
@@ -929,11 +1022,14 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     seq_begin(c);
     if (p.merging)
         supersede(c, &p, &m, &dead);
+    if (p.overlaps)
+        ST_SC(c->overlapping, 1);
     publish(c, r, &p, &m, handle, lkey, rkey);
     ST(*hint_slot(c, s), r);
     if (c->limited)
         evict(c, &dead);
     seq_end(c);
+    __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);    /* inserted: a probe now finds it (see drc_invalidate) */
     grow = hint_want(c);
     unlock(c);
     release_list(c, dead);
@@ -1004,10 +1100,77 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
         if (!USERS(w))
             return -EINVAL;
     } while (!__atomic_compare_exchange_n(&r->word, &w, w - 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
-    if (w - 1 != HELD)
+    return USERS(w - 1) ? 0 : became_idle(c, r, w - 1);
+}
+
+/*
+ * The lockless probe of an invalidation (a free event): 1 if, at one instant,
+ * no live region overlapped [s, last], no registration was pending or being
+ * inserted, and no superseded region (still valid) was held. Then there is
+ * nothing to invalidate, and drc_invalidate returns without the lock. It is
+ * the hit path's protocol (a walk, or a look at a region's live neighbour
+ * links, under the sequence count: a writer changes both inside its
+ * window), read as:
+ *   getter (miss)                          probe
+ *   lock; add pending; npending++ (SC)     s = seq (even, else take the lock)
+ *   unlock; wait for frees in flight       npending, detached.root: 0, 0 ?
+ *   register                               walk the tree: nothing overlaps ?
+ *   lock; seq++; insert; seq++             seq == s ?  nothing there
+ *   npending-- (SC); unlock
+ * A registration counted before the probe's load of npending sends the
+ * probe to the lock. One counted after it began after the probe's instant:
+ * it is the race that every invalidation has with a registration begun
+ * after it, closed for frees by the bracket of notify.c (npending is
+ * stored before the getter reads the frees in flight, and the freer's entry
+ * is published before the probe reads npending: one of the two sees the
+ * other). An insert that the walk could miss changes seq.
+ */
+static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
+    struct drc_region **hs, *r, *n;
+    struct drc__itree_node *f;
+    int budget = LOOKUP_BUDGET, empty;
+
+    if ((seq & 1) || LD_SC(c->npending) || LD(c->detached.root))
         return 0;
-    tally(c, ST_IDLED);
-    return became_idle(c, r);
+    if (LD(c->overlapping)) {
+        /* any region may reach into the range: the overlap walk */
+        if (drc__itree_first(&c->tree, s, last, &budget) || budget <= 0)
+            return 0;
+        empty = 1;
+    } else {
+        /*
+         * Disjoint regions: nothing overlaps [s, last] iff a live region r
+         * lies left of it and r's successor right of it (or the mirror).
+         * The hint slot of s usually holds such a neighbour (a lookup there,
+         * or an earlier probe, put it there); else floor(last) is the left
+         * neighbour, found by one descent and left in the slot.
+         */
+        hs = hint_slot(c, s);
+        r = LD(*hs);
+        if (!r || LD(r->detached) != LIVE || !(LD(r->word) & HELD) ||
+            (LD(r->node.last) >= s && LD(r->node.start) <= last)) {
+            f = drc__itree_floor(&c->tree, last, &budget);
+            if (budget <= 0)
+                return 0;
+            if (!f)
+                goto validate;      /* every region starts after last */
+            r = region_of(f);
+            if (LD(r->node.last) >= s)
+                return 0;           /* something there (or a torn walk): the locked path decides */
+            ST(*hs, r);
+        }
+        if (LD(r->node.last) < s)
+            empty = !(n = LD(r->succ)) || LD(n->node.start) > last;
+        else
+            empty = !(n = LD(r->pred)) || LD(n->node.last) < s;
+        if (!empty)
+            return 0;
+    }
+validate:
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
+    return LD(c->seq) == seq;
 }
 
 int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
@@ -1029,6 +1192,8 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
         return 0;           /* a fork child never deregisters the parent's regions */
     /* The hull covers every pending registration too, so skipping here misses none. */
     if (last < __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE) || s > __atomic_load_n(&c->hi, __ATOMIC_ACQUIRE))
+        return 0;
+    if (nothing_there(c, s, last))
         return 0;
     lock(c);
     budget = DRC__ITREE_UNBOUNDED;
@@ -1118,6 +1283,32 @@ err_hint:
     return err;
 }
 
+int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
+{
+    struct drc_region *dead = NULL;
+    int n = 0;
+
+    if (!c || !r || r->cache != c || !USERS(LD_SC(r->word)))
+        return -EINVAL;     /* the caller's reference keeps r from being released or reused below */
+    if (LD(c->inert))
+        return 0;
+    lock(c);
+    if (LD(r->detached) == LIVE) {
+        seq_begin(c);
+        ST_SC(r->valid, 0);
+        retire(c, r, &dead);
+        seq_end(c);
+        n = 1;
+    } else if (LD(r->valid)) {
+        ST_SC(r->valid, 0);     /* superseded but still valid: now it is not */
+        n = 1;
+    }
+    INC(c->invalidated, (uint64_t)n);
+    unlock(c);
+    release_list(c, dead);      /* empty: the caller still holds r */
+    return n;
+}
+
 /*
  * In a fork() child (notify.c's atfork handler, only this thread exists):
  * the cache is the parent's, its registrations and backend context too. It
@@ -1148,6 +1339,19 @@ static void check_trees(const drc_cache_t *c)
     long live = drc__itree_check(&c->tree), det = drc__itree_check(&c->detached);
 
     DRC_ASSERT(live >= 0 && (uint64_t)live == c->regions);
+    {
+        /* the neighbour links are the tree's start order */
+        struct drc__itree_node *n;
+        const struct drc_region *prev = NULL;
+        int budget = DRC__ITREE_UNBOUNDED;
+
+        for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
+             n = drc__itree_next(n, 0, UINTPTR_MAX, &budget)) {
+            DRC_ASSERT(region_of(n)->pred == prev && (!prev || prev->succ == region_of(n)));
+            prev = region_of(n);
+        }
+        DRC_ASSERT(!prev || !prev->succ);
+    }
     DRC_ASSERT(det >= 0);
     DRC_ASSERT(!c->limited || !c->regions == !c->lru_head);
 }
@@ -1167,7 +1371,7 @@ static uint64_t held_in(const struct drc__itree *t)
 
 static int busy(const drc_cache_t *c)
 {
-    return c->pending || c->detached.root || held_in(&c->tree);
+    return c->pending || c->detached.root || LD_SC(c->ndetached) || held_in(&c->tree);
 }
 
 int drc_cache_destroy(drc_cache_t *c)
@@ -1261,9 +1465,9 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     s->regions = LD(c->regions);
     s->bytes = LD(c->bytes);
     if (want & DRC_STATS_DETACHED) {
-        /* the one count not kept incrementally: walks the (few) detached regions under the lock */
+        /* held invalid regions are counted as they leave; superseded ones sit in c->detached (few) */
         lock(c);
-        s->detached = held_in(&c->detached);
+        s->detached = LD_SC(c->ndetached) + held_in(&c->detached);
         unlock(c);
     }
 }

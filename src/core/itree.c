@@ -126,14 +126,30 @@ static void insert_fixup(struct drc__itree *t, node_t *n)
 
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n)
 {
-    node_t *p = NULL, *cur = t->root;
+    drc__itree_insert_at(t, n, NULL, NULL);
+}
+
+void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_node **prev,
+                          struct drc__itree_node **succ)
+{
+    node_t *p = NULL, *cur = t->root, *lo = NULL, *hi = NULL;
 
     while (cur) {
         p = cur;
         if (cur->subtree_last < n->last)
             ST(cur->subtree_last, n->last);
-        cur = n->start < cur->start ? cur->left : cur->right;
+        if (n->start < cur->start) {
+            hi = cur;       /* the last node the descent went left at follows n */
+            cur = cur->left;
+        } else {
+            lo = cur;       /* the last it went right at precedes n */
+            cur = cur->right;
+        }
     }
+    if (prev)
+        *prev = lo;
+    if (succ)
+        *succ = hi;
     /* n may be recycled memory that a lockless reader still walks: atomic stores */
     ST(n->left, (node_t *)NULL);
     ST(n->right, (node_t *)NULL);
@@ -330,6 +346,30 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr
         if (start <= LD(n->last))
             return (node_t *)n;
     }
+}
+
+struct drc__itree_node *drc__itree_prev(const struct drc__itree_node *n)
+{
+    if (n->left) {
+        for (n = n->left; n->right; n = n->right)
+            ;
+        return (node_t *)n;
+    }
+    while (n->parent && n == n->parent->left)
+        n = n->parent;
+    return n->parent;
+}
+
+struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n)
+{
+    if (n->right) {
+        for (n = n->right; n->left; n = n->left)
+            ;
+        return (node_t *)n;
+    }
+    while (n->parent && n == n->parent->right)
+        n = n->parent;
+    return n->parent;
 }
 
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)

@@ -1,75 +1,89 @@
 /*
- * drc against UCX's ucs_rcache, side by side in one run (issue 2, "Benchmark").
+ * drc against UCX's ucs_rcache on UCX's own workload (issue 12).
  *
- * Both caches sit in front of a backend that does no real work, so what is
- * timed is the cache itself: lookup, reference counting, locking, insert and
- * removal. UCX memory events are off (ucm_events = 0): with UCX 1.13.1 that
- * is the only way to create an rcache that does not hook munmap, and it makes
- * the two caches comparable (drc hooks nothing either).
+ * The job, as UCX's rcache benchmark runs it: regions of 64 KiB at a
+ * 128 KiB stride in reserved address space (PROT_NONE, MAP_NORESERVE: the
+ * caches never touch the memory); a hit looks up a 32 KiB slice at a random
+ * 64-byte-aligned offset in the first half of a random region; N = 1,024,
+ * 16,384, 65,536 and 262,144 regions. Both caches sit in front of a backend
+ * that does no work. UCX is Debian's libucx-dev (1.13.1) with its memory
+ * event enabled: the rcache subscribes to UCM_EVENT_VM_UNMAPPED, declared
+ * external (as Open MPI does) so that no hook is patched in, and a free
+ * event is what UCX's munmap hook does around the system call:
+ * ucm_event_enter, ucm_event_dispatch(VM_UNMAPPED), ucm_event_leave. drc's
+ * free event is drc_notify_free(), what its hooks call.
  *
- * Workload: regions of 64 KiB at a 128 KiB stride inside address space
- * reserved with PROT_NONE (neither cache touches the memory, but UCX may
- * read /proc/self/maps for merges, so the ranges are real mappings), 1,000,000
- * operations per measurement, the median of 5 runs. drc and UCX run one after
- * the other inside each run, on the same index sequences.
+ * Method: `bench_cache` is a driver. It runs REPS rounds; each round forks
+ * one process per cache, drc and UCX alternating which goes first. A
+ * process measures every row RUNS times and reports its median; the table
+ * gives the median of those per-process medians and their range. Rows of
+ * one thread are pinned to CPU 0 (sched_setaffinity, as `taskset -c 0`):
+ * this machine's two vCPUs are not equal. Two-thread rows run on both.
  *
- * Rows:
- *   hit        get + put of a cached region, indices in random order.
- *   2 threads  both threads hit at once (1,024 regions), each its own random
- *              sequence; ns per operation per thread, and the throughput of
- *              the pair against one thread's. "same regions": both threads
- *              draw from all 1,024 regions, so a region's reference count
- *              moves between the cores' caches; "own halves": each thread
- *              draws from its own 512, so only what the cache itself shares
- *              between readers (a lock, a counter) can slow the pair down.
- *   miss       get + put of a range not cached, into a cache that grows from
- *              empty to 65,536 regions (then is recreated, untimed).
- *   invalidate one region by address range, the cache holding 1,024 or
- *              65,536 regions: an eighth of them, in random order, is
- *              invalidated (timed), then registered again (untimed).
- *              drc: drc_invalidate(addr, len). UCX has no range invalidation
- *              without memory events, so its row is what a user of the public
- *              API does: ucs_rcache_get (find the region) +
- *              ucs_rcache_region_invalidate + ucs_rcache_region_put (which
- *              deregisters it).
- *   notify     drc_notify_free() of a 64 KiB range where no region is: with
- *              no cache at all, with one empty cache, and with 10,000 regions
- *              of another cache outside the range's neighbourhood (beyond the
- *              cache's hull) or around it (in a gap between two regions).
- *              UCX has no such call.
+ * Rows (ns per operation; drc/UCX < 1 means drc is faster):
+ *   hit, interior       get+put of the random slice, random region
+ *   hit, sequential     the same, regions in address order
+ *   hit, region start   get+put of a whole region from its start, random
+ *   miss+insert, fresh  get+put of every region of an empty cache, 0 -> N
+ *   miss+insert, again  the same into a cache emptied by invalidation
+ *   invalidate held     get + invalidate by handle + put (which
+ *                       deregisters): drc_region_invalidate,
+ *                       ucs_rcache_region_invalidate; then registered again
+ *                       (untimed)
+ *   free event in gap   a free event for 64 KiB between two regions, and
+ *                       the one get after all of them (UCX only queues the
+ *                       range; that get searches for every queued one)
+ *   2 threads hit       both threads hit the same regions; ns per op per
+ *                       thread, and the pair's throughput over one thread's
+ *   2 threads free      each thread, on its own half: a free event over a
+ *                       region (invalidated, deregistered), then a get
+ *                       that registers it again (ns per pair per thread)
+ *   2 threads missing   a fresh cache filled by two threads, each its half
+ *   hit vs invalidate   one thread hits its half while the other
+ *                       invalidates held regions of its half and registers
+ *                       them again (the hitter's ns)
  *
- * Each measurement is checked for doing what it claims (hits register
- * nothing, misses register each time, invalidations find their region); a
- * failed check prints a line and the exit status is 1. Timings are reported
- * against the issue's targets but never fail the program.
+ * Each row checks that it measured what it claims: hits register nothing,
+ * misses register every time, each invalidation deregisters its region,
+ * free events in gaps invalidate nothing, every registration is
+ * deregistered by the end. A failed check prints a line and the exit
+ * status is 1. Timings never fail the program.
  */
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <ucm/api/ucm.h>
 #include <ucs/memory/rcache.h>
 
 #include "drc.h"
 
+/* UCX's munmap hook, minus the system call (exported by libucm, not declared in its public header) */
+void ucm_event_enter(void);
+void ucm_event_leave(void);
+void ucm_event_dispatch(ucm_event_type_t event_type, ucm_event_t *event);
+
 enum {
-    REGION   = 64 << 10,
-    STRIDE   = 128 << 10,
-    OPS      = 1000000,
-    RUNS     = 5,
-    SMALL    = 1024,
-    LARGE    = 65536,
-    ELSEWHERE = 10000,    /* regions of the "registered elsewhere" notify rows */
-    MAX_SLOTS = LARGE,    /* the reserved arena holds this many strides */
+    REGION = 64 << 10,
+    STRIDE = 128 << 10,
+    SLICE  = 32 << 10,
+    HITS   = 400000,    /* lookups per hit measurement */
+    FREES  = 400000,
+    RUNS   = 3,         /* measurements per process: its median is reported */
+    REPS   = 3,         /* processes per cache */
+    MAXN   = 262144,
 };
 
-static char *arena;       /* MAX_SLOTS * STRIDE bytes of reserved address space */
+static char *arena;
 static int failed;
 
 #define CHECK(cond, ...)                                   \
@@ -81,11 +95,6 @@ static int failed;
             failed = 1;                                    \
         }                                                  \
     } while (0)
-
-static void *slot_addr(uint32_t i)
-{
-    return arena + (size_t)i * STRIDE;
-}
 
 static uint64_t now_ns(void)
 {
@@ -99,74 +108,55 @@ static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint64_t rng(void)
 {
-    /* xorshift64*: enough for index sequences, the same on every machine */
     rng_state ^= rng_state >> 12;
     rng_state ^= rng_state << 25;
     rng_state ^= rng_state >> 27;
     return rng_state * 0x2545f4914f6cdd1dull;
 }
 
-static uint32_t *random_seq(size_t count, uint32_t n)
+static void pin(int one_cpu)
 {
-    uint32_t *s = malloc(count * sizeof(*s));
-    size_t i;
+    cpu_set_t set;
+    long i, n = sysconf(_SC_NPROCESSORS_ONLN);
 
-    if (!s) {
-        perror("malloc");
-        exit(2);
-    }
-    for (i = 0; i < count; i++)
-        s[i] = (uint32_t)(rng() % n);
-    return s;
+    CPU_ZERO(&set);
+    for (i = 0; i < (one_cpu ? 1 : n); i++)
+        CPU_SET(i, &set);
+    sched_setaffinity(0, sizeof(set), &set);
 }
 
-static void shuffle(uint32_t *a, uint32_t n)
-{
-    uint32_t i, j, t;
+/* ---- the two caches behind one interface -------------------------------- */
 
-    for (i = n - 1; i > 0; i--) {
-        j = (uint32_t)(rng() % (i + 1));
-        t = a[i];
-        a[i] = a[j];
-        a[j] = t;
-    }
-}
+static uint64_t regs, deregs;       /* backend calls of whichever cache this process runs */
 
-/* ---- the two caches behind one small interface -------------------------- */
-
-/* Backend calls, counted so each measurement can be checked. */
-static uint64_t drc_regs, drc_deregs, ucx_regs, ucx_deregs;
-
-static int noop_reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
+static int drc_reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
 {
     (void)ctx;
-    __atomic_fetch_add(&drc_regs, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&regs, 1, __ATOMIC_RELAXED);
     *handle = (void *)a->start;
     *lkey = *rkey = 1;
     return 0;
 }
 
-static int noop_dereg(void *ctx, void *handle)
+static int drc_dereg(void *ctx, void *handle)
 {
     (void)ctx;
     (void)handle;
-    __atomic_fetch_add(&drc_deregs, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&deregs, 1, __ATOMIC_RELAXED);
     return 0;
 }
 
-static const struct drc_backend noop_backend = { .reg = noop_reg, .dereg = noop_dereg, .ctx = NULL };
-
-static ucs_status_t ucx_mem_reg(void *ctx, ucs_rcache_t *rc, void *arg, ucs_rcache_region_t *r, uint16_t flags)
+static ucs_status_t ucx_reg(void *ctx, ucs_rcache_t *rc, void *arg, ucs_rcache_region_t *r, uint16_t flags)
 {
     (void)ctx; (void)rc; (void)arg; (void)r; (void)flags;
-    __atomic_fetch_add(&ucx_regs, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&regs, 1, __ATOMIC_RELAXED);
     return UCS_OK;
 }
 
-static void ucx_mem_dereg(void *ctx, ucs_rcache_t *rc, ucs_rcache_region_t *r)
+static void ucx_dereg(void *ctx, ucs_rcache_t *rc, ucs_rcache_region_t *r)
 {
     (void)ctx; (void)rc; (void)r;
-    __atomic_fetch_add(&ucx_deregs, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&deregs, 1, __ATOMIC_RELAXED);
 }
 
 static void ucx_dump(void *ctx, ucs_rcache_t *rc, ucs_rcache_region_t *r, char *buf, size_t max)
@@ -176,237 +166,211 @@ static void ucx_dump(void *ctx, ucs_rcache_t *rc, ucs_rcache_region_t *r, char *
         buf[0] = '\0';
 }
 
-static const ucs_rcache_ops_t ucx_ops = { .mem_reg = ucx_mem_reg, .mem_dereg = ucx_mem_dereg, .dump_region = ucx_dump };
+static const ucs_rcache_ops_t ucx_ops = { .mem_reg = ucx_reg, .mem_dereg = ucx_dereg, .dump_region = ucx_dump };
 
 static void ucx_inv_done(void *arg)
 {
     (void)arg;
 }
 
-#define UCX_PROT (PROT_READ | PROT_WRITE)
-#define DRC_ACCESS 0x7u    /* LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ */
+#define UCX_PROT   (PROT_READ | PROT_WRITE)
+#define DRC_ACCESS 0x7u     /* LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ */
 
-static drc_cache_t *drc_new(void)
+struct cache {
+    int ucx;
+    drc_cache_t *d;
+    ucs_rcache_t *u;
+};
+
+static struct cache cache_new(int ucx)
 {
-    drc_cache_t *c;
-    int err = drc_cache_create(&noop_backend, NULL, &c);
+    static const struct drc_backend be = { .reg = drc_reg, .dereg = drc_dereg, .ctx = NULL };
+    struct cache c = { .ucx = ucx };
+    ucs_rcache_params_t p;
+    ucs_status_t st;
+    int err;
 
-    if (err) {
-        fprintf(stderr, "drc_cache_create: %s\n", drc_strerror(err));
+    if (!ucx) {
+        err = drc_cache_create(&be, NULL, &c.d);
+        if (err) {
+            fprintf(stderr, "drc_cache_create: %s\n", drc_strerror(err));
+            exit(2);
+        }
+        return c;
+    }
+    memset(&p, 0, sizeof(p));
+    p.region_struct_size = sizeof(ucs_rcache_region_t);
+    p.alignment = (size_t)sysconf(_SC_PAGESIZE);
+    p.max_alignment = p.alignment;
+    p.ucm_events = UCM_EVENT_VM_UNMAPPED;   /* its memory event, external: see the top comment */
+    p.ucm_event_priority = 1000;
+    p.ops = &ucx_ops;
+    p.max_regions = ULONG_MAX;
+    p.max_size = SIZE_MAX;
+    p.max_unreleased = SIZE_MAX;
+    st = ucs_rcache_create(&p, "bench", NULL, &c.u);
+    if (st != UCS_OK) {
+        fprintf(stderr, "ucs_rcache_create: %s\n", ucs_status_string(st));
         exit(2);
     }
     return c;
 }
 
-static void drc_free(drc_cache_t *c)
+static void cache_free(struct cache *c)
 {
-    int err = drc_cache_destroy(c);
+    if (c->ucx) {
+        ucs_rcache_destroy(c->u);
+    } else {
+        int err = drc_cache_destroy(c->d);
 
-    CHECK(!err, "drc_cache_destroy: %s", drc_strerror(err));
-}
-
-static ucs_rcache_t *ucx_new(void)
-{
-    ucs_rcache_params_t p;
-    ucs_rcache_t *rc;
-    ucs_status_t st;
-
-    memset(&p, 0, sizeof(p));
-    p.region_struct_size = sizeof(ucs_rcache_region_t);
-    p.alignment = (size_t)sysconf(_SC_PAGESIZE);
-    p.max_alignment = p.alignment;
-    p.ucm_events = 0;       /* memory events off: nothing hooks munmap */
-    p.ucm_event_priority = 1000;
-    p.ops = &ucx_ops;
-    p.context = NULL;
-    p.flags = 0;
-    p.max_regions = ULONG_MAX;
-    p.max_size = SIZE_MAX;
-    p.max_unreleased = SIZE_MAX;
-    st = ucs_rcache_create(&p, "bench", NULL, &rc);
-    if (st != UCS_OK) {
-        fprintf(stderr, "ucs_rcache_create: %s\n", ucs_status_string(st));
-        exit(2);
+        CHECK(!err, "drc_cache_destroy: %s", drc_strerror(err));
     }
-    return rc;
 }
 
-/* One get + put; these are what every row below is made of. */
-static inline void drc_getput(drc_cache_t *c, uint32_t i)
+static void *addr_of(uint32_t i, uint32_t off)
+{
+    return arena + (size_t)i * STRIDE + off;
+}
+
+static inline void *cache_get(struct cache *c, void *a, size_t len)
 {
     drc_region_t *r;
+    ucs_rcache_region_t *u;
 
-    if (drc_get(c, slot_addr(i), REGION, DRC_ACCESS, &r) == 0)
-        drc_put(c, r);
+    if (c->ucx)
+        return ucs_rcache_get(c->u, a, len, UCX_PROT, NULL, &u) == UCS_OK ? (void *)u : NULL;
+    return drc_get(c->d, a, len, DRC_ACCESS, &r) == 0 ? (void *)r : NULL;
+}
+
+static inline void cache_put(struct cache *c, void *r)
+{
+    if (c->ucx)
+        ucs_rcache_region_put(c->u, r);
     else
-        failed = 1;
+        drc_put(c->d, r);
 }
 
-static inline void ucx_getput(ucs_rcache_t *rc, uint32_t i)
+static inline void getput(struct cache *c, void *a, size_t len)
 {
-    ucs_rcache_region_t *r;
+    void *r = cache_get(c, a, len);
 
-    if (ucs_rcache_get(rc, slot_addr(i), REGION, UCX_PROT, NULL, &r) == UCS_OK)
-        ucs_rcache_region_put(rc, r);
+    if (!r)
+        failed = 1;
     else
+        cache_put(c, r);
+}
+
+/* get + invalidate by handle + put (which deregisters it) */
+static inline void inval_held(struct cache *c, uint32_t i)
+{
+    void *r = cache_get(c, addr_of(i, 0), REGION);
+
+    if (!r) {
         failed = 1;
+        return;
+    }
+    if (c->ucx)
+        ucs_rcache_region_invalidate(c->u, r, ucx_inv_done, NULL);
+    else
+        drc_region_invalidate(c->d, r);
+    cache_put(c, r);
 }
 
-static inline int drc_inval(drc_cache_t *c, uint32_t i)
+/* A free event; drc says how many regions it invalidated, UCX only queues it (0). */
+static inline int free_event(struct cache *c, void *a, size_t len)
 {
-    return drc_invalidate(c, slot_addr(i), REGION);
+    ucm_event_t ev;
+
+    if (!c->ucx)
+        return drc_notify_free(a, len);
+    ev.vm_unmapped.address = a;
+    ev.vm_unmapped.size = len;
+    ucm_event_enter();
+    ucm_event_dispatch(UCM_EVENT_VM_UNMAPPED, &ev);
+    ucm_event_leave();
+    return 0;
 }
 
-static inline int ucx_inval(ucs_rcache_t *rc, uint32_t i)
+static void fill(struct cache *c, uint32_t n)
 {
-    ucs_rcache_region_t *r;
-
-    if (ucs_rcache_get(rc, slot_addr(i), REGION, UCX_PROT, NULL, &r) != UCS_OK)
-        return 0;
-    ucs_rcache_region_invalidate(rc, r, ucx_inv_done, NULL);
-    ucs_rcache_region_put(rc, r);
-    return 1;
-}
-
-/* ---- measurements: each returns ns per operation ------------------------ */
-
-#define FILL(getput, c, n)                  \
-    do {                                    \
-        uint32_t i_;                        \
-        for (i_ = 0; i_ < (n); i_++)        \
-            getput(c, i_);                  \
-    } while (0)
-
-/* Hits: OPS get+put on cached regions following @seq. */
-#define HIT_LOOP(getput, c, seq, ns_out)                      \
-    do {                                                      \
-        uint64_t t0_;                                         \
-        size_t k_;                                            \
-        for (k_ = 0; k_ < OPS / 10; k_++) /* warm up */        \
-            getput(c, (seq)[k_]);                             \
-        t0_ = now_ns();                                       \
-        for (k_ = 0; k_ < OPS; k_++)                          \
-            getput(c, (seq)[k_]);                             \
-        (ns_out) = (double)(now_ns() - t0_) / OPS;            \
-    } while (0)
-
-/*
- * Invalidations: rounds of n/8 distinct regions in random order, timed, each
- * then registered again untimed, until OPS regions have been invalidated.
- */
-#define INVAL_LOOP(inval, getput, c, n, perm, ns_out, found_out) \
-    do {                                                         \
-        uint64_t total_ = 0, t0_;                                \
-        uint32_t batch_ = (n) / 8, j_;                           \
-        size_t done_ = 0;                                        \
-        long found_ = 0;                                         \
-        while (done_ < OPS) {                                    \
-            shuffle(perm, n);                                    \
-            t0_ = now_ns();                                      \
-            for (j_ = 0; j_ < batch_; j_++)                      \
-                found_ += inval(c, (perm)[j_]);                  \
-            total_ += now_ns() - t0_;                            \
-            for (j_ = 0; j_ < batch_; j_++)                      \
-                getput(c, (perm)[j_]);                           \
-            done_ += batch_;                                     \
-        }                                                        \
-        (ns_out) = (double)total_ / (double)done_;               \
-        (found_out) = found_ == (long)done_;                     \
-    } while (0)
-
-static double drc_hit(drc_cache_t *c, const uint32_t *seq)
-{
-    uint64_t regs = drc_regs;
-    double ns;
-
-    HIT_LOOP(drc_getput, c, seq, ns);
-    CHECK(drc_regs == regs, "drc: a hit registered (%llu times)", (unsigned long long)(drc_regs - regs));
-    return ns;
-}
-
-static double ucx_hit(ucs_rcache_t *rc, const uint32_t *seq)
-{
-    uint64_t regs = ucx_regs;
-    double ns;
-
-    HIT_LOOP(ucx_getput, rc, seq, ns);
-    CHECK(ucx_regs == regs, "ucx: a hit registered (%llu times)", (unsigned long long)(ucx_regs - regs));
-    return ns;
-}
-
-static double drc_inval_bench(drc_cache_t *c, uint32_t n, uint32_t *perm)
-{
-    double ns;
-    int ok;
-
-    INVAL_LOOP(drc_inval, drc_getput, c, n, perm, ns, ok);
-    CHECK(ok, "drc: an invalidation did not find its region");
-    return ns;
-}
-
-static double ucx_inval_bench(ucs_rcache_t *rc, uint32_t n, uint32_t *perm)
-{
-    double ns;
-    int ok;
-
-    INVAL_LOOP(ucx_inval, ucx_getput, rc, n, perm, ns, ok);
-    CHECK(ok, "ucx: an invalidation did not find its region");
-    return ns;
-}
-
-/* Misses: rounds that fill a new cache from empty to LARGE regions. */
-static double drc_miss(void)
-{
-    uint64_t total = 0, t0, regs = drc_regs;
-    size_t done = 0;
-    drc_cache_t *c;
     uint32_t i;
 
-    while (done < OPS) {
-        uint32_t n = OPS - done < LARGE ? (uint32_t)(OPS - done) : LARGE;
-
-        c = drc_new();
-        t0 = now_ns();
-        for (i = 0; i < n; i++)
-            drc_getput(c, i);
-        total += now_ns() - t0;
-        drc_free(c);
-        done += n;
-    }
-    CHECK(drc_regs - regs == OPS, "drc: %llu registrations for %d misses",
-          (unsigned long long)(drc_regs - regs), OPS);
-    return (double)total / OPS;
+    for (i = 0; i < n; i++)
+        getput(c, addr_of(i, 0), REGION);
 }
 
-static double ucx_miss(void)
+/* ---- rows ---------------------------------------------------------------- */
+
+enum kind {
+    HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, INV_HELD, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS,
+    HIT_VS_INV, KINDS
+};
+
+static const char *const kind_name[KINDS] = {
+    [HIT_RAND] = "hit, interior slice, random region",
+    [HIT_SEQ] = "hit, interior slice, sequential",
+    [HIT_START] = "hit, region start, full length",
+    [MISS_FRESH] = "miss+insert, fresh cache 0 -> N",
+    [MISS_AGAIN] = "miss+insert, repopulating",
+    [INV_HELD] = "invalidate one held region",
+    [FREE_GAP] = "free event, nothing registered",
+    [PAIR_HIT] = "2 threads hit same regions (per op)",
+    [PAIR_FREE] = "2 threads: free event on a region + get",
+    [PAIR_MISS] = "2 threads missing (per miss)",
+    [HIT_VS_INV] = "hit while a thread invalidates others",
+};
+
+struct row {
+    enum kind kind;
+    uint32_t n;
+};
+
+static const struct row rows[] = {
+    { HIT_RAND, 1024 }, { HIT_RAND, 16384 }, { HIT_RAND, 65536 }, { HIT_RAND, 262144 },
+    { HIT_SEQ, 1024 }, { HIT_SEQ, 65536 },
+    { HIT_START, 1024 }, { HIT_START, 65536 },
+    { MISS_FRESH, 1024 }, { MISS_FRESH, 16384 }, { MISS_FRESH, 65536 }, { MISS_FRESH, 262144 },
+    { MISS_AGAIN, 1024 }, { MISS_AGAIN, 65536 },
+    { INV_HELD, 1024 }, { INV_HELD, 65536 },
+    { FREE_GAP, 1024 }, { FREE_GAP, 65536 },
+    { PAIR_HIT, 1024 }, { PAIR_HIT, 65536 },
+    { PAIR_FREE, 1024 }, { PAIR_MISS, 1024 }, { PAIR_MISS, 65536 }, { HIT_VS_INV, 1024 }, { HIT_VS_INV, 65536 },
+};
+
+enum { ROWS = sizeof(rows) / sizeof(rows[0]) };
+
+/* Lookups: (region, offset) pairs drawn once per process, the same for both caches' processes. */
+static uint32_t *seq_i, *seq_off;
+
+static void draw(uint32_t n, int sequential)
 {
-    uint64_t total = 0, t0, regs = ucx_regs;
-    size_t done = 0;
-    ucs_rcache_t *rc;
-    uint32_t i;
+    size_t k;
 
-    while (done < OPS) {
-        uint32_t n = OPS - done < LARGE ? (uint32_t)(OPS - done) : LARGE;
-
-        rc = ucx_new();
-        t0 = now_ns();
-        for (i = 0; i < n; i++)
-            ucx_getput(rc, i);
-        total += now_ns() - t0;
-        ucs_rcache_destroy(rc);
-        done += n;
+    rng_state = 0x9e3779b97f4a7c15ull ^ n ^ ((uint64_t)sequential << 40);
+    for (k = 0; k < HITS; k++) {
+        seq_i[k] = sequential ? (uint32_t)(k % n) : (uint32_t)(rng() % n);
+        seq_off[k] = (uint32_t)(rng() % ((REGION / 2) / 64)) * 64;
     }
-    CHECK(ucx_regs - regs == OPS, "ucx: %llu registrations for %d misses",
-          (unsigned long long)(ucx_regs - regs), OPS);
-    return (double)total / OPS;
 }
 
-/* Two threads hitting one cache at once. */
+static double hit_loop(struct cache *c, int start_only)
+{
+    uint64_t t0, r0 = regs;
+    size_t k;
+
+    for (k = 0; k < HITS / 10; k++)
+        getput(c, addr_of(seq_i[k], start_only ? 0 : seq_off[k]), start_only ? REGION : SLICE);
+    t0 = now_ns();
+    for (k = 0; k < HITS; k++)
+        getput(c, addr_of(seq_i[k], start_only ? 0 : seq_off[k]), start_only ? REGION : SLICE);
+    t0 = now_ns() - t0;
+    CHECK(regs == r0, "%s: a hit registered (%llu times)", c->ucx ? "ucx" : "drc", (unsigned long long)(regs - r0));
+    return (double)t0 / HITS;
+}
+
 struct pair {
+    struct cache *c;
     pthread_barrier_t go;
-    drc_cache_t *dc;
-    ucs_rcache_t *uc;
-    const uint32_t *seq[2];
     double ns[2];
 };
 
@@ -415,84 +379,276 @@ struct pair_arg {
     int id;
 };
 
-static void *pair_thread(void *arg)
+static void *pair_thread(void *v)
 {
-    struct pair_arg *a = arg;
-    struct pair *p = a->p;
+    struct pair_arg *a = v;
+    uint64_t t0;
+    size_t k, j;
 
-    pthread_barrier_wait(&p->go);
-    if (p->dc)
-        HIT_LOOP(drc_getput, p->dc, p->seq[a->id], p->ns[a->id]);
-    else
-        HIT_LOOP(ucx_getput, p->uc, p->seq[a->id], p->ns[a->id]);
+    pthread_barrier_wait(&a->p->go);
+    t0 = now_ns();
+    for (k = 0; k < HITS; k++) {
+        j = (k * 7919 + (size_t)a->id * 104729) % HITS;    /* the same regions, another order */
+        getput(a->p->c, addr_of(seq_i[j], seq_off[j]), SLICE);
+    }
+    a->p->ns[a->id] = (double)(now_ns() - t0) / HITS;
     return NULL;
 }
 
-/* ns per operation per thread (the slower thread's), both threads running. */
-static double two_threads(drc_cache_t *dc, ucs_rcache_t *uc, const uint32_t *s0, const uint32_t *s1)
+static double pair_hit(struct cache *c)
 {
-    struct pair p = { .dc = dc, .uc = uc, .seq = { s0, s1 } };
+    struct pair p = { .c = c };
     struct pair_arg a[2] = { { &p, 0 }, { &p, 1 } };
     pthread_t t[2];
+    uint64_t r0 = regs;
     int i;
 
+    pin(0);
     pthread_barrier_init(&p.go, NULL, 2);
     for (i = 0; i < 2; i++)
-        if (pthread_create(&t[i], NULL, pair_thread, &a[i])) {
-            perror("pthread_create");
-            exit(2);
-        }
+        pthread_create(&t[i], NULL, pair_thread, &a[i]);
     for (i = 0; i < 2; i++)
         pthread_join(t[i], NULL);
     pthread_barrier_destroy(&p.go);
+    pin(1);
+    CHECK(regs == r0, "%s: a two-thread hit registered", c->ucx ? "ucx" : "drc");
     return p.ns[0] > p.ns[1] ? p.ns[0] : p.ns[1];
 }
 
-/* drc_notify_free of a range with no region in it, OPS times. */
-static double notify_bench(const void *addr)
+/*
+ * Two threads at once, each on its own half of the regions (@kind):
+ *   PAIR_FREE   a free event over one of its regions (which invalidates and
+ *               deregisters it), then a get that registers it again
+ *   PAIR_MISS   a fresh cache filled, each thread its half (ns per miss)
+ *   HIT_VS_INV  thread 0 hits its half; thread 1 invalidates held regions of
+ *               its half by handle and registers them again (thread 0's ns)
+ */
+struct duo {
+    struct cache *c;
+    enum kind kind;
+    uint32_t n;
+    pthread_barrier_t go;
+    int stop;
+    double ns[2];
+};
+
+struct duo_arg {
+    struct duo *d;
+    int id;
+};
+
+static void *duo_thread(void *v)
 {
-    uint64_t t0;
-    long found = 0;
+    struct duo_arg *a = v;
+    struct duo *d = a->d;
+    uint32_t half = d->n / 2, base = (uint32_t)a->id * half, i;
+    uint64_t t0, ops = 0, x = 0x12345u + (uint64_t)a->id;
     size_t k;
 
-    for (k = 0; k < OPS / 10; k++)
-        found += drc_notify_free(addr, REGION);
+    pthread_barrier_wait(&d->go);
     t0 = now_ns();
-    for (k = 0; k < OPS; k++)
-        found += drc_notify_free(addr, REGION);
-    t0 = now_ns() - t0;
-    CHECK(found == 0, "drc_notify_free invalidated %ld regions where none was", found);
-    return (double)t0 / OPS;
+    switch (d->kind) {
+    case PAIR_FREE:
+        for (k = 0; k < FREES / 8; k++, ops++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            i = base + (uint32_t)((x >> 33) % half);
+            free_event(d->c, addr_of(i, 0), REGION);
+            getput(d->c, addr_of(i, 0), REGION);
+        }
+        break;
+    case PAIR_MISS:
+        for (i = base; i < base + half; i++, ops++)
+            getput(d->c, addr_of(i, 0), REGION);
+        break;
+    case HIT_VS_INV:
+        if (a->id == 0) {
+            for (k = 0; k < HITS; k++, ops++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                i = (uint32_t)((x >> 33) % half);
+                getput(d->c, addr_of(i, seq_off[k]), SLICE);
+            }
+            __atomic_store_n(&d->stop, 1, __ATOMIC_RELEASE);
+        } else {
+            while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                i = base + (uint32_t)((x >> 33) % half);
+                inval_held(d->c, i);
+                getput(d->c, addr_of(i, 0), REGION);
+                ops++;
+            }
+        }
+        break;
+    case HIT_RAND:
+    case HIT_SEQ:
+    case HIT_START:
+    case MISS_FRESH:
+    case MISS_AGAIN:
+    case INV_HELD:
+    case FREE_GAP:
+    case PAIR_HIT:
+    case KINDS:
+        break;
+    }
+    d->ns[a->id] = ops ? (double)(now_ns() - t0) / (double)ops : 0;
+    return NULL;
 }
 
-/* ---- the table ---------------------------------------------------------- */
+static double duo_run(struct cache *c, enum kind kind, uint32_t n)
+{
+    struct duo d = { .c = c, .kind = kind, .n = n };
+    struct duo_arg a[2] = { { &d, 0 }, { &d, 1 } };
+    pthread_t t[2];
+    int i;
 
-enum row {
-    HIT_SMALL, HIT_LARGE, HIT_PAIR, PAIR_SCALING, HIT_OWN, OWN_SCALING, MISS, INV_SMALL, INV_LARGE,
-    NOTIFY_NONE, NOTIFY_EMPTY, NOTIFY_FAR, NOTIFY_GAP, ROWS
-};
+    pin(0);
+    pthread_barrier_init(&d.go, NULL, 2);
+    for (i = 0; i < 2; i++)
+        pthread_create(&t[i], NULL, duo_thread, &a[i]);
+    for (i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&d.go);
+    pin(1);
+    if (kind == HIT_VS_INV)
+        return d.ns[0];
+    return d.ns[0] > d.ns[1] ? d.ns[0] : d.ns[1];
+}
 
-static const struct {
-    const char *name;
-    double target;      /* drc's target from the issues; 0: none */
-    int at_least;       /* the target is a minimum (scaling), not a maximum */
-} rows[ROWS] = {
-    [HIT_SMALL]    = { "hit get+put, 1,024 regions",          25, 0 },
-    [HIT_LARGE]    = { "hit get+put, 65,536 regions",         120, 0 },
-    [HIT_PAIR]     = { "hit, 2 threads, same regions",        0, 0 },
-    [PAIR_SCALING] = { "  2-thread throughput / 1 thread (x)", 1.6, 1 },
-    [HIT_OWN]      = { "hit, 2 threads, own halves",          0, 0 },
-    [OWN_SCALING]  = { "  2-thread throughput / 1 thread (x)", 1.6, 1 },
-    [MISS]         = { "miss+insert get+put, 0..65,536",      400, 0 },
-    [INV_SMALL]    = { "invalidate 1 region, 1,024 regions",  200, 0 },
-    [INV_LARGE]    = { "invalidate 1 region, 65,536 regions", 200, 0 },
-    [NOTIFY_NONE]  = { "drc_notify_free, no cache",           50, 0 },
-    [NOTIFY_EMPTY] = { "drc_notify_free, 1 empty cache",      50, 0 },
-    [NOTIFY_FAR]   = { "notify_free, 10,000 regions, far",    50, 0 },
-    [NOTIFY_GAP]   = { "notify_free, 10,000 regions, in gap", 50, 0 },
-};
+static double pair_free(struct cache *c, uint32_t n)
+{
+    uint64_t d0 = deregs, r0 = regs;
+    double ns = duo_run(c, PAIR_FREE, n);
 
-static double drc_ns[ROWS][RUNS], ucx_ns[ROWS][RUNS];
+    CHECK(deregs - d0 == 2 * (FREES / 8) && regs - r0 == 2 * (FREES / 8),
+          "%s: %llu deregistrations and %llu registrations for %d free events and gets", c->ucx ? "ucx" : "drc",
+          (unsigned long long)(deregs - d0), (unsigned long long)(regs - r0), 2 * (FREES / 8));
+    return ns;
+}
+
+static double pair_miss(int ucx, uint32_t n)
+{
+    uint64_t r0 = regs;
+    double total = 0;
+    size_t done = 0;
+
+    while (done < MAXN) {
+        struct cache c = cache_new(ucx);
+
+        total += duo_run(&c, PAIR_MISS, n) * (n / 2);
+        cache_free(&c);
+        done += n;
+    }
+    CHECK(regs - r0 == done, "%s: %llu registrations for %zu misses in two threads", ucx ? "ucx" : "drc",
+          (unsigned long long)(regs - r0), done);
+    return total / (double)(done / 2);
+}
+
+static double hit_vs_inv(struct cache *c, uint32_t n)
+{
+    uint64_t r0 = regs, d0 = deregs;
+    double ns = duo_run(c, HIT_VS_INV, n);
+
+    CHECK(regs - r0 == deregs - d0, "%s: %llu registrations against %llu invalidations", c->ucx ? "ucx" : "drc",
+          (unsigned long long)(regs - r0), (unsigned long long)(deregs - d0));
+    return ns;
+}
+
+/* Fresh misses: caches filled from empty until at least MAXN registrations. */
+static double miss_fresh(int ucx, uint32_t n)
+{
+    uint64_t total = 0, t0, r0 = regs;
+    size_t done = 0;
+    uint32_t i;
+
+    while (done < MAXN) {
+        struct cache c = cache_new(ucx);
+
+        t0 = now_ns();
+        for (i = 0; i < n; i++)
+            getput(&c, addr_of(i, 0), REGION);
+        total += now_ns() - t0;
+        cache_free(&c);
+        done += n;
+    }
+    CHECK(regs - r0 == done, "%s: %llu registrations for %zu misses", ucx ? "ucx" : "drc",
+          (unsigned long long)(regs - r0), done);
+    return (double)total / (double)done;
+}
+
+/* Repopulation: the cache emptied by invalidating every region (untimed), then filled again. */
+static double miss_again(struct cache *c, uint32_t n)
+{
+    uint64_t total = 0, t0, r0;
+    size_t done = 0;
+    uint32_t i;
+
+    while (done < MAXN) {
+        for (i = 0; i < n; i++)
+            inval_held(c, i);
+        r0 = regs;
+        t0 = now_ns();
+        for (i = 0; i < n; i++)
+            getput(c, addr_of(i, 0), REGION);
+        total += now_ns() - t0;
+        CHECK(regs - r0 == n, "%s: %llu registrations repopulating %u regions", c->ucx ? "ucx" : "drc",
+              (unsigned long long)(regs - r0), n);
+        done += n;
+    }
+    return (double)total / (double)done;
+}
+
+/* Held regions invalidated by handle, an eighth of the cache per round in random order. */
+static double inval_rounds(struct cache *c, uint32_t n, uint32_t *perm)
+{
+    uint64_t total = 0, t0, d0;
+    uint32_t batch = n / 8 ? n / 8 : 1, i, j, t;
+    size_t done = 0;
+
+    for (i = 0; i < n; i++)
+        perm[i] = i;
+    while (done < FREES / 4) {
+        for (i = n - 1; i > 0; i--) {
+            j = (uint32_t)(rng() % (i + 1));
+            t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        d0 = deregs;
+        t0 = now_ns();
+        for (i = 0; i < batch; i++)
+            inval_held(c, perm[i]);
+        total += now_ns() - t0;
+        CHECK(deregs - d0 == batch, "%s: %llu deregistrations for %u invalidations", c->ucx ? "ucx" : "drc",
+              (unsigned long long)(deregs - d0), batch);
+        for (i = 0; i < batch; i++)
+            getput(c, addr_of(perm[i], 0), REGION);
+        done += batch;
+    }
+    return (double)total / (double)done;
+}
+
+/*
+ * Free events over the gaps between regions (64 KiB each, nothing registered
+ * there). UCX queues each event and searches its page table for the range
+ * on the next get; that get is timed too, so each cache pays its search.
+ */
+static double free_gaps(struct cache *c, uint32_t n)
+{
+    uint64_t t0, d0 = deregs;
+    size_t k;
+    int found = 0;
+
+    for (k = 0; k < FREES / 10; k++)
+        found += free_event(c, addr_of(seq_i[k], REGION), STRIDE - REGION);
+    getput(c, addr_of(0, 0), REGION);
+    t0 = now_ns();
+    for (k = 0; k < FREES; k++)
+        found += free_event(c, addr_of(seq_i[k % HITS], REGION), STRIDE - REGION);
+    getput(c, addr_of(0, 0), REGION);     /* drains UCX's queue of ranges */
+    t0 = now_ns() - t0;
+    CHECK(deregs == d0 && !found, "%s: a free event in a gap invalidated", c->ucx ? "ucx" : "drc");
+    (void)n;
+    return (double)t0 / FREES;
+}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -501,155 +657,169 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static double median(double *v)
+static double median(double *v, int n)
 {
-    double s[RUNS];
+    double s[16];
 
-    memcpy(s, v, sizeof(s));
-    qsort(s, RUNS, sizeof(s[0]), cmp_double);
-    return s[RUNS / 2];
+    memcpy(s, v, (size_t)n * sizeof(*v));
+    qsort(s, (size_t)n, sizeof(s[0]), cmp_double);
+    return s[n / 2];
 }
 
-static void one_run(int run, const uint32_t *seq_small, const uint32_t *seq_small2, const uint32_t *seq_half[2],
-                    const uint32_t *seq_large, uint32_t *perm)
+/* One process: every row RUNS times, each row's median written to @fd. */
+static void child(int ucx, int fd)
 {
-    drc_cache_t *dc, *other;
-    ucs_rcache_t *uc;
-    uint32_t i;
+    double res[ROWS], v[RUNS];
+    uint32_t *perm = malloc(MAXN * sizeof(*perm));
+    int k, run;
 
-    /* 1,024 regions: hit, two threads, invalidate */
-    dc = drc_new();
-    FILL(drc_getput, dc, SMALL);
-    drc_ns[HIT_SMALL][run] = drc_hit(dc, seq_small);
-    drc_ns[HIT_PAIR][run] = two_threads(dc, NULL, seq_small, seq_small2);
-    drc_ns[HIT_OWN][run] = two_threads(dc, NULL, seq_half[0], seq_half[1]);
-    for (i = 0; i < SMALL; i++)
-        perm[i] = i;
-    drc_ns[INV_SMALL][run] = drc_inval_bench(dc, SMALL, perm);
-    drc_free(dc);
+    if (ucx)
+        ucm_set_external_event(UCM_EVENT_VM_UNMAPPED);
+    seq_i = malloc(HITS * sizeof(*seq_i));
+    seq_off = malloc(HITS * sizeof(*seq_off));
+    if (!perm || !seq_i || !seq_off)
+        exit(2);
+    pin(1);
+    for (k = 0; k < ROWS; k++) {
+        const struct row *rw = &rows[k];
+        const char *only = getenv("BENCH_ONLY");
+        struct cache c;
 
-    uc = ucx_new();
-    FILL(ucx_getput, uc, SMALL);
-    ucx_ns[HIT_SMALL][run] = ucx_hit(uc, seq_small);
-    ucx_ns[HIT_PAIR][run] = two_threads(NULL, uc, seq_small, seq_small2);
-    ucx_ns[HIT_OWN][run] = two_threads(NULL, uc, seq_half[0], seq_half[1]);
-    for (i = 0; i < SMALL; i++)
-        perm[i] = i;
-    ucx_ns[INV_SMALL][run] = ucx_inval_bench(uc, SMALL, perm);
-    ucs_rcache_destroy(uc);
-
-    drc_ns[PAIR_SCALING][run] = 2 * drc_ns[HIT_SMALL][run] / drc_ns[HIT_PAIR][run];
-    ucx_ns[PAIR_SCALING][run] = 2 * ucx_ns[HIT_SMALL][run] / ucx_ns[HIT_PAIR][run];
-    drc_ns[OWN_SCALING][run] = 2 * drc_ns[HIT_SMALL][run] / drc_ns[HIT_OWN][run];
-    ucx_ns[OWN_SCALING][run] = 2 * ucx_ns[HIT_SMALL][run] / ucx_ns[HIT_OWN][run];
-
-    /* 65,536 regions: hit, invalidate */
-    dc = drc_new();
-    FILL(drc_getput, dc, LARGE);
-    drc_ns[HIT_LARGE][run] = drc_hit(dc, seq_large);
-    for (i = 0; i < LARGE; i++)
-        perm[i] = i;
-    drc_ns[INV_LARGE][run] = drc_inval_bench(dc, LARGE, perm);
-    drc_free(dc);
-
-    uc = ucx_new();
-    FILL(ucx_getput, uc, LARGE);
-    ucx_ns[HIT_LARGE][run] = ucx_hit(uc, seq_large);
-    for (i = 0; i < LARGE; i++)
-        perm[i] = i;
-    ucx_ns[INV_LARGE][run] = ucx_inval_bench(uc, LARGE, perm);
-    ucs_rcache_destroy(uc);
-
-    /* misses */
-    drc_ns[MISS][run] = drc_miss();
-    ucx_ns[MISS][run] = ucx_miss();
-
-    /* drc_notify_free: no drc cache is alive here */
-    drc_ns[NOTIFY_NONE][run] = notify_bench(slot_addr(0));
-    dc = drc_new();
-    drc_ns[NOTIFY_EMPTY][run] = notify_bench(slot_addr(0));
-    /* 10,000 regions in slots [0, ELSEWHERE) of another cache; the frees hit
-     * the far end of the arena, or the gap after slot 5,000 */
-    other = drc_new();
-    FILL(drc_getput, other, ELSEWHERE);
-    drc_ns[NOTIFY_FAR][run] = notify_bench(slot_addr(MAX_SLOTS - 1));
-    drc_ns[NOTIFY_GAP][run] = notify_bench((char *)slot_addr(ELSEWHERE / 2) + REGION);
-    drc_free(other);
-    drc_free(dc);
-    for (i = NOTIFY_NONE; i <= NOTIFY_GAP; i++)
-        ucx_ns[i][run] = 0;   /* UCX has no such call */
-}
-
-static void print_table(void)
-{
-    int i;
-
-    printf("\n%-40s %9s %9s %9s   %s\n", "operation (ns/op, median of 5)", "drc", "UCX", "UCX/drc", "drc target");
-    for (i = 0; i < ROWS; i++) {
-        double d = median(drc_ns[i]), u = median(ucx_ns[i]);
-        char target[32] = "";
-
-        if (rows[i].target) {
-            int met = rows[i].at_least ? d >= rows[i].target : d <= rows[i].target;
-
-            snprintf(target, sizeof(target), "%s %g%s", rows[i].at_least ? ">=" : "<=", rows[i].target,
-                     met ? "  met" : "  MISSED");
+        res[k] = 0;
+        if (only && !strstr(kind_name[rw->kind], only))
+            continue;   /* BENCH_ONLY=<part of a row name>: measure those rows only */
+        draw(rw->n, rw->kind == HIT_SEQ);
+        if (rw->kind == MISS_FRESH || rw->kind == PAIR_MISS) {
+            for (run = 0; run < RUNS; run++)
+                v[run] = rw->kind == MISS_FRESH ? miss_fresh(ucx, rw->n) : pair_miss(ucx, rw->n);
+            res[k] = median(v, RUNS);
+            continue;
         }
-        if (i == PAIR_SCALING || i == OWN_SCALING)
-            printf("%-40s %8.2fx %8.2fx %9s   %s\n", rows[i].name, d, u, "", target);
-        else if (u > 0)
-            printf("%-40s %9.1f %9.1f %8.2fx   %s\n", rows[i].name, d, u, u / d, target);
-        else
-            printf("%-40s %9.1f %9s %9s   %s\n", rows[i].name, d, "-", "", target);
+        c = cache_new(ucx);
+        fill(&c, rw->n);
+        for (run = 0; run < RUNS; run++) {
+            switch (rw->kind) {
+            case HIT_RAND:
+            case HIT_SEQ:
+                v[run] = hit_loop(&c, 0);
+                break;
+            case HIT_START:
+                v[run] = hit_loop(&c, 1);
+                break;
+            case MISS_AGAIN:
+                v[run] = miss_again(&c, rw->n);
+                break;
+            case INV_HELD:
+                v[run] = inval_rounds(&c, rw->n, perm);
+                break;
+            case FREE_GAP:
+                v[run] = free_gaps(&c, rw->n);
+                break;
+            case PAIR_HIT:
+                v[run] = pair_hit(&c);
+                break;
+            case PAIR_FREE:
+                v[run] = pair_free(&c, rw->n);
+                break;
+            case HIT_VS_INV:
+                v[run] = hit_vs_inv(&c, rw->n);
+                break;
+            case PAIR_MISS:
+            case MISS_FRESH:
+            case KINDS:
+                break;
+            }
+        }
+        res[k] = median(v, RUNS);
+        cache_free(&c);
     }
+    CHECK(regs == deregs, "%s: %llu registrations, %llu deregistrations", ucx ? "ucx" : "drc",
+          (unsigned long long)regs, (unsigned long long)deregs);
+    if (write(fd, res, sizeof(res)) != (ssize_t)sizeof(res))
+        failed = 1;
+    exit(failed);
 }
 
 int main(void)
 {
-    uint32_t *seq_small, *seq_small2, *seq_large, *perm, *half[2];
-    const uint32_t *seq_half[2];
-    uint64_t t0 = now_ns();
-    size_t k;
-    int run;
+    double res[2][REPS][ROWS], v[REPS];
+    int rep, order, ucx, fds[2], st, k;
+    pid_t pid;
 
-    /* PROT_NONE, MAP_NORESERVE: address space only, no memory behind it */
-    arena = mmap(NULL, (size_t)MAX_SLOTS * STRIDE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    arena = mmap(NULL, (size_t)MAXN * STRIDE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (arena == MAP_FAILED) {
         perror("mmap");
         return 2;
     }
-    seq_small = random_seq(OPS, SMALL);
-    seq_small2 = random_seq(OPS, SMALL);
-    seq_large = random_seq(OPS, LARGE);
-    half[0] = random_seq(OPS, SMALL / 2);
-    half[1] = random_seq(OPS, SMALL / 2);
-    for (k = 0; k < OPS; k++)
-        half[1][k] += SMALL / 2;
-    seq_half[0] = half[0];
-    seq_half[1] = half[1];
-    perm = malloc(LARGE * sizeof(*perm));
-    if (!perm) {
-        perror("malloc");
-        return 2;
-    }
-    printf("drc vs UCX ucs_rcache: %d KiB regions at a %d KiB stride, %d ops per measurement, %d runs\n",
-           REGION >> 10, STRIDE >> 10, OPS, RUNS);
+    printf("drc vs UCX ucs_rcache (libucx %s): %d KiB regions at a %d KiB stride, %d KiB slices at random\n"
+           "64-byte offsets in a region's first half; %d processes per cache, alternating; medians of\n"
+           "per-process medians of %d runs [range]; one-thread rows pinned to CPU 0\n",
+           "1.13.1", REGION >> 10, STRIDE >> 10, SLICE >> 10, REPS, RUNS);
     fflush(stdout);
-    for (run = 0; run < RUNS; run++) {
-        one_run(run, seq_small, seq_small2, seq_half, seq_large, perm);
-        fprintf(stderr, "run %d/%d done (%.1f s)\n", run + 1, RUNS, (double)(now_ns() - t0) / 1e9);
+    for (rep = 0; rep < REPS; rep++) {
+        for (order = 0; order < 2; order++) {
+            ucx = (rep + order) & 1;
+            if (pipe(fds))
+                return 2;
+            pid = fork();
+            if (pid == 0) {
+                close(fds[0]);
+                child(ucx, fds[1]);
+            }
+            close(fds[1]);
+            if (read(fds[0], res[ucx][rep], sizeof(res[ucx][rep])) != (ssize_t)sizeof(res[ucx][rep]))
+                failed = 1;
+            close(fds[0]);
+            waitpid(pid, &st, 0);
+            if (!WIFEXITED(st) || WEXITSTATUS(st))
+                failed = 1;
+            fprintf(stderr, "round %d/%d: %s done\n", rep + 1, REPS, ucx ? "UCX" : "drc");
+        }
     }
-    print_table();
-    CHECK(drc_regs == drc_deregs, "drc: %llu registrations, %llu deregistrations",
-          (unsigned long long)drc_regs, (unsigned long long)drc_deregs);
-    CHECK(ucx_regs == ucx_deregs, "ucx: %llu registrations, %llu deregistrations",
-          (unsigned long long)ucx_regs, (unsigned long long)ucx_deregs);
-    free(perm);
-    free(half[1]);
-    free(half[0]);
-    free(seq_large);
-    free(seq_small2);
-    free(seq_small);
-    munmap(arena, (size_t)MAX_SLOTS * STRIDE);
+    printf("\n| row (ns/op) | N | drc | UCX 1.13.1 | drc/UCX |\n|---|---:|---:|---:|---:|\n");
+    for (k = 0; k < ROWS; k++) {
+        double d, u, dmin = 1e30, dmax = 0, umin = 1e30, umax = 0;
+
+        for (rep = 0; rep < REPS; rep++) {
+            v[rep] = res[0][rep][k];
+            dmin = v[rep] < dmin ? v[rep] : dmin;
+            dmax = v[rep] > dmax ? v[rep] : dmax;
+        }
+        d = median(v, REPS);
+        for (rep = 0; rep < REPS; rep++) {
+            v[rep] = res[1][rep][k];
+            umin = v[rep] < umin ? v[rep] : umin;
+            umax = v[rep] > umax ? v[rep] : umax;
+        }
+        u = median(v, REPS);
+        if (d == 0 && u == 0)
+            continue;
+        printf("| %s | %u | %.1f [%.1f-%.1f] | %.1f [%.1f-%.1f] | %.2f |\n", kind_name[rows[k].kind], rows[k].n, d,
+               dmin, dmax, u, umin, umax, d / u);
+    }
+    /* two threads on the same regions against one thread, same N: the pair's throughput over one thread's */
+    for (k = 0; k < ROWS; k++) {
+        int j;
+
+        if (rows[k].kind != PAIR_HIT)
+            continue;
+        for (j = 0; j < ROWS; j++) {
+            double d1[REPS], d2[REPS], u1[REPS], u2[REPS];
+
+            if (rows[j].kind != HIT_RAND || rows[j].n != rows[k].n)
+                continue;
+            for (rep = 0; rep < REPS; rep++) {
+                d1[rep] = res[0][rep][j];
+                d2[rep] = res[0][rep][k];
+                u1[rep] = res[1][rep][j];
+                u2[rep] = res[1][rep][k];
+            }
+            printf("| 2-thread throughput / 1 thread | %u | %.2fx | %.2fx | |\n", rows[k].n,
+                   2 * median(d1, REPS) / median(d2, REPS), 2 * median(u1, REPS) / median(u2, REPS));
+        }
+    }
+    munmap(arena, (size_t)MAXN * STRIDE);
+    if (failed)
+        fprintf(stderr, "bench_cache: a check failed (see above)\n");
     return failed;
 }

@@ -318,6 +318,38 @@ static void remote_access_is_never_widened(void **state)
     done(b, c);
 }
 
+/*
+ * Packed host sub-buffers (a transfer engine's 10,000 neighbours that share
+ * their boundary pages): each miss joins its neighbour only while the union
+ * stays within twice its own pages, so the total registered stays within
+ * twice the buffer instead of re-registering a growing union every time.
+ */
+static void packed_neighbours_do_not_reregister_a_growing_union(void **state)
+{
+    enum { N = 10000, SUB = 100000 };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    unsigned long i, total = 0;
+    drc_region_t *r;
+
+    (void)state;
+    for (i = 0; i < N; i++) {
+        r = get_ok(c, at(0, i * SUB), SUB, LW | RW | RR);
+        assert_int_equal(drc_put(c, r), 0);
+    }
+    for (i = 0; i < tb_nreg(b); i++)
+        total += b->rec[i].args.len;
+    print_message("%lu registrations, %lu bytes for a %lu-byte buffer\n", tb_nreg(b), total, (unsigned long)N * SUB);
+    assert_true(total <= 2ul * N * SUB);
+    /* and each neighbour hits now */
+    for (i = 0; i < N; i++) {
+        r = get_ok(c, at(0, i * SUB), SUB, LW | RW | RR);
+        assert_int_equal(drc_put(c, r), 0);
+    }
+    assert_int_equal(b->reg_calls, tb_nreg(b));
+    done(b, c);
+}
+
 static void adjacent_pages_do_not_merge(void **state)
 {
     struct tb *b = tb_new();
@@ -363,6 +395,66 @@ static void no_merge_registers_own_range(void **state)
 }
 
 /* ---- 4. invalidation ---------------------------------------------------- */
+
+static void invalidate_by_handle(void **state)
+{
+    struct drc_config cfg = { .flags = DRC_F_NO_MERGE };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, &cfg), *c2 = mk(b, NULL);
+    drc_region_t *a, *o, *h;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), 2 * pg(), LW);
+    o = get_ok(c, at(1, 0), 2 * pg(), LW);     /* overlaps a (no merging) */
+    assert_int_equal(drc_region_invalidate(c, a), 1);
+    assert_int_equal(drc_region_valid(a), 0);
+    assert_int_equal(tb_is_live(b, rid(a)), 1);     /* held: deregistered on its last put */
+    assert_int_equal(drc_region_invalidate(c, a), 0);
+    EXPECT_STATS(c, .misses = 2, .invalidated = 1, .regs = 2, .regions = 1, .bytes = 2 * pg(), .in_use = 2);
+    /* no later get returns it; the overlapping region is untouched */
+    h = get_ok(c, at(0, 0), pg(), LW);
+    assert_ptr_not_equal(h, a);
+    assert_int_equal(drc_put(c, h), 0);
+    h = get_ok(c, at(2, 0), pg(), LW);
+    assert_ptr_equal(h, o);
+    assert_int_equal(drc_put(c, h), 0);
+    /* a range invalidation does not count it again */
+    assert_int_equal(drc_invalidate(c, at(0, 0), 1), 1);   /* the region registered just now */
+    assert_int_equal(drc_put(c, a), 0);
+    assert_int_equal(tb_is_live(b, rid(a)), 0);
+    /* bad arguments change nothing */
+    assert_int_equal(drc_region_invalidate(NULL, o), -EINVAL);
+    assert_int_equal(drc_region_invalidate(c, NULL), -EINVAL);
+    assert_int_equal(drc_region_invalidate(c2, o), -EINVAL);   /* not c2's */
+    assert_int_equal(drc_put(c, o), 0);
+    assert_int_equal(drc_region_invalidate(c, o), -EINVAL);    /* not held */
+    assert_int_equal(drc_region_valid(o), 1);
+    assert_int_equal(drc_cache_destroy(c2), 0);
+    done(b, c);
+}
+
+/* A superseded region still held (in the detached tree) can be invalidated by its handle too. */
+static void invalidate_superseded_by_handle(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *u;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    u = get_ok(c, at(0, 0), 2 * pg(), LW);     /* supersedes a, which stays valid while held */
+    assert_ptr_not_equal(a, u);
+    assert_int_equal(drc_region_valid(a), 1);
+    assert_int_equal(drc_region_invalidate(c, a), 1);
+    assert_int_equal(drc_region_valid(a), 0);
+    assert_int_equal(drc_region_valid(u), 1);
+    assert_int_equal(drc_invalidate(c, at(0, 0), 1), 1);   /* u only */
+    assert_int_equal(drc_put(c, a), 0);
+    assert_int_equal(drc_put(c, u), 0);
+    assert_int_equal(tb_live(b), 0);
+    EXPECT_STATS(c, .misses = 2, .merges = 1, .invalidated = 2, .regs = 2, .deregs = 2);
+    done(b, c);
+}
 
 static void invalidate_idle_deregisters_before_return(void **state)
 {
@@ -1035,8 +1127,11 @@ int main(void)
         cmocka_unit_test(merge_with_busy_region_defers_its_dereg),
         cmocka_unit_test(local_access_upgrade_merges),
         cmocka_unit_test(remote_access_is_never_widened),
+        cmocka_unit_test(packed_neighbours_do_not_reregister_a_growing_union),
         cmocka_unit_test(adjacent_pages_do_not_merge),
         cmocka_unit_test(no_merge_registers_own_range),
+        cmocka_unit_test(invalidate_by_handle),
+        cmocka_unit_test(invalidate_superseded_by_handle),
         cmocka_unit_test(invalidate_idle_deregisters_before_return),
         cmocka_unit_test(invalidate_busy_defers_dereg_to_last_put),
         cmocka_unit_test(invalidate_marks_superseded_held_region),

@@ -7,7 +7,7 @@
  * lock, that call would deadlock on it (or, in DRC_DEBUG builds, assert).
  *
  * The test binary wraps the allocator calls of the library objects
- * (-Wl,--wrap=aligned_alloc,--wrap=free, see the Makefile): while armed,
+ * (-Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free, see the Makefile): while armed,
  * every allocation and free first invalidates a registered page of the cache,
  * as such an allocator's hook would. The cache is driven through the two
  * places that allocate: a new pool chunk (every 63 regions) and a larger
@@ -21,6 +21,7 @@
 #define LW IBV_ACCESS_LOCAL_WRITE
 
 void *__real_aligned_alloc(size_t align, size_t size);
+void *__real_calloc(size_t n, size_t size);
 void __real_free(void *p);
 
 static drc_cache_t *armed;     /* the cache the "allocator" invalidates into, or NULL */
@@ -46,6 +47,13 @@ void *__wrap_aligned_alloc(size_t align, size_t size)
 {
     reenter();
     return __real_aligned_alloc(align, size);
+}
+
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size)
+{
+    reenter();
+    return __real_calloc(n, size);
 }
 
 void __wrap_free(void *p);

@@ -247,7 +247,13 @@ struct race {
     unsigned long floor[SPACE];     /* atomic: no region covering page p may have an id <= floor[p] */
     int stop;                       /* atomic */
     unsigned long violations, not_live, bad_bounds, gets, errors;  /* atomic */
+    int by_handle;                  /* invalidate with drc_region_invalidate, not by range */
+    int disjoint;                   /* one-page regions on even pages only, one access: none overlap */
+    unsigned long epoch;            /* atomic: by-handle invalidations returned so far */
 };
+
+/* by handle: dead_at[id] = the epoch at which region id was invalidated (0: never) */
+static unsigned long dead_at[TB_MAX + 1];
 
 struct hitter {
     struct race *x;
@@ -267,7 +273,7 @@ static void *hitter_thread(void *p)
     static const unsigned acc[] = { LW, RR, LW | RW, 0 };
     struct hitter *h = p;
     struct race *x = h->x;
-    unsigned long snap[SPACE];
+    unsigned long snap[SPACE], epoch, dead;
     drc_region_t *r;
     uintptr_t s;
     size_t len, i, first, npages;
@@ -278,11 +284,18 @@ static void *hitter_thread(void *p)
         size_t want = 1 + xs(&h->rng) % (2 * pg());
         unsigned a = acc[xs(&h->rng) % 4];
 
+        if (x->disjoint) {
+            page &= ~(size_t)1;     /* gaps on the odd pages: free events there take the lockless probe */
+            off = 0;
+            want = pg();
+            a = LW;
+        }
         if (page * pg() + off + want > SPACE * pg())
             want = SPACE * pg() - page * pg() - off;
         /* invalidations that returned before this get began */
         for (i = 0; i < SPACE; i++)
             snap[i] = __atomic_load_n(&x->floor[i], __ATOMIC_ACQUIRE);
+        epoch = __atomic_load_n(&x->epoch, __ATOMIC_ACQUIRE);
         err = drc_get(x->c, at(page, off), want, a, &r);
         if (err) {
             /* -EAGAIN: invalidated again and again while registering, a documented outcome */
@@ -298,6 +311,10 @@ static void *hitter_thread(void *p)
         /* held: its handle must still be registered */
         if (!tb_is_live(x->b, rid(r)))
             __atomic_fetch_add(&x->not_live, 1, __ATOMIC_RELAXED);
+        /* a region invalidated by its handle before this get began */
+        dead = __atomic_load_n(&dead_at[rid(r)], __ATOMIC_ACQUIRE);
+        if (dead && dead <= epoch)
+            __atomic_fetch_add(&x->violations, 1, __ATOMIC_RELAXED);
         first = (s - BASE) / pg();
         npages = len / pg();
         for (i = first; i < first + npages && i < SPACE; i++)
@@ -308,7 +325,7 @@ static void *hitter_thread(void *p)
     return NULL;
 }
 
-static void race_invalidations(const struct drc_config *cfg)
+static void race_invalidations(const struct drc_config *cfg, int by_handle, int disjoint)
 {
     struct race x = { 0 };
     struct hitter h[HITTERS];
@@ -321,6 +338,9 @@ static void race_invalidations(const struct drc_config *cfg)
 
     x.b = tb_new();
     x.c = mk(x.b, cfg);
+    x.by_handle = by_handle;
+    x.disjoint = disjoint;
+    memset(dead_at, 0, sizeof(dead_at));
     for (i = 0; i < HITTERS; i++) {
         h[i] = (struct hitter){ &x, 0x1234567ull * (uint64_t)(i + 1) };
         pthread_create(&th[i], NULL, hitter_thread, &h[i]);
@@ -334,7 +354,24 @@ static void race_invalidations(const struct drc_config *cfg)
             n = SPACE - page;
         /* every registration entered before this point has an id <= before */
         before = tb_nreg(x.b);
-        assert_true(drc_invalidate(x.c, at(page, xs(&rng) % 64), n * pg() - 64) >= 0);
+        if (by_handle) {
+            /* the region serving this page now, invalidated by its handle while held */
+            drc_region_t *r;
+            unsigned long next = x.epoch + 1;
+
+            if (drc_get(x.c, at(page, 0), pg(), LW, &r))
+                continue;
+            assert_true(drc_region_invalidate(x.c, r) >= 0);
+            __atomic_store_n(&dead_at[rid(r)], next, __ATOMIC_RELEASE);
+            __atomic_store_n(&x.epoch, next, __ATOMIC_RELEASE);
+            assert_int_equal(drc_put(x.c, r), 0);
+            continue;
+        }
+        if (disjoint) {
+            n = 1;
+            assert_true(drc_notify_free(at(page, 0), pg()) >= 0);  /* a free event: gap or region */
+        } else
+            assert_true(drc_invalidate(x.c, at(page, xs(&rng) % 64), n * pg() - 64) >= 0);
         for (p = page; p < page + n; p++)
             __atomic_store_n(&x.floor[p], before, __ATOMIC_RELEASE);
         if (k % 64 == 0)
@@ -362,7 +399,7 @@ static void race_invalidations(const struct drc_config *cfg)
 static void gets_after_invalidate_never_return_old_regions(void **state)
 {
     (void)state;
-    race_invalidations(NULL);
+    race_invalidations(NULL, 0, 0);
 }
 
 static void same_race_without_merging(void **state)
@@ -370,7 +407,7 @@ static void same_race_without_merging(void **state)
     struct drc_config cfg = { .flags = DRC_F_NO_MERGE };
 
     (void)state;
-    race_invalidations(&cfg);
+    race_invalidations(&cfg, 0, 0);
 }
 
 static void same_race_with_eviction(void **state)
@@ -378,7 +415,7 @@ static void same_race_with_eviction(void **state)
     struct drc_config cfg = { .max_regions = 3, .max_bytes = 6 * pg() };
 
     (void)state;
-    race_invalidations(&cfg);
+    race_invalidations(&cfg, 0, 0);
 }
 
 /* ---- stats while other threads take and drop references ---------------- */
@@ -486,6 +523,25 @@ static void getter_sleeps_through_a_free_in_flight(void **state)
     done(b, f.c);
 }
 
+/* drc_region_invalidate against hitters: a region invalidated by its handle is never returned again */
+static void gets_after_invalidate_by_handle_never_return_it(void **state)
+{
+    (void)state;
+    race_invalidations(NULL, 1, 0);
+}
+
+/*
+ * Free events racing inserts where regions never overlap, so that an event
+ * in a gap returns from the lockless probe (neighbour links, hint slot,
+ * floor descent) and one on a region takes the lock: no get begun after an
+ * event returned gets a region registered before it.
+ */
+static void free_event_probe_racing_inserts(void **state)
+{
+    (void)state;
+    race_invalidations(NULL, 0, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -495,6 +551,8 @@ int main(void)
         cmocka_unit_test_setup(gets_after_invalidate_never_return_old_regions, setup_alarm),
         cmocka_unit_test_setup(same_race_without_merging, setup_alarm),
         cmocka_unit_test_setup(same_race_with_eviction, setup_alarm),
+        cmocka_unit_test_setup(gets_after_invalidate_by_handle_never_return_it, setup_alarm),
+        cmocka_unit_test_setup(free_event_probe_racing_inserts, setup_alarm),
         cmocka_unit_test_setup(stats_are_kept_as_they_change, setup_alarm),
         cmocka_unit_test_setup(getter_sleeps_through_a_free_in_flight, setup_alarm),
     };

@@ -37,9 +37,14 @@ static uint64_t rnd(struct model *m)
 
 static void ins(struct model *m, int i, uintptr_t start, uintptr_t last)
 {
+    struct drc__itree_node *prev, *succ;
+
     m->n[i].start = start;
     m->n[i].last = last;
-    drc__itree_insert(&m->t, &m->n[i]);
+    drc__itree_insert_at(&m->t, &m->n[i], &prev, &succ);
+    /* the neighbours the insert reports are the in-order ones */
+    assert_ptr_equal(prev, drc__itree_prev(&m->n[i]));
+    assert_ptr_equal(succ, drc__itree_succ(&m->n[i]));
     m->in[i] = 1;
     m->count++;
     assert_int_equal(drc__itree_check(&m->t), m->count);
@@ -193,6 +198,38 @@ static void random_against_naive_list(void **state)
     }
 }
 
+/* prev and succ follow start order: walking succ from the smallest start visits every node once, prev mirrors it. */
+static void prev_and_succ_are_start_order(void **state)
+{
+    struct model *m = model_new(7);
+    struct drc__itree_node *n, *p;
+    int budget = DRC__ITREE_UNBOUNDED, step, i;
+    long k;
+
+    (void)state;
+    for (step = 0; step < 3000; step++) {
+        i = (int)(rnd(m) % MAXN);
+        if (m->in[i]) {
+            rem(m, i);
+        } else {
+            uintptr_t st = rnd(m) % 1000;
+
+            ins(m, i, st, st + rnd(m) % 10);
+        }
+        if (step % 50)
+            continue;
+        n = drc__itree_first(&m->t, 0, UINTPTR_MAX, &budget);
+        assert_true(!n || !drc__itree_prev(n));
+        for (k = 0, p = NULL; n; p = n, n = drc__itree_succ(n), k++) {
+            assert_ptr_equal(drc__itree_prev(n), p);
+            if (p)
+                assert_true(p->start <= n->start);
+        }
+        assert_int_equal(k, m->count);
+    }
+    free(m);
+}
+
 static void budget_bounds_the_walk(void **state)
 {
     struct model *m = model_new(4);
@@ -260,6 +297,7 @@ int main(void)
         cmocka_unit_test(extremes_and_equal_starts),
         cmocka_unit_test(sorted_inserts_and_removes),
         cmocka_unit_test(random_against_naive_list),
+        cmocka_unit_test(prev_and_succ_are_start_order),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
     };
