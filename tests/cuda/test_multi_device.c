@@ -14,7 +14,9 @@
  *    cuCtxDestroy, cudaDeviceReset of the current device) drops that
  *    device's regions and leaves the other device's valid;
  *  - peer-mapped VMM memory of device 1 (cuMemSetAccess for both devices)
- *    registered from device 0's context is device 1's.
+ *    registered from device 0's context is device 1's;
+ *  - the drc pool (drc_torch_malloc) asked for device 1 while device 0's
+ *    context is current gives device 1's memory.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -287,6 +289,26 @@ static void peer_mapped_vmm_is_its_device(void **state)
     assert_int_equal(rec.deregs, 1);
 }
 
+/* The drc pool's segment for device 1, asked for while device 0's context is current: device 1's memory. */
+static void torch_segment_is_on_its_device(void **state)
+{
+    void *p;
+    int dev = -1;
+
+    (void)state;
+    fc_current = FC_PRIMARY(0);
+    p = drc_torch_malloc((ssize_t)(8 * MiB), 1, NULL);     /* the double has no VMM: cuMemAlloc */
+    assert_non_null(p);
+    assert_int_equal(cuPointerGetAttribute(&dev, DRC__CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (uintptr_t)p), 0);
+    assert_int_equal(dev, 1);
+    assert_ptr_equal(fc_current, FC_PRIMARY(0));
+    reg_idle((uintptr_t)p, MiB);
+    assert_int_equal(rec.device[0], 1);
+    drc_torch_free(p, (ssize_t)(8 * MiB), 1, NULL);
+    assert_int_equal(rec.deregs, 1);
+    assert_ptr_equal(fc_current, FC_PRIMARY(0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -300,6 +322,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(device_reset_is_the_current_device, setup, teardown),
         cmocka_unit_test_setup_teardown(device_reset_after_set_device, setup, teardown),
         cmocka_unit_test_setup_teardown(peer_mapped_vmm_is_its_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(torch_segment_is_on_its_device, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
