@@ -59,6 +59,20 @@ static int ensure_context(const struct drc__cuda_driver *d, int device)
     return 0;       /* the primary context is retained for the life of the process */
 }
 
+/*
+ * The context a call for @device must run in: NULL (keep the current one) when
+ * it is a context of @device, else the device's primary context. The caller's
+ * current device may be another one (several GPUs in one process).
+ */
+static void *device_ctx(const struct drc__cuda_driver *d, int device)
+{
+    int cur = -1;
+
+    if (d->cuCtxGetDevice && d->cuCtxGetDevice(&cur) == 0 && cur == device)
+        return NULL;
+    return drc__cuda_primary_ctx(d, device);
+}
+
 static int decide_kind(const struct drc__cuda_driver *d, int device, struct dev_info *di)
 {
     struct drc__cuda_alloc_prop p = vmm_prop(device);
@@ -110,8 +124,8 @@ void *drc_torch_malloc(ssize_t size, int device, void *stream)
     const struct drc__cuda_driver *d = drc__cuda_driver();
     struct dev_info *di;
     drc__cuptr ptr = 0;
-    int kind;
-    void *p;
+    int kind, rc, switched;
+    void *p, *saved;
 
     (void)stream;       /* segments belong to no stream: PyTorch tracks stream use itself */
     if (!d || size <= 0 || device < 0 || device >= DRC__CUDA_MAX_DEVICES || ensure_context(d, device))
@@ -125,9 +139,11 @@ void *drc_torch_malloc(ssize_t size, int device, void *stream)
     if (kind == VMM && (p = vmm_alloc(d, device, (size_t)size, di->granularity)))
         return p;
     /* no VMM, or the VMM path failed (e.g. out of memory at this granularity): plain memory exports too */
-    if (!d->cuMemAlloc || d->cuMemAlloc(&ptr, (size_t)size))
+    if (!d->cuMemAlloc || drc__cuda_ctx_push(d, device_ctx(d, device), &saved, &switched))
         return NULL;
-    return (void *)(uintptr_t)ptr;
+    rc = d->cuMemAlloc(&ptr, (size_t)size);     /* in @device's context: cuMemAlloc takes the current one's */
+    drc__cuda_ctx_pop(d, saved, switched);
+    return rc ? NULL : (void *)(uintptr_t)ptr;
 }
 
 void drc_torch_free(void *ptr, ssize_t size, int device, void *stream)
@@ -136,7 +152,8 @@ void drc_torch_free(void *ptr, ssize_t size, int device, void *stream)
     unsigned long long h;
     drc__cuptr p = (drc__cuptr)(uintptr_t)ptr;
     size_t len, g;
-    int t;
+    int t, switched;
+    void *saved;
 
     (void)stream;
     if (!d || !ptr || size <= 0 || device < 0 || device >= DRC__CUDA_MAX_DEVICES)
@@ -147,9 +164,11 @@ void drc_torch_free(void *ptr, ssize_t size, int device, void *stream)
         d->cuMemRelease(h);      /* drop the reference the lookup took */
         len = ((size_t)size + g - 1) / g * g;
         t = drc__cuda_begin_unmap(p, len);
-        /* the segment's last kernels must be done before its pages go */
-        if (d->cuCtxSynchronize)
+        /* the segment's last kernels must be done before its pages go: its device's, whichever is current */
+        if (d->cuCtxSynchronize && drc__cuda_ctx_push(d, device_ctx(d, device), &saved, &switched) == 0) {
             d->cuCtxSynchronize();
+            drc__cuda_ctx_pop(d, saved, switched);
+        }
         d->cuMemUnmap(p, len);
         drc__notify_end(t);
         d->cuMemAddressFree(p, len);

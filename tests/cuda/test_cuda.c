@@ -112,7 +112,7 @@ static void device_memory_bounded_by_allocation(void **state)
     assert_true(m.lo == GPU && m.hi == GPU + 64 * MiB);
     assert_int_equal(m.buffer_id, 42);
     assert_int_equal(m.nchunks, 0);
-    assert_ptr_equal(m.ctx, FC_CTX0);
+    assert_ptr_equal(m.ctx, FC_CTX(1));   /* the allocation's own context */
     /* a request running past the allocation is refused, never registered across */
     assert_int_equal(drc__mem_classify(GPU + 63 * MiB, 2 * MiB, &m), -EFAULT);
     assert_int_equal(m.type, DRC_MEM_HOST);

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 enum {
     OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, INVALID_DEVICE = 101, INVALID_CONTEXT = 201, NOT_FOUND = 500,
@@ -68,13 +69,13 @@ static struct fc_alloc *add(uintptr_t base, size_t size, unsigned type, int devi
     if (fc.n == FC_MAX_ALLOCS)
         return NULL;
     a = &fc.a[fc.n++];
-    *a = (struct fc_alloc){ base, size, type, 0, device, 0, 1, id, ctx, 0 };
+    *a = (struct fc_alloc){ base, size, type, 0, device, 0, 1, id, ctx, 0, 0 };
     return a;
 }
 
 struct fc_alloc *fc_add(uintptr_t base, size_t size, int device, uint64_t id)
 {
-    return add(base, size, MEMORYTYPE_DEVICE, device, id, FC_CTX0);
+    return add(base, size, MEMORYTYPE_DEVICE, device, id, FC_CTX(device));
 }
 
 struct fc_alloc *fc_add_vmm(uintptr_t base, size_t size, int device, uint64_t id, int gdr)
@@ -106,8 +107,8 @@ static struct fc_alloc *find(unsigned long long p)
 /* The device of a context of this double (-1: none). */
 static int ctx_device(const void *ctx)
 {
-    if (ctx == FC_CTX0)
-        return 0;
+    if ((uintptr_t)ctx >= 0xc0 && (uintptr_t)ctx < 0xc0 + FC_DEVICES)
+        return (int)((uintptr_t)ctx - 0xc0);
     if ((uintptr_t)ctx >= 0xd00 && (uintptr_t)ctx < 0xd00 + FC_DEVICES)
         return (int)((uintptr_t)ctx - 0xd00);
     return -1;
@@ -123,6 +124,8 @@ static int alloc(unsigned long long *out, size_t size, unsigned type)
 
     if (!size)
         return INVALID_VALUE;
+    if (fc.strict_ctx && !fc_current)
+        return INVALID_CONTEXT;
     pthread_mutex_lock(&lock);
     if (!arena) {
         void *p = mmap(NULL, RESERVE + ALIGN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -149,6 +152,7 @@ static int alloc(unsigned long long *out, size_t size, unsigned type)
         pthread_mutex_unlock(&lock);
         return OUT_OF_MEMORY;
     }
+    mprotect((void *)base, len, PROT_READ | PROT_WRITE);    /* host memory behind it, zero */
     *out = base;
     pthread_mutex_unlock(&lock);
     return OK;
@@ -187,6 +191,10 @@ static int release(unsigned long long p, const char *entry)
     a = find(p);
     if (a)
         *a = fc.a[--fc.n];
+    if (arena && copy.base >= arena && copy.base < arena + RESERVE) {    /* gone, and zero when reallocated */
+        madvise((void *)copy.base, copy.size, MADV_DONTNEED);
+        mprotect((void *)copy.base, copy.size, PROT_NONE);
+    }
     __atomic_fetch_add(&fc.frees, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&lock);
     return OK;
@@ -381,7 +389,7 @@ int cuCtxGetCurrent(void **ctx)
 int cuCtxSetCurrent(void *ctx);
 int cuCtxSetCurrent(void *ctx)
 {
-    fc.set_calls++;
+    __atomic_fetch_add(&fc.set_calls, 1, __ATOMIC_RELAXED);
     fc_current = ctx;
     return OK;
 }
@@ -471,8 +479,8 @@ int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned lon
     struct fc_alloc *a;
     int rc = NOT_FOUND;
 
-    fc.range_ctx = fc_current;
-    if (fc.range_needs_ctx && !fc_current)
+    __atomic_store_n(&fc.range_ctx, fc_current, __ATOMIC_RELAXED);
+    if ((fc.range_needs_ctx || fc.strict_ctx) && !fc_current)
         return INVALID_CONTEXT;
     pthread_mutex_lock(&lock);
     a = find(ptr);
@@ -487,17 +495,64 @@ int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned lon
     return rc;
 }
 
+/*
+ * Where each exported dmabuf starts, by its inode: fakecu_dmabuf_base() lets the loopback NIC
+ * (tests/loopnic) find the memory behind a dmabuf MR, so that a wrong dmabuf offset moves the
+ * wrong bytes there, as it would on a real NIC (UCX issue 11417). Test-only.
+ */
+enum { MAX_EXPORTED = 1024 };
+static struct { unsigned long long dev, ino, base; } exported[MAX_EXPORTED];
+static unsigned nexported;
+
+static void remember_export(int fd, unsigned long long base)
+{
+    struct stat st;
+
+    if (fstat(fd, &st) != 0)
+        return;
+    pthread_mutex_lock(&lock);
+    exported[nexported++ % MAX_EXPORTED] = (typeof(exported[0])){ st.st_dev, st.st_ino, base };
+    pthread_mutex_unlock(&lock);
+}
+
+int fakecu_dmabuf_base(int fd, unsigned long long *base);
+int fakecu_dmabuf_base(int fd, unsigned long long *base)
+{
+    struct stat st;
+    unsigned i;
+    int rc = -1;
+
+    if (fstat(fd, &st) != 0)
+        return -1;
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < nexported && i < MAX_EXPORTED; i++)
+        if (exported[i].dev == st.st_dev && exported[i].ino == st.st_ino) {
+            *base = exported[i].base;
+            rc = 0;
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
 /* The dmabuf: a memfd of the range's size. */
 int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t size, int type,
                                   unsigned long long flags);
 int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t size, int type,
                                   unsigned long long flags)
 {
-    struct fc_export *e = &fc.exports[fc.nexports < FC_MAX_CALLS ? fc.nexports++ : FC_MAX_CALLS - 1];
-    int fd;
+    struct fc_export *e;
+    struct fc_alloc *a;
+    int fd, device;
 
+    pthread_mutex_lock(&lock);
+    e = &fc.exports[fc.nexports < FC_MAX_CALLS ? fc.nexports++ : FC_MAX_CALLS - 1];
     *e = (struct fc_export){ ptr, size, flags, fc_current, -1 };
-    if (type != DMA_BUF_FD || !size || ptr % FC_PAGE || size % FC_PAGE || !find(ptr))
+    a = find(ptr);
+    device = a ? a->device : -1;
+    pthread_mutex_unlock(&lock);
+    if (fc.strict_ctx && (!fc_current || (device >= 0 && ctx_device(fc_current) != device)))
+        return INVALID_CONTEXT; /* no context, or one of another device */
+    if (type != DMA_BUF_FD || !size || ptr % FC_PAGE || size % FC_PAGE || !a)
         return INVALID_VALUE;   /* as the real driver: host-page alignment */
     if ((flags & PCIE_FLAG) && fc.pcie_unsupported)
         return NOT_SUPPORTED;
@@ -510,6 +565,7 @@ int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t s
         return OUT_OF_MEMORY;
     }
     e->fd = fd;
+    remember_export(fd, ptr);
     *(int *)handle = fd;
     __atomic_fetch_add(&exports, 1, __ATOMIC_RELAXED);
     return OK;
@@ -520,13 +576,18 @@ int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t s
 int cuMemRetainAllocationHandle(unsigned long long *h, void *addr);
 int cuMemRetainAllocationHandle(unsigned long long *h, void *addr)
 {
-    struct fc_alloc *a = find((uintptr_t)addr);
+    struct fc_alloc *a;
+    int rc = INVALID_VALUE;
 
-    if (!a || !a->vmm)
-        return INVALID_VALUE;
-    fc.retains++;
-    *h = (unsigned long long)(a - fc.a) + 1;
-    return OK;
+    pthread_mutex_lock(&lock);
+    a = find((uintptr_t)addr);
+    if (a && a->vmm) {
+        fc.retains++;
+        *h = (unsigned long long)(a - fc.a) + 1;
+        rc = OK;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 struct prop {                   /* CUmemAllocationProp, as drc's cuda.h lays it out */
@@ -549,6 +610,37 @@ int cuMemGetAllocationPropertiesFromHandle(struct prop *p, unsigned long long h)
     p->location.id = a->device;
     p->gpu_direct_rdma_capable = (unsigned char)a->gdr;
     return OK;
+}
+
+/* Access to a mapped VMM range, per device: recorded in the chunks it covers (whole chunks only). */
+int cuMemSetAccess(unsigned long long ptr, size_t size, const void *desc, size_t count)
+{
+    const struct { struct { int type, id; } location; int flags; } *d = desc;   /* CUmemAccessDesc */
+    unsigned long long p;
+    struct fc_alloc *a;
+    size_t i;
+    int rc = OK;
+
+    pthread_mutex_lock(&lock);
+    for (p = ptr; rc == OK && p < ptr + size; p = a->base + a->size) {
+        a = find(p);
+        if (!a || !a->vmm || a->base != p || p + a->size > ptr + size) {
+            rc = INVALID_VALUE;
+            break;
+        }
+        for (i = 0; i < count; i++) {
+            if (d[i].location.type != 1 || d[i].location.id < 0 || d[i].location.id >= FC_DEVICES) {
+                rc = INVALID_DEVICE;
+                break;
+            }
+            if (d[i].flags == 3)        /* PROT_READWRITE */
+                a->access |= 1u << d[i].location.id;
+            else
+                a->access &= ~(1u << d[i].location.id);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 int cuMemRelease(unsigned long long h);

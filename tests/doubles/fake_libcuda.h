@@ -10,12 +10,17 @@
  * table from the loaded library exactly as drc fills it from the driver.
  *
  * What it models: two devices (ordinals 0 and 1), each with a primary
- * context FC_PRIMARY(dev), and FC_CTX0 a context of device 0; allocations
+ * context FC_PRIMARY(dev) and a created context FC_CTX(dev) (FC_CTX0 is
+ * device 0's), and a current context per thread (fc_current); allocations
  * of device memory (plain or VMM chunks), pinned host and managed memory,
  * either added by a test at made-up addresses (fc_add*: never touched) or
- * made by cuMemAlloc_v2/cuMemAllocHost_v2 in a reserved, inaccessible range,
- * first fit, so that a free and an allocation of the same size give the same
- * address with a new buffer id, as the real driver does. It answers what
+ * made by cuMemAlloc_v2/cuMemAllocHost_v2 in a reserved range, first fit, so
+ * that a free and an allocation of the same size give the same address with
+ * a new buffer id, as the real driver does. Allocated memory is host memory,
+ * readable and writable and zero when allocated (the loopback NIC's tests
+ * move bytes into it); it is inaccessible again once freed.
+ * With fc.strict_ctx, driver calls made in the wrong context fail as the
+ * real driver's do (see struct fake_cuda). It answers what
  * drc's CUDA layer asks (pointer attributes, ranges, contexts, VMM handles
  * and properties, device attributes), exports a dmabuf as a memfd of the
  * range's size ("fake-dmabuf"), frees, pinned host frees and teardowns, and
@@ -37,7 +42,8 @@
 enum { FC_MAX_ALLOCS = 256, FC_MAX_CALLS = 64, FC_DEVICES = 2 };
 
 #define FC_PAGE 4096u
-#define FC_CTX0 ((void *)0xc0)
+#define FC_CTX(dev) ((void *)(uintptr_t)(0xc0 + (dev)))
+#define FC_CTX0 FC_CTX(0)
 #define FC_PRIMARY(dev) ((void *)(uintptr_t)(0xd00 + (dev)))
 #define FAKE_CUDA_CTX FC_PRIMARY(0)     /* the context cuMemAlloc_v2 memory belongs to with none current */
 
@@ -49,6 +55,7 @@ struct fc_alloc {
     uint64_t buffer_id;
     void *ctx;                  /* CONTEXT attribute (NULL for VMM) */
     int prop_type;              /* VMM: allocation type, compared by the chunk walk */
+    unsigned access;            /* VMM: bit d set when cuMemSetAccess gave device d read-write access */
 };
 
 struct fc_export {
@@ -66,6 +73,15 @@ struct fake_cuda {
     int export_rc;              /* next exports return this (0 = succeed) */
     int pcie_unsupported;       /* the PCIe mapping flag gives CUDA_ERROR_NOT_SUPPORTED (1 until fc_reset) */
     int range_needs_ctx;        /* cuMemGetAddressRange gives INVALID_CONTEXT with no current context */
+    /*
+     * Contexts as the real driver checks them: cuMemAlloc_v2 and the export
+     * (cuMemGetHandleForAddressRange) need a current context, else
+     * INVALID_CONTEXT (201), and the export of device memory must run in a
+     * context of the memory's own device, else INVALID_CONTEXT too (the
+     * real answer from another device's context is measured by
+     * tests/gpu/test_multi_gpu.c); cuMemGetAddressRange as range_needs_ctx.
+     */
+    int strict_ctx;
     int dmabuf_attr[FC_DEVICES];/* DMA_BUF_SUPPORTED per device */
     struct fc_export exports[FC_MAX_CALLS];
     int nexports;
@@ -81,7 +97,7 @@ extern __thread void *fc_current;  /* this thread's current context */
 /* Forget every allocation and record; both devices export dmabuf, the PCIe flag works. */
 void fake_cuda_reset(void);
 
-/* Plain device memory (cuMemAlloc) of @size at @base on @device, in context FC_CTX0. */
+/* Plain device memory (cuMemAlloc) of @size at @base on @device, in context FC_CTX(@device). */
 struct fc_alloc *fc_add(uintptr_t base, size_t size, int device, uint64_t id);
 
 /* A mapped VMM chunk (no context; gpuDirectRDMACapable = @gdr). */
@@ -111,6 +127,11 @@ int cuMemFree_v2(unsigned long long dptr);
 int cuMemFreeAsync(unsigned long long dptr, void *stream);
 int cuMemFreeAsync_ptsz(unsigned long long dptr, void *stream);
 int cuMemUnmap(unsigned long long ptr, size_t size);
+int cuMemSetAccess(unsigned long long ptr, size_t size, const void *desc, size_t count);
+int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t size, int type,
+                                  unsigned long long flags);
+int cuPointerGetAttribute(void *data, int which, unsigned long long ptr);
+int cuCtxSetCurrent(void *ctx);
 int cuMemFreeHost(void *p);
 int cuMemHostUnregister(void *p);
 int cuIpcCloseMemHandle(unsigned long long dptr);

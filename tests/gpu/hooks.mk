@@ -6,10 +6,13 @@ HOOK_DRC_SRCS := $(DRC_SRCS) cuda/wrappers.c cuda/torch.c
 HOOK_DRC_OBJS := $(addprefix $(O)/obj/,$(HOOK_DRC_SRCS:.c=.o))
 HOOK_PIC_OBJS := $(addprefix $(O)/pic/,$(HOOK_DRC_SRCS:.c=.o))
 
-$(O)/test_hooks_gpu_static: test_hooks_gpu.c gpu.h $(HOOK_DRC_OBJS)
-	$(NVCC) -I$(CUDA)/include -I$(TOP)/include -I$(TOP)/src -I. -Xcompiler -Wall -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
-$(O)/test_hooks_gpu_shared: test_hooks_gpu.c gpu.h $(HOOK_DRC_OBJS)
-	$(NVCC) -cudart shared -I$(CUDA)/include -I$(TOP)/include -I$(TOP)/src -I. -Xcompiler -Wall -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
+$(O)/test_hooks_gpu_static: test_hooks_gpu.c gpu.h recbackend.h $(HOOK_DRC_OBJS)
+	$(NVCC) -D_GNU_SOURCE -I$(CUDA)/include -I$(TOP)/include -I$(TOP)/src -I. -Xcompiler -Wall -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
+$(O)/test_hooks_gpu_shared: test_hooks_gpu.c gpu.h recbackend.h $(HOOK_DRC_OBJS)
+	$(NVCC) -cudart shared -D_GNU_SOURCE -I$(CUDA)/include -I$(TOP)/include -I$(TOP)/src -I. -Xcompiler -Wall -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
+# issue 13: the runtime API on two GPUs (cudaFree after cudaSetDevice, cudaDeviceReset of the current device)
+$(O)/test_multi_rt_gpu: test_multi_rt_gpu.c gpu.h recbackend.h $(HOOK_DRC_OBJS)
+	$(NVCC) -D_GNU_SOURCE -I$(CUDA)/include -I$(TOP)/include -I$(TOP)/src -I. -Xcompiler -Wall -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
 $(O)/pic/%.o: $(TOP)/src/%.c $(wildcard $(TOP)/src/*/*.h) $(wildcard $(TOP)/include/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
@@ -20,4 +23,4 @@ $(O)/bench_notify: ../bench/bench_notify.c $(HOOK_DRC_OBJS)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(HOOK_DRC_OBJS) $(CUDA_LIBS) $(LIBS)
 
 .PHONY: hooks
-hooks: $(O)/test_hooks_gpu_static $(O)/test_hooks_gpu_shared $(O)/libdrc_torch.so $(O)/bench_notify
+hooks: $(O)/test_hooks_gpu_static $(O)/test_hooks_gpu_shared $(O)/libdrc_torch.so $(O)/bench_notify $(O)/test_multi_rt_gpu

@@ -36,5 +36,15 @@ run "$O/test_hooks_gpu_static" cost
 run env LD_PRELOAD="$H" "$O/test_hooks_gpu_static" cost
 run "$O/bench_notify"
 run env DRC_LIB="$O/libdrc_torch.so" PYTHONUNBUFFERED=1 python3 test_torch_gpu.py
+# issue 13: two GPUs (each says SKIP with fewer): the runtime API, and PyTorch through the drc pool and
+# through the default allocator with the hook (DRC_LIB: the libdrc.so the preload links, one drc in the process)
+run "$O/test_multi_rt_gpu" wrappers
+run "$O/test_multi_rt_gpu" control
+run env LD_PRELOAD="$H" "$O/test_multi_rt_gpu" hooked
+run env DRC_LIB="$O/libdrc_torch.so" PYTHONUNBUFFERED=1 python3 test_torch_multi_gpu.py pool
+run env DRC_LIB="$O/libdrc_torch.so" PYTHONUNBUFFERED=1 python3 test_torch_multi_gpu.py control
+run env LD_PRELOAD="$H" DRC_LIB="$B/libdrc.so" PYTHONUNBUFFERED=1 python3 test_torch_multi_gpu.py hooked
+run env LD_PRELOAD="$H" DRC_LIB="$B/libdrc.so" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1 \
+    python3 test_torch_multi_gpu.py hooked
 echo "== hooks summary: $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,12 +1,13 @@
 /*
  * GPU tests of the CUDA layer (src/cuda.c) through the cache, on real CUDA.
  *
- * The GPU machine has no RDMA NIC, so the registrations go to a RECORDING
- * BACKEND (a double, below) that registers nothing: inside reg() it records
- * the arguments and reads the size of the dmabuf fd it was handed from
- * /proc/self/fdinfo, so that offsets and lengths are checked against what
- * CUDA really exported. Everything on the CUDA side is real: allocations,
- * classification, VMM walks, exports, buffer ids, contexts.
+ * The GPU machine has no RDMA NIC, so the registrations go to the RECORDING
+ * BACKEND of the GPU programs (recbackend.h, a double) that registers
+ * nothing: inside reg() it records the arguments and reads the size of the
+ * dmabuf fd it was handed from /proc/self/fdinfo, so that offsets and
+ * lengths are checked against what CUDA really exported. Everything on the
+ * CUDA side is real: allocations, classification, VMM walks, exports, buffer
+ * ids, contexts.
  */
 #include <cuda.h>
 #include <errno.h>
@@ -18,74 +19,10 @@
 #include "cuda/cuda.h"
 #include "drc.h"
 #include "gpu.h"
+#include "recbackend.h"
 #include "core/mem.h"
 
-enum { MiB = 1 << 20, MAXREC = 256 };
-
-/* ---- the recording backend (a double: no NIC here) ---------------------- */
-struct rec {
-    int calls, deregs;
-    struct drc_reg_args a[MAXREC];
-    long fd_size[MAXREC];   /* fdinfo size of the dmabuf fd at reg() time, -1 without fd */
-};
-
-static long fdinfo_size(int fd)
-{
-    char path[64], line[256];
-    long size = -1;
-    FILE *f;
-
-    if (fd < 0)
-        return -1;
-    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-    if (!(f = fopen(path, "r")))
-        return -2;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "size: %ld", &size) == 1)
-            break;
-    fclose(f);
-    return size;
-}
-
-static int rec_reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
-{
-    struct rec *r = ctx;
-    int i = r->calls++;
-
-    if (i < MAXREC) {
-        r->a[i] = *a;
-        r->fd_size[i] = fdinfo_size(a->dmabuf_fd);
-    }
-    *handle = (void *)(uintptr_t)(i + 1);
-    *lkey = *rkey = (uint32_t)i + 1;
-    return 0;
-}
-
-static int rec_dereg(void *ctx, void *handle)
-{
-    (void)handle;
-    ((struct rec *)ctx)->deregs++;
-    return 0;
-}
-
-static drc_cache_t *rec_cache(struct rec *r, unsigned flags)
-{
-    struct drc_backend be = { .reg = rec_reg, .dereg = rec_dereg, .ctx = r };
-    struct drc_config cfg = { .flags = flags, .policy = DRC_DMABUF_THEN_PEERMEM };
-    drc_cache_t *c = NULL;
-
-    memset(r, 0, sizeof(*r));
-    if (drc_cache_create(&be, &cfg, &c))
-        exit(2);
-    return c;
-}
-
-static void done(drc_cache_t *c)
-{
-    int e = drc_cache_destroy(c);
-
-    CHECK(e == 0, "destroy: %s", drc_strerror(e));
-}
+enum { MiB = 1 << 20 };
 
 static int get_put(drc_cache_t *c, CUdeviceptr p, size_t len)
 {
@@ -133,15 +70,15 @@ static void test_mem_alloc(void)
     CHECK(e == 0 && m.type == DRC_MEM_CUDA && m.lo == p && m.hi == p + 64 * MiB, "classify %d lo %#lx hi %#lx", e,
           (unsigned long)m.lo, (unsigned long)m.hi);
     e = drc__mem_export(&m, p + 5 * page + 123, 2 * page, 0, &fd, &off);
-    CHECK(e == 0 && off == 123 && fdinfo_size(fd) == (long)(3 * page), "export %d off %lu size %ld", e,
-          (unsigned long)off, e ? 0 : fdinfo_size(fd));
+    CHECK(e == 0 && off == 123 && rec_fdinfo_size(fd) == (long)(3 * page), "export %d off %lu size %ld", e,
+          (unsigned long)off, e ? 0 : rec_fdinfo_size(fd));
     if (!e)
         close(fd);
     /* a request running out of the allocation is refused, nothing registered */
     e = get_put(c, p + 63 * MiB, 2 * MiB);
     CHECK(e == -EFAULT && r.calls == 2, "e %d calls %d", e, r.calls);
     drc_notify_free((void *)(uintptr_t)p, 64 * MiB);
-    done(c);
+    rec_done(c);
     CU(cuMemFree(p));
 }
 
@@ -180,7 +117,7 @@ static void test_other_kinds(void)
     CHECK(e == 0 || e == -EFAULT, "%s", drc_strerror(e));
     drc_notify_free((void *)(uintptr_t)p, 1000);
     CU(cuMemFree(p));
-    done(c);
+    rec_done(c);
 }
 
 /* ---- VMM ----------------------------------------------------------------- */
@@ -270,7 +207,7 @@ static void test_vmm(void)
     CHECK(e == -EACCES && r.calls == 3, "no gpuDirectRDMACapable: %s, calls %d", drc_strerror(e), r.calls);
     printf("  without gpuDirectRDMACapable: %s\n", drc_strerror(e));
     vmm_free(&v);
-    done(c);
+    rec_done(c);
 }
 
 /*
@@ -293,7 +230,7 @@ static void test_vmm_validate(void)
     CHECK(e == 0 && r.calls == 1, "%s: %d registrations for 101 gets (want 1)", drc_strerror(e), r.calls);
     printf("  %d registration(s) for 101 gets\n", r.calls);
     vmm_free(&v);
-    done(c);
+    rec_done(c);
 }
 
 /* ---- coalescing inside one allocation, never across two ----------------- */
@@ -331,7 +268,7 @@ static void test_coalesce(void)
     drc_notify_free((void *)(uintptr_t)b, 4 * MiB);
     CU(cuMemFree(a));
     CU(cuMemFree(b));
-    done(c);
+    rec_done(c);
 }
 
 /* ---- DRC_F_VALIDATE catches a free no hook saw --------------------------- */
@@ -368,8 +305,8 @@ static void test_validate(void)
     }
     drc_notify_free((void *)(uintptr_t)q, 32 * MiB);
     CU(cuMemFree(q));
-    done(c);
-    done(plain);
+    rec_done(c);
+    rec_done(plain);
 }
 
 /* ---- a thread with no current context ----------------------------------- */
@@ -408,7 +345,7 @@ static void test_contexts(void)
     drc_notify_free((void *)(uintptr_t)thread_p, 2 * MiB);
     CU(cuMemFree(thread_p));
     vmm_free(&thread_vmm);
-    done(thread_cache);
+    rec_done(thread_cache);
 }
 
 /* ---- the cost of a hit ---------------------------------------------------- */
@@ -435,7 +372,7 @@ static void test_hit_cost(void)
         CHECK(bad == 0 && r.calls == 1, "hits failed %d, regs %d", bad, r.calls);
         printf("  %-16s %.1f ns per hit (%d hits)\n", k ? "DRC_F_VALIDATE" : "no validation", (t1 - t0) / n, n);
         drc_notify_free((void *)(uintptr_t)p, 64 * MiB);
-        done(c);
+        rec_done(c);
     }
     CU(cuMemFree(p));
 }

@@ -6,7 +6,8 @@
  * holds a dup of the dmabuf fd per region, as an MR holds the buffer, so a
  * missed invalidation keeps the freed memory allocated (cuMemGetInfo shows it).
  *
- * No RDMA NIC there: the backend is a recording double that keeps the dmabuf.
+ * No RDMA NIC there: the backend is the GPU programs' recording double
+ * (recbackend.h), made to keep each dmabuf (rec_cache_hold).
  *
  * Usage: test_hooks_gpu MODE
  *   wrappers  frees through drc_cuMemFree / drc_cudaFree (no hook library)
@@ -36,41 +37,10 @@
 
 #include "drc.h"
 #include "drc_cuda.h"
-#include "drc_cuda.h"
 #include "gpu.h"
+#include "recbackend.h"
 
-enum { MAX_H = 4096 };
-
-static struct {
-    int fd[MAX_H];
-    unsigned long regs, deregs, exported;
-} be_state;
-
-static int hold_reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
-{
-    unsigned long i = be_state.regs++;
-
-    (void)ctx;
-    if (i >= MAX_H)
-        return -ENOSPC;
-    be_state.fd[i] = a->dmabuf_fd >= 0 ? dup(a->dmabuf_fd) : -1;   /* what an MR would hold */
-    be_state.exported += be_state.fd[i] >= 0;
-    *handle = (void *)(uintptr_t)(i + 1);
-    *lkey = *rkey = (uint32_t)(i + 1);
-    return 0;
-}
-
-static int hold_dereg(void *ctx, void *handle)
-{
-    unsigned long i = (uintptr_t)handle - 1;
-
-    (void)ctx;
-    if (be_state.fd[i] >= 0)
-        close(be_state.fd[i]);
-    be_state.fd[i] = -1;
-    be_state.deregs++;
-    return 0;
-}
+static struct rec rec;     /* the recording backend, holding each dmabuf fd (rec_cache_hold) */
 
 enum how { DRV, RT, RT_ASYNC, DRV_WRAP, RT_WRAP };
 static const char *const how_name[] = { "cuMemAlloc/cuMemFree", "cudaMalloc/cudaFree",
@@ -141,8 +111,8 @@ static void hazard(drc_cache_t *c, enum how h, int expect_caught)
     if (!p)
         return;
     CHECK(drc_get(c, p, size, 1, &r1) == 0, "register");
-    id1 = (uintptr_t)drc_region_handle(r1);
-    CHECK(be_state.fd[id1 - 1] >= 0, "the region was exported as a dmabuf");
+    id1 = (uintptr_t)rec_id(r1);
+    CHECK(rec_fd(r1) >= 0, "the region was exported as a dmabuf");
     drc_put(c, r1);     /* idle in the cache, its dmabuf held like an MR would */
     drc_cache_stats(c, &s0);
     CHECK(dofree(h, p) == 0, "free");
@@ -162,7 +132,7 @@ static void hazard(drc_cache_t *c, enum how h, int expect_caught)
         return;
     printf("  same size again: %s VA\n", q == p ? "same" : "different");
     CHECK(drc_get(c, q, size, 1, &r2) == 0, "lookup after realloc");
-    id2 = (uintptr_t)drc_region_handle(r2);
+    id2 = (uintptr_t)rec_id(r2);
     drc_cache_stats(c, &s1);
     if (expect_caught) {
         CHECK(id2 != id1, "the region of the freed memory was returned (handle %lu)", (unsigned long)id1);
@@ -250,7 +220,7 @@ static uintptr_t reg_id(drc_cache_t *c, void *p, size_t len)
 
     if (drc_get(c, p, len, 1, &r))
         return 0;
-    id = (uintptr_t)drc_region_handle(r);
+    id = (uintptr_t)rec_id(r);
     drc_put(c, r);
     return id;
 }
@@ -351,7 +321,6 @@ static void issue9(drc_cache_t *c, int wrap, int expect)
 
 int main(int argc, char **argv)
 {
-    struct drc_backend be = { .reg = hold_reg, .dereg = hold_dereg, .ctx = NULL };
     const char *mode = argc > 1 ? argv[1] : "wrappers";
     drc_cache_t *c;
     int rt_ver = 0;
@@ -361,7 +330,7 @@ int main(int argc, char **argv)
     cudaRuntimeGetVersion(&rt_ver);
     printf("mode %s, runtime %d, LD_PRELOAD=%s, DRC_MONITOR=%s\n", mode, rt_ver,
            getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "", getenv("DRC_MONITOR") ? getenv("DRC_MONITOR") : "");
-    CHECK(drc_cache_create(&be, NULL, &c) == 0, "cache");
+    c = rec_cache_hold(&rec, 0);
     if (!strcmp(mode, "wrappers")) {
         hazard(c, DRV_WRAP, 1);
         hazard(c, RT_WRAP, 1);
@@ -378,8 +347,8 @@ int main(int argc, char **argv)
         hazard(c, RT, 0);
         issue9(c, 0, 0);
     }
-    CHECK(be_state.exported > 0, "nothing was exported: no dmabuf on this machine?");
-    CHECK(drc_cache_destroy(c) == 0, "destroy");
-    CHECK(be_state.regs == be_state.deregs, "regs %lu, deregs %lu", be_state.regs, be_state.deregs);
+    CHECK(rec.exported > 0, "nothing was exported: no dmabuf on this machine?");
+    rec_done(c);
+    CHECK(rec.calls == rec.deregs, "regs %d, deregs %d", rec.calls, rec.deregs);
     return gpu_summary(mode);
 }

@@ -13,15 +13,24 @@
  *    has the allocation's size, and the caller's context is what it was;
  *  - free device-1 memory from device 0's context through drc_cuMemFree: a
  *    sub-range 32 MiB into the allocation is invalidated too;
- *  - reset device 1's primary context: device 1's regions go, device 0's stay;
+ *  - reset device 1's primary context, or destroy a context of device 1:
+ *    device 1's regions go, device 0's stay;
  *  - peer-mapped VMM memory of device 1 (cuMemSetAccess for both devices),
- *    registered from device 0's context: classified as device 1's;
- *  - a stress run over both devices: getters check every region they get
- *    against the buffer id of the memory now, while another thread frees and
- *    reallocates; the control (same run without drc's free hook) must show
- *    stale regions, or the check proves nothing.
+ *    and device-1 memory under cuCtxEnablePeerAccess, registered from device
+ *    0's context: classified as device 1's;
+ *  - a stress run over both devices: getters (device 0's, device 1's or no
+ *    context) check every region they get against the buffer id of the
+ *    memory now, while another thread frees and reallocates; regs == deregs,
+ *    fds and each device's free memory back to what they were; the control
+ *    (same run without drc's free hook) must show stale regions, or the check
+ *    proves nothing.
+ * It also prints what the driver itself answers to an export of device-1
+ * memory from device 0's context and from none: the CUDA double
+ * (tests/doubles, fc.strict_ctx) answers CUDA_ERROR_INVALID_CONTEXT to both;
+ * a difference is to be reported in RESULTS.md and the double corrected.
  */
 #include <cuda.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -44,6 +53,53 @@ static int get_put(drc_cache_t *c, CUdeviceptr p, size_t len)
     if (!e)
         drc_put(c, r);
     return e;
+}
+
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    while (d && readdir(d))
+        n++;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static size_t free_mem(int dev)
+{
+    size_t f = 0, t = 0;
+
+    CU(cuCtxSetCurrent(ctx[dev]));
+    CU(cuMemGetInfo(&f, &t));
+    return f;
+}
+
+/* ---- what the driver answers to an export from the wrong context (informational) ---- */
+static void probe_wrong_context(void)
+{
+    CUdeviceptr p;
+    CUcontext none = NULL;
+    int fd = -1, dev;
+    const char *name[3] = { "?", "?", "?" };
+    CUresult rc[3];
+
+    CU(cuCtxSetCurrent(ctx[1]));
+    CU(cuMemAlloc(&p, 2 * MiB));
+    for (dev = 0; dev < 3; dev++) {     /* device 0's context, none, device 1's */
+        CU(cuCtxSetCurrent(dev == 0 ? ctx[0] : dev == 1 ? none : ctx[1]));
+        fd = -1;
+        rc[dev] = cuMemGetHandleForAddressRange(&fd, p, 2 * MiB, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+        cuGetErrorName(rc[dev], &name[dev]);
+        if (rc[dev] == CUDA_SUCCESS)
+            close(fd);
+    }
+    printf("driver: export of device-1 memory from device 0's context: %s, from none: %s, from its own: %s\n",
+           name[0], name[1], name[2]);
+    CHECK(rc[2] == CUDA_SUCCESS, "the export from the memory's own context failed: %s", name[2]);
+    CU(cuCtxSetCurrent(ctx[1]));
+    CU(cuMemFree(p));
 }
 
 /* ---- registration across contexts --------------------------------------- */
@@ -133,9 +189,81 @@ static void test_reset_one_device(void)
         drc_put(c, r0);
     if (!e1)
         drc_put(c, r1);
-    CU(cuDevicePrimaryCtxRetain(&ctx[1], 1));
+    {
+        CUcontext before = ctx[1];
+
+        CU(cuDevicePrimaryCtxRetain(&ctx[1], 1));
+        printf("  device 1's primary context after the reset: %s handle\n", before == ctx[1] ? "the same" : "a new");
+    }
     CU(cuCtxSetCurrent(ctx[0]));
     drc_cuMemFree(p0);
+    rec_done(c);
+}
+
+/* ---- destroying a context of device 1 leaves device 0 alone --------------- */
+static void test_destroy_one_device(void)
+{
+    CUcontext own;
+    CUdeviceptr p0, p1;
+    drc_region_t *r0, *r1;
+    struct rec r;
+    drc_cache_t *c = rec_cache(&r, 0);
+    int e0, e1;
+
+    printf("cuCtxDestroy of a context of device 1\n");
+    CU(cuCtxSetCurrent(ctx[0]));
+    CU(cuMemAlloc(&p0, 8 * MiB));
+    CU(cuCtxCreate(&own, NULL, 0, 1));
+    CU(cuMemAlloc(&p1, 8 * MiB));
+    CU(cuCtxSetCurrent(ctx[0]));
+    e0 = drc_get(c, (void *)(uintptr_t)p0, MiB, 0x7, &r0);
+    e1 = drc_get(c, (void *)(uintptr_t)p1, MiB, 0x7, &r1);
+    CHECK(e0 == 0 && e1 == 0, "%s / %s", drc_strerror(e0), drc_strerror(e1));
+    CHECK(e1 || r.a[1].device == 1, "the created context's memory is device %d's", r.a[1].device);
+    CHECK(drc_cuCtxDestroy(own) == CUDA_SUCCESS, "destroy");
+    CHECK(!e1 && !drc_region_valid(r1), "device 1's region survived the destroy of its context");
+    CHECK(!e0 && drc_region_valid(r0), "device 0's region was invalidated by a destroy on device 1");
+    if (!e0)
+        drc_put(c, r0);
+    if (!e1)
+        drc_put(c, r1);
+    CU(cuCtxSetCurrent(ctx[0]));
+    drc_cuMemFree(p0);
+    rec_done(c);
+}
+
+/* ---- legacy peer access: device-1 memory used from device 0's context ------ */
+static void test_peer_access(void)
+{
+    CUdeviceptr p;
+    struct rec r;
+    drc_cache_t *c;
+    CUcontext cur = NULL;
+    CUresult rc;
+    int can = 0, e;
+
+    CU(cuDeviceCanAccessPeer(&can, 0, 1));
+    if (!can) {
+        printf("SKIP peer access: device 0 cannot access device 1\n");
+        return;
+    }
+    printf("device-1 memory under cuCtxEnablePeerAccess, registered from device 0's context\n");
+    c = rec_cache(&r, 0);
+    CU(cuCtxSetCurrent(ctx[0]));
+    rc = cuCtxEnablePeerAccess(ctx[1], 0);
+    CHECK(rc == CUDA_SUCCESS || rc == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "enable peer access: %d", rc);
+    CU(cuCtxSetCurrent(ctx[1]));
+    CU(cuMemAlloc(&p, 16 * MiB));
+    CU(cuCtxSetCurrent(ctx[0]));
+    e = get_put(c, p + 4 * MiB, MiB);
+    cuCtxGetCurrent(&cur);
+    CHECK(e == 0, "%s", drc_strerror(e));
+    CHECK(r.calls == 1 && r.a[0].device == 1 && r.fd_size[0] > 0, "calls %d device %d size %ld", r.calls,
+          r.calls ? r.a[0].device : -9, r.calls ? r.fd_size[0] : -9);
+    CHECK(cur == ctx[0], "the caller's context changed");
+    CHECK(drc_cuMemFree(p) == CUDA_SUCCESS, "free from device 0's context");
+    CHECK(r.deregs == r.calls, "regs %d deregs %d after the free", r.calls, r.deregs);
+    cuCtxDisablePeerAccess(ctx[1]);
     rec_done(c);
 }
 
@@ -148,9 +276,15 @@ static void test_peer_vmm(void)
     CUdeviceptr va;
     size_t gran, size;
     struct rec r;
-    drc_cache_t *c = rec_cache(&r, 0);
-    int e;
+    drc_cache_t *c;
+    int e, can = 0;
 
+    CU(cuDeviceCanAccessPeer(&can, 0, 1));
+    if (!can) {
+        printf("SKIP peer-mapped VMM: device 0 cannot access device 1\n");
+        return;
+    }
+    c = rec_cache(&r, 0);
     printf("device-1 VMM memory mapped for both devices, registered from device 0's context\n");
     memset(&prop, 0, sizeof(prop));
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -194,7 +328,8 @@ static void *getter(void *arg)
     unsigned seed = (unsigned)(uintptr_t)arg;
     long my_stale = 0, my_checked = 0;
 
-    cuCtxSetCurrent(ctx[seed & 1]);
+    if (seed % 3)
+        cuCtxSetCurrent(ctx[seed % 3 - 1]);     /* device 0's, device 1's, or (seed 3) none */
     while (!__atomic_load_n(&stop, __ATOMIC_ACQUIRE)) {
         int i = rand_r(&seed) % SLOTS;
         unsigned g1 = __atomic_load_n(&gen[i], __ATOMIC_ACQUIRE), g2;
@@ -224,7 +359,8 @@ static void stress(int with_drc)
 {
     pthread_t t[GETTERS];
     struct rec r;
-    int i, k;
+    int i, k, fds = open_fds();
+    size_t mem0 = free_mem(0), mem1 = free_mem(1);
 
     use_drc = with_drc;
     stress_cache = rec_cache(&r, 0);
@@ -260,8 +396,15 @@ static void stress(int with_drc)
            with_drc ? "with drc_cuMemFree" : "control, plain cuMemFree", checked, stale, r.calls, r.deregs);
     rec_done(stress_cache);
     if (with_drc) {
+        size_t now0 = free_mem(0), now1 = free_mem(1);
+
+        printf("  fds %d -> %d; free memory: device 0 %zu -> %zu MiB, device 1 %zu -> %zu MiB\n", fds, open_fds(),
+               mem0 / MiB, now0 / MiB, mem1 / MiB, now1 / MiB);
         CHECK(checked > 1000 && stale == 0, "%ld stale of %ld", stale, checked);
         CHECK(r.calls == r.deregs, "regs %d != deregs %d", r.calls, r.deregs);
+        CHECK(open_fds() == fds, "fds %d -> %d", fds, open_fds());
+        CHECK(now0 + 8 * MiB >= mem0 && now1 + 8 * MiB >= mem1, "device memory not back: %zu/%zu MiB less",
+              (mem0 - now0) / MiB, (mem1 - now1) / MiB);
     } else {
         CHECK(stale > 0, "the control showed no stale region: the check cannot fail");
     }
@@ -283,9 +426,12 @@ int main(void)
     CU(cuDevicePrimaryCtxRetain(&ctx[1], 1));
     CU(cuCtxSetCurrent(ctx[0]));
     CU(cuMemGetInfo(&free0, &total));
+    probe_wrong_context();
     test_cross_context();
     test_free_from_other_context();
     test_reset_one_device();
+    test_destroy_one_device();
+    test_peer_access();
     test_peer_vmm();
     printf("stress: %d getters over %d allocations on two devices, %d free+realloc rounds\n", GETTERS, SLOTS, ROUNDS);
     stress(1);

@@ -21,10 +21,10 @@ $B/loopnic/test_loopnic_inplace $B/loopnic/test_loopnic_preload: $B/loopnic/test
 	  $(if $(findstring inplace,$@),'LOOPNIC_TEST_MODE=inplace LD_LIBRARY_PATH="$$d$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"',\
 	    'LOOPNIC_TEST_MODE=preload LD_PRELOAD="$$d/libloopnic.so$${LD_PRELOAD:+ $$LD_PRELOAD}"') > $@
 	chmod +x $@
-# A CUDA double whose device memory is host memory, so the GPU paths run without a GPU.
-$B/loopnic/fakecuda/libcuda.so.1: tests/loopnic/fake_cuda_lite.c
+# THE CUDA double (tests/doubles/): its device memory is host memory, so the GPU paths run without a GPU.
+$B/loopnic/fakecuda/libcuda.so.1: tests/doubles/fake_libcuda.c tests/doubles/fake_libcuda.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -fvisibility=hidden -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+	$(CC) $(CPPFLAGS) -Itests/doubles -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 # End to end: drc's verbs cache (libdrc.a) on the provider, its libibverbs.so.1 through the rpath.
 $B/loopnic/test_e2e_drc: tests/loopnic/test_e2e_drc.c tests/loopnic/loopnic.h include/drc.h include/drc_verbs.h $B/libdrc.a \
                          $B/loopnic/libibverbs.so.1

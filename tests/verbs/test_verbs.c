@@ -296,6 +296,65 @@ static void gpu_without_dmabuf_export(void **state)
     finish(c);
 }
 
+/*
+ * Issue 13: two GPUs and two NICs, one verbs cache per NIC (its PD). The
+ * method is decided per (GPU, NIC) pair, once: NIC a does dmabuf, NIC b does
+ * not (its probe fails); GPU 1 cannot export (no DMA_BUF_SUPPORTED);
+ * nvidia-peermem is loaded. Each pair registers the way its decision says,
+ * and each NIC is probed once whatever the number of GPUs.
+ */
+static void method_per_gpu_and_nic(void **state)
+{
+    struct ibv_pd *pd_b = vd.pd[1];     /* NIC b: the provider's second device */
+    struct drc_config cfg = { .policy = DRC_DMABUF_THEN_PEERMEM };
+    const uintptr_t gpu[2] = { GPU, GPU + 64 * MiB };
+    drc_cache_t *c[2];
+    drc_region_t *r;
+    struct ibvd_call call;
+    int nic, dev, round;
+
+    (void)state;
+    fc.dmabuf_attr[1] = 0;
+    peermem(1);
+    c[0] = cache(DRC_DMABUF_THEN_PEERMEM, 0);
+    assert_int_equal(drc_cache_verbs_method(c[0], 0), DRC_METHOD_DMABUF);  /* NIC a probed now */
+    vd.set_probe_errno(EOPNOTSUPP);     /* so that NIC b's probe fails */
+    assert_int_equal(drc_cache_create_verbs(pd_b, &cfg, &c[1]), 0);
+    for (round = 0; round < 2; round++) {
+        for (nic = 0; nic < 2; nic++) {
+            for (dev = 0; dev < 2; dev++) {
+                size_t before = nregs();
+
+                assert_int_equal(drc_get(c[nic], (void *)(gpu[dev] + (size_t)round * MiB), 4096, RW, &r), 0);
+                assert_int_equal(nregs(), before + 1);
+                assert_int_equal(drc_put(c[nic], r), 0);
+            }
+        }
+    }
+    /* the decisions, per pair */
+    assert_int_equal(drc_cache_verbs_method(c[0], 0), DRC_METHOD_DMABUF);
+    assert_int_equal(drc_cache_verbs_method(c[0], 1), DRC_METHOD_PEERMEM);    /* the GPU cannot export */
+    assert_int_equal(drc_cache_verbs_method(c[1], 0), DRC_METHOD_PEERMEM);    /* the NIC cannot import */
+    assert_int_equal(drc_cache_verbs_method(c[1], 1), DRC_METHOD_PEERMEM);
+    /* each registration followed its pair's decision, on its NIC's PD */
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 2);     /* (GPU 0, NIC a), both rounds */
+    assert_int_equal(vd.count(IBVD_REG_VA), 6);
+    for (round = 0; round < (int)vd.count(IBVD_REG_DMABUF); round++) {
+        assert_true(vd_nth(IBVD_REG_DMABUF, round, &call));
+        assert_ptr_equal(call.pd, PD);
+        assert_true(call.addr >= gpu[0] && call.addr < gpu[1]);
+    }
+    for (nic = round = 0; round < (int)vd.count(IBVD_REG_VA); round++) {
+        assert_true(vd_nth(IBVD_REG_VA, round, &call));
+        nic += call.pd == pd_b;
+    }
+    assert_int_equal(nic, 4);                           /* NIC b: both GPUs, both rounds */
+    /* decided once: one probe per NIC, not per GPU or per registration */
+    assert_int_equal(vd.count(IBVD_PROBE), 2);
+    finish(c[0]);
+    finish(c[1]);
+}
+
 static void policies(void **state)
 {
     drc_cache_t *c;
@@ -437,6 +496,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(nic_without_dmabuf_falls_back_to_peermem, setup, teardown),
         cmocka_unit_test_setup_teardown(no_dmabuf_no_peermem_is_a_clear_error, setup, teardown),
         cmocka_unit_test_setup_teardown(gpu_without_dmabuf_export, setup, teardown),
+        cmocka_unit_test_setup_teardown(method_per_gpu_and_nic, setup, teardown),
         cmocka_unit_test_setup_teardown(policies, setup, teardown),
         cmocka_unit_test_setup_teardown(probe_answers, setup, teardown),
         cmocka_unit_test_setup_teardown(max_mr_size_is_never_exceeded, setup, teardown),
