@@ -139,7 +139,8 @@ struct drc_region {
  * slots, so lookups in address order share slot lines, and one contiguous
  * arena of regions fills the table without collisions. The table is calloc'd:
  * fresh pages are not written until a slot is. Lookups (and free-event
- * probes, with a region beside a gap) fill it with plain atomic stores,
+ * probes, with a region beside a gap) fill it with release stores (a slot
+ * is read with acquire: it hands over the region's memory, chunk included),
  * without the lock; nothing else writes it, and nothing clears it: a slot
  * may point to a region that has since been detached, released or reused,
  * so a lookup checks what it finds: bounds, tryget, bounds again (now they
@@ -714,7 +715,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
      * So writers elsewhere in the cache never make a hint hit retry.
      */
     hs = hint_slot(c, s);
-    r = LD(*hs);
+    r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
     if (r && covers(r, s, last, access) && tryget(c, r)) {
         if (covers(r, s, last, access) && LD_SC(r->detached) == LIVE)
             return r;
@@ -734,7 +735,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
         /* seq unchanged: no writer ran since the first load, so r was live in the tree then */
         if (LD(c->seq) == seq && !LD(r->detached)) {
-            ST(*hs, r);
+            __atomic_store_n(hs, r, __ATOMIC_RELEASE);
             return r;
         }
         unref(c, r);
@@ -972,7 +973,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         if (r) {
             if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
                 tally(c, ST_USED);
-            ST(*hint_slot(c, s), r);
+            __atomic_store_n(hint_slot(c, s), r, __ATOMIC_RELEASE);
             unlock(c);
             count_hit(c);
             *out = r;
@@ -1025,7 +1026,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     if (p.overlaps)
         ST_SC(c->overlapping, 1);
     publish(c, r, &p, &m, handle, lkey, rkey);
-    ST(*hint_slot(c, s), r);
+    __atomic_store_n(hint_slot(c, s), r, __ATOMIC_RELEASE);
     if (c->limited)
         evict(c, &dead);
     seq_end(c);
@@ -1148,7 +1149,7 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
          * neighbour, found by one descent and left in the slot.
          */
         hs = hint_slot(c, s);
-        r = LD(*hs);
+        r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);
         if (!r || LD(r->detached) != LIVE || !(LD(r->word) & HELD) ||
             (LD(r->node.last) >= s && LD(r->node.start) <= last)) {
             f = drc__itree_floor(&c->tree, last, &budget);
@@ -1159,7 +1160,7 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
             r = region_of(f);
             if (LD(r->node.last) >= s)
                 return 0;           /* something there (or a torn walk): the locked path decides */
-            ST(*hs, r);
+            __atomic_store_n(hs, r, __ATOMIC_RELEASE);
         }
         if (LD(r->node.last) < s)
             empty = !(n = LD(r->succ)) || LD(n->node.start) > last;
