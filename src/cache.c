@@ -3,9 +3,13 @@
  *
  * A region is one backend registration, in one of three places:
  *   live      in c->tree (and on the LRU list of a cache with limits): lookups find it;
- *   detached  in c->detached: superseded by a merge, or invalidated, while a
- *             user still held it; no lookup finds it, its last put releases it;
+ *   detached  superseded by a merge while a user held it (in c->detached,
+ *             where a range invalidation still finds it), or invalidated
+ *             while held (in no tree, DEAD in its word, counted in
+ *             c->ndetached); no lookup finds it, its last put releases it;
  *   free      on c->pool, deregistered, waiting to be reused.
+ * Live regions are also linked to their neighbours in start order (pred,
+ * succ), changed in the writers' windows, for the free-event probe.
  * Region memory is never returned while the cache lives (it is type-stable,
  * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it.
  *
@@ -36,10 +40,11 @@
  * count catches both, and `budget` bounds the wandering. Before walking, a
  * lookup tries the hint table (see struct hint_tab): a guess, validated by
  * the reference it takes (lookup_lockless), refused if the region was
- * detached. Invariant for every
- * path that takes a region out of the tree: it sets `detached` inside the
- * writer's window (retire), or releases the region (HELD cleared) first
- * (evict), so that a stale hint can never be taken for a live region.
+ * detached. Invariant for every path that takes a region out of the tree:
+ * it sets `detached` inside the writer's window (retire), or releases the
+ * region (HELD cleared) first (evict), so that a stale hint can never be
+ * taken for a live region. A free event where nothing is registered takes
+ * no lock either (nothing_there, with its timeline).
  *
  * Registrations run without the lock (the backend may be slow, or free
  * memory and so call back into drc_invalidate), as in mmu_interval_notifier:
@@ -57,7 +62,9 @@
  * is made with c->lock held, and nothing is allocated or freed under it: an
  * allocator may give memory back and so re-enter drc_invalidate on this
  * thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
- * lock a function needs, and check both trees whenever c->lock is released.
+ * lock a function needs, and check both trees and the neighbour links
+ * whenever c->lock is released. In a fork() child every inherited cache is
+ * inert (drc__cache_forked).
  */
 #include "cache.h"
 
