@@ -3,9 +3,13 @@
  *
  * A region is one backend registration, in one of three places:
  *   live      in c->tree (and on the LRU list of a cache with limits): lookups find it;
- *   detached  in c->detached: superseded by a merge, or invalidated, while a
- *             user still held it; no lookup finds it, its last put releases it;
+ *   detached  superseded by a merge while a user held it (in c->detached,
+ *             where a range invalidation still finds it), or invalidated
+ *             while held (in no tree, DEAD in its word, counted in
+ *             c->ndetached); no lookup finds it, its last put releases it;
  *   free      on c->pool, deregistered, waiting to be reused.
+ * Live regions are also linked to their neighbours in start order (pred,
+ * succ), changed in the writers' windows, for the free-event probe.
  * Region memory is never returned while the cache lives (it is type-stable,
  * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it.
  *
@@ -36,10 +40,11 @@
  * count catches both, and `budget` bounds the wandering. Before walking, a
  * lookup tries the hint table (see struct hint_tab): a guess, validated by
  * the reference it takes (lookup_lockless), refused if the region was
- * detached. Invariant for every
- * path that takes a region out of the tree: it sets `detached` inside the
- * writer's window (retire), or releases the region (HELD cleared) first
- * (evict), so that a stale hint can never be taken for a live region.
+ * detached. Invariant for every path that takes a region out of the tree:
+ * it sets `detached` inside the writer's window (retire), or releases the
+ * region (HELD cleared) first (evict), so that a stale hint can never be
+ * taken for a live region. A free event where nothing is registered takes
+ * no lock either (nothing_there, with its timeline).
  *
  * Registrations run without the lock (the backend may be slow, or free
  * memory and so call back into drc_invalidate), as in mmu_interval_notifier:
@@ -57,7 +62,9 @@
  * is made with c->lock held, and nothing is allocated or freed under it: an
  * allocator may give memory back and so re-enter drc_invalidate on this
  * thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
- * lock a function needs, and check both trees whenever c->lock is released.
+ * lock a function needs, and check both trees and the neighbour links
+ * whenever c->lock is released. In a fork() child every inherited cache is
+ * inert (drc__cache_forked).
  */
 #include "core/cache.h"
 
@@ -139,7 +146,8 @@ struct drc_region {
  * slots, so lookups in address order share slot lines, and one contiguous
  * arena of regions fills the table without collisions. The table is calloc'd:
  * fresh pages are not written until a slot is. Lookups (and free-event
- * probes, with a region beside a gap) fill it with plain atomic stores,
+ * probes, with a region beside a gap) fill it with release stores (a slot
+ * is read with acquire: it hands over the region's memory, chunk included),
  * without the lock; nothing else writes it, and nothing clears it: a slot
  * may point to a region that has since been detached, released or reused,
  * so a lookup checks what it finds: bounds, tryget, bounds again (now they
@@ -714,7 +722,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
      * So writers elsewhere in the cache never make a hint hit retry.
      */
     hs = hint_slot(c, s);
-    r = LD(*hs);
+    r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
     if (r && covers(r, s, last, access) && tryget(c, r)) {
         if (covers(r, s, last, access) && LD_SC(r->detached) == LIVE)
             return r;
@@ -734,7 +742,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
         /* seq unchanged: no writer ran since the first load, so r was live in the tree then */
         if (LD(c->seq) == seq && !LD(r->detached)) {
-            ST(*hs, r);
+            __atomic_store_n(hs, r, __ATOMIC_RELEASE);
             return r;
         }
         unref(c, r);
@@ -972,7 +980,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         if (r) {
             if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
                 tally(c, ST_USED);
-            ST(*hint_slot(c, s), r);
+            __atomic_store_n(hint_slot(c, s), r, __ATOMIC_RELEASE);
             unlock(c);
             count_hit(c);
             *out = r;
@@ -1025,7 +1033,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     if (p.overlaps)
         ST_SC(c->overlapping, 1);
     publish(c, r, &p, &m, handle, lkey, rkey);
-    ST(*hint_slot(c, s), r);
+    __atomic_store_n(hint_slot(c, s), r, __ATOMIC_RELEASE);
     if (c->limited)
         evict(c, &dead);
     seq_end(c);
@@ -1148,7 +1156,7 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
          * neighbour, found by one descent and left in the slot.
          */
         hs = hint_slot(c, s);
-        r = LD(*hs);
+        r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);
         if (!r || LD(r->detached) != LIVE || !(LD(r->word) & HELD) ||
             (LD(r->node.last) >= s && LD(r->node.start) <= last)) {
             f = drc__itree_floor(&c->tree, last, &budget);
@@ -1159,7 +1167,7 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
             r = region_of(f);
             if (LD(r->node.last) >= s)
                 return 0;           /* something there (or a torn walk): the locked path decides */
-            ST(*hs, r);
+            __atomic_store_n(hs, r, __ATOMIC_RELEASE);
         }
         if (LD(r->node.last) < s)
             empty = !(n = LD(r->succ)) || LD(n->node.start) > last;
