@@ -199,7 +199,7 @@ test: test-abi
 test-python: $B/libdrc.so
 	@mkdir -p $B/test-results && : > $B/test-results/python && \
 	  DRC_LIB=$(abspath $B/libdrc.so) python3 tests/python/test_drc_torch.py $B/test-results/python
-test-late-load: $B/libdrc.so $B/libdrc_host.so $B/libdrc.so.0
+test-late-load: $B/libdrc.so $B/libdrc_host.so $B/libdrc.so.0 $B/libdrc_preload.so
 	@mkdir -p $B/test-results && tests/pkg/test_late_load.sh $(abspath $B) $B/test-results/late-load
 test: test-python test-late-load
 
@@ -225,16 +225,17 @@ bench: $(addprefix $B/bench/,$(BENCHES))
 	@set -e; for b in $^; do echo "== $$b"; $$b; done
 
 # ---- the preload library (src/preload/): libdrc_preload.so, linking libdrc.so.0 ----
-# One library, its parts chosen by DRC_PRELOAD (cuda, host, verbs; preload.c); it brings libdrc_host
-# (drc_host_alloc) too. libdrc_hook.so and libdrc_verbs.so are links to it: preloading both loads it
+# One library, its parts chosen by DRC_PRELOAD (cuda, host, verbs; preload.c). It never brings
+# libdrc_host: that needs jemalloc, and Debian's libjemalloc exports malloc, so preloading it would
+# replace the malloc of every process it is loaded into. libdrc_hook.so and libdrc_verbs.so are links to it: preloading both loads it
 # once (an interposer must be the preloaded object itself, not a dependency of it). The same library is also built at -O0 without sibling calls
 # (build/O0/), and the preload test runs against both: RTLD_NEXT must not depend on tail calls.
 PRELOAD_SRCS := $(wildcard src/preload/*.c)
 PRELOAD_LINK  = -shared $(LDFLAGS) -Wl,-soname,libdrc_preload.so -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
 $B/libdrc_host.so.0: $B/libdrc_host.so
 	ln -sf libdrc_host.so $@
-$B/libdrc_preload.so: $(call objs,$B,$(PRELOAD_SRCS)) $B/libdrc.so.0 $B/libdrc_host.so.0
-	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B -l:libdrc.so.0 -l:libdrc_host.so.0 $(LDLIBS)
+$B/libdrc_preload.so: $(call objs,$B,$(PRELOAD_SRCS)) $B/libdrc.so.0
+	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B -l:libdrc.so.0 $(LDLIBS)
 $B/libdrc_hook.so $B/libdrc_verbs.so: $B/libdrc_preload.so
 	ln -sf libdrc_preload.so $@
 $B/O0/obj/%.o: src/%.c $(HDRS)
@@ -243,11 +244,8 @@ $B/O0/obj/%.o: src/%.c $(HDRS)
 $B/O0/libdrc.so.0: $B/libdrc.so
 	@mkdir -p $(@D)
 	ln -sf ../libdrc.so $@
-$B/O0/libdrc_host.so.0: $B/libdrc_host.so
-	@mkdir -p $(@D)
-	ln -sf ../libdrc_host.so $@
-$B/O0/libdrc_preload.so: $(call objs,$B/O0,$(PRELOAD_SRCS)) $B/O0/libdrc.so.0 $B/O0/libdrc_host.so.0
-	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B/O0 -l:libdrc.so.0 -l:libdrc_host.so.0 $(LDLIBS)
+$B/O0/libdrc_preload.so: $(call objs,$B/O0,$(PRELOAD_SRCS)) $B/O0/libdrc.so.0
+	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B/O0 -l:libdrc.so.0 $(LDLIBS)
 $B/O0/libdrc_hook.so: $B/O0/libdrc_preload.so
 	ln -sf libdrc_preload.so $@
 all: $B/libdrc_preload.so $B/libdrc_hook.so $B/libdrc_verbs.so $B/O0/libdrc_hook.so

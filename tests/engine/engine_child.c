@@ -336,9 +336,26 @@ static void host_jemalloc(void)
     uint32_t key;
     char *p;
 
+    /* libdrc_host lies beside the libdrc.so the preload brought; this program links jemalloc, so
+     * loading it now is fine (the preload itself never brings jemalloc) */
+    if (!dlsym(RTLD_DEFAULT, "drc_host_alloc")) {
+        Dl_info where;
+        char path[4096], *slash;
+        void *version = dlsym(RTLD_DEFAULT, "drc_version");
+
+        if (version && dladdr(version, &where) && where.dli_fname) {
+            snprintf(path, sizeof(path), "%s", where.dli_fname);
+            slash = strrchr(path, '/');
+            snprintf(slash ? slash + 1 : path, sizeof(path) - (size_t)(slash ? slash + 1 - path : 0),
+                     "libdrc_host.so.0");
+            CHECK(dlopen(path, RTLD_NOW | RTLD_GLOBAL), "dlopen %s: %s", path, dlerror());
+        } else {
+            CHECK(0, "libdrc.so is not loaded");
+        }
+    }
     *(void **)&host_alloc = dlsym(RTLD_DEFAULT, "drc_host_alloc");
     *(void **)&host_free = dlsym(RTLD_DEFAULT, "drc_host_free");
-    CHECK(host_alloc && host_free, "drc_host_alloc is not exported by the preloaded library");
+    CHECK(host_alloc && host_free, "drc_host_alloc is not exported by libdrc_host");
     p = host_alloc(4 * MiB);
     CHECK(p, "drc_host_alloc");
     memset(p, 0xc3, 4 * MiB);

@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "core/mem.h"
 #include "drc.h"
 #include "drc_cuda.h"
 #include "drc_verbs.h"
@@ -235,8 +237,32 @@ static void sub_buffers(enum kind k)
     /* the first registration of the allocation: an interior sub-buffer */
     rc = drc_get(cache, (void *)(d + 5 * PAGE + 100), 1000, ACC, &s);
     CHECK(rc == 0, "%s: drc_get: %s", kind_name[k], drc_strerror(rc));
-    if (rc)
+    if (rc) {   /* say which step refused: drc's classification, the export, or the NIC */
+        struct drc__mem m;
+        struct loopnic_counters n = { 0 };
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        int e = drc__mem_classify((uintptr_t)d + 5 * PAGE + 100, 1000, &m);
+        int r = cuMemGetAddressRange(&base, &size, d);
+
+        int fd_sub = -1, fd_all = -1, x_sub, x_all;
+
+        /* the driver's own answer: export of the page around the request, and of the whole allocation */
+        x_sub = cuMemGetHandleForAddressRange(&fd_sub, d + 5 * PAGE, PAGE, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+        x_all = cuMemGetHandleForAddressRange(&fd_all, d, LEN, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+        printf("  %s: export of one page inside: %d, of the whole allocation: %d\n", kind_name[k], x_sub, x_all);
+        if (fd_sub >= 0)
+            close(fd_sub);
+        if (fd_all >= 0)
+            close(fd_all);
+        if (ln_counters)
+            ln_counters(-1, &n);
+        printf("  %s: classify %d (type %d, device %d, [%#lx, %#lx), %u chunks); cuMemGetAddressRange %d "
+               "[%#llx +%zu]; NIC registrations refused so far %llu\n", kind_name[k], e, (int)m.type, m.device,
+               (unsigned long)m.lo, (unsigned long)m.hi, m.nchunks, r, (unsigned long long)base, size,
+               (unsigned long long)n.reg_failures);
         return;
+    }
     fill_src(1000, 300);
     CHECK(xfer(1, d + 5 * PAGE + 100, 1000, drc_region_mr(s)->rkey) == IBV_WC_SUCCESS, "%s: WRITE", kind_name[k]);
     CHECK(pages_wrong(d, 5, 100, 1000, 300) == 0, "%s: the interior write landed elsewhere", kind_name[k]);

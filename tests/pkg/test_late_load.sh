@@ -20,4 +20,13 @@ result late-load:ctypes.CDLL-libdrc.so python3 -c "import ctypes; ctypes.CDLL('$
 result late-load:ctypes.CDLL-libdrc_host.so-with-tunable env LD_LIBRARY_PATH="$B" \
     GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384 \
     python3 -c "import ctypes; ctypes.CDLL('$B/libdrc_host.so').drc_host_alloc"
+# The preload library is loaded into processes drc does not own (Python with PyTorch, inference
+# servers): it must not bring jemalloc, whose libjemalloc.so.2 exports malloc and would replace the
+# process's allocator (seen: "munmap_chunk(): invalid pointer" in python3 with PyTorch).
+preload_no_jemalloc() {
+    maps=$(env LD_PRELOAD="$B/libdrc_preload.so" cat /proc/self/maps) || return 1
+    echo "$maps" | grep -q 'libdrc_preload' || { echo "the preload did not load"; return 1; }
+    if echo "$maps" | grep -q jemalloc; then echo "LD_PRELOAD=libdrc_preload.so maps jemalloc"; return 1; fi
+}
+result late-load:preload-brings-no-jemalloc preload_no_jemalloc
 exit 0
