@@ -90,6 +90,15 @@
 #define LD(x)       __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v)    __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 #define LD_SC(x)    __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
+/*
+ * Hint slots (struct hint_tab) are stored with release and loaded with
+ * acquire: a slot may name a region of a chunk that another thread allocated
+ * just before, and a lookup reads that region's fields before any other
+ * synchronisation (TSan reported the relaxed pair against the allocation).
+ * Plain moves on x86.
+ */
+#define LD_HINT(x)    __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define ST_HINT(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
 #define ST_SC(x, v) __atomic_store_n(&(x), (v), __ATOMIC_SEQ_CST)
 
 enum {
@@ -140,7 +149,7 @@ struct drc_region {
  * slots, so lookups in address order share slot lines, and one contiguous
  * arena of regions fills the table without collisions. The table is calloc'd:
  * fresh pages are not written until a slot is. Lookups (and free-event
- * probes, with a region beside a gap) fill it with plain atomic stores,
+ * probes, with a region beside a gap) fill it with release stores (ST_HINT),
  * without the lock; nothing else writes it, and nothing clears it: a slot
  * may point to a region that has since been detached, released or reused,
  * so a lookup checks what it finds: bounds, tryget, bounds again (now they
@@ -775,7 +784,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
      * So writers elsewhere in the cache never make a hint hit retry.
      */
     hs = hint_slot(c, s);
-    r = LD(*hs);
+    r = LD_HINT(*hs);
     if (r && covers(r, s, last, access) && tryget(c, r)) {
         if (covers(r, s, last, access) && LD_SC(r->detached) == LIVE)
             return r;
@@ -795,7 +804,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
         /* seq unchanged: no writer ran since the first load, so r was live in the tree then */
         if (LD(c->seq) == seq && !LD(r->detached)) {
-            ST(*hs, r);
+            ST_HINT(*hs, r);
             return r;
         }
         unref(c, r);
@@ -1033,7 +1042,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         if (r) {
             if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
                 tally(c, ST_USED);
-            ST(*hint_slot(c, s), r);
+            ST_HINT(*hint_slot(c, s), r);
             unlock(c);
             count_hit(c);
             *out = r;
@@ -1086,7 +1095,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     if (p.overlaps)
         ST_SC(c->overlapping, 1);
     publish(c, r, &p, &m, handle, lkey, rkey);
-    ST(*hint_slot(c, s), r);
+    ST_HINT(*hint_slot(c, s), r);
     if (c->limited)
         evict(c, &dead);
     seq_end(c);
@@ -1209,7 +1218,7 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
          * neighbour, found by one descent and left in the slot.
          */
         hs = hint_slot(c, s);
-        r = LD(*hs);
+        r = LD_HINT(*hs);
         if (!r || LD(r->detached) != LIVE || !(LD(r->word) & HELD) ||
             (LD(r->node.last) >= s && LD(r->node.start) <= last)) {
             f = drc__itree_floor(&c->tree, last, &budget);
@@ -1220,7 +1229,7 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
             r = region_of(f);
             if (LD(r->node.last) >= s)
                 return 0;           /* something there (or a torn walk): the locked path decides */
-            ST(*hs, r);
+            ST_HINT(*hs, r);
         }
         if (LD(r->node.last) < s)
             empty = !(n = LD(r->succ)) || LD(n->node.start) > last;
