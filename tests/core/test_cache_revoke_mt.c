@@ -185,16 +185,6 @@ static void gets_against_revokes(void **state)
     int i;
 
     (void)state;
-    /*
-     * Region memory for the whole storm, made before the threads start: a
-     * chunk allocated during the storm, and a lockless hint lookup reading a
-     * region of it, is a race of the hit path that TSan reports without
-     * DRC_F_REVOKE too (the hint slot is published with a relaxed store);
-     * it is not what this test is about.
-     */
-    for (i = 0; i < 4 * 63; i++)
-        assert_int_equal(drc_put(s.c, get_ok(s.c, at(100 + 2 * (size_t)i, 0), pg(), LW)), 0);
-    assert_int_equal(drc_invalidate(s.c, at(100, 0), 8 * 63 * pg()), 4 * 63);
     for (i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&inv[i], NULL, storm_invalidator, &s), 0);
     for (i = 0; i < GETTERS; i++)
