@@ -1,8 +1,8 @@
 /*
  * Fuzz target for src/cache.c: the cache against a model, one thread.
  *
- * The input first picks a configuration (limits, DRC_F_NO_MERGE, a backend
- * size limit), then becomes a program of get / put / invalidate / failing
+ * The input first picks a configuration (limits, DRC_F_NO_MERGE, DRC_F_REVOKE,
+ * a backend size limit), then becomes a program of get / put / invalidate / failing
  * registrations / registrations raced by an invalidation / re-creation, on
  * 16 fake pages (the cache never touches the memory; the backend below is a
  * recording double that registers nothing). After every step:
@@ -16,6 +16,8 @@
  *     drc_invalidate() returns how many valid regions overlapped its range,
  *     and drc_region_invalidate() of a held region 1 if it was valid;
  *   - over a limit, no idle region is left in the tree;
+ *   - DRC_F_REVOKE: no invalidated registration is left on the backend, held
+ *     or not (a held one reads a NULL handle); without it, a held one is;
  * and at the end (and at every re-creation), with everything put, destroy
  * succeeds and every handle was deregistered exactly once.
  */
@@ -120,7 +122,7 @@ static int be_dereg(void *ctx, void *handle)
 
 static struct handle *handle_of(const drc_region_t *r)
 {
-    unsigned long id = (unsigned long)(uintptr_t)drc_region_handle(r);
+    unsigned long id = drc_region_lkey(r);     /* lkey = id; the handle reads NULL once revoked */
 
     FUZZ_ASSERT(id >= 1 && id <= B.n);
     return &B.h[id - 1];
@@ -168,9 +170,17 @@ static void check_invariants(struct state *st)
     for (k = 0; k < st->nholds; k++) {
         struct handle *h = handle_of(st->holds[k].r);
 
-        FUZZ_ASSERT(h->live);   /* never deregistered while held */
+        if (st->cfg.flags & DRC_F_REVOKE) {
+            FUZZ_ASSERT(h->live == h->valid);  /* revoked by its invalidation, held or not */
+            FUZZ_ASSERT(!drc_region_handle(st->holds[k].r) == !h->valid);
+        } else {
+            FUZZ_ASSERT(h->live);   /* never deregistered while held */
+        }
         FUZZ_ASSERT(drc_region_valid(st->holds[k].r) == h->valid);
     }
+    if (st->cfg.flags & DRC_F_REVOKE)
+        for (i = 0; i < B.n; i++)
+            FUZZ_ASSERT(B.h[i].valid || !B.h[i].live);
     /* over a limit every region left in the tree is in use */
     if ((st->cfg.max_regions && s.regions > st->cfg.max_regions) ||
         (st->cfg.max_bytes && s.bytes > st->cfg.max_bytes))
@@ -186,7 +196,7 @@ static void create(struct state *st, struct fuzz_in *in)
     memset(&st->cfg, 0, sizeof(st->cfg));
     st->cfg.max_regions = f & 1 ? fuzz_range(in, 1, 4) : 0;
     st->cfg.max_bytes = f & 2 ? fuzz_range(in, 1, 8) * page : 0;
-    st->cfg.flags = f & 4 ? DRC_F_NO_MERGE : 0;
+    st->cfg.flags = (f & 4 ? DRC_F_NO_MERGE : 0) | (f & 16 ? DRC_F_REVOKE : 0);
     st->max_len = f & 8 ? fuzz_range(in, 1, 6) * page : 0;
     o.max_len = st->max_len;
     FUZZ_ASSERT(drc__cache_create(&be, &st->cfg, &o, &st->c) == 0);
@@ -324,7 +334,8 @@ static void op_invalidate_handle(struct state *st, struct fuzz_in *in)
     h->valid = 0;
     FUZZ_ASSERT(drc_region_invalidate(st->c, r) == want);
     FUZZ_ASSERT(drc_region_valid(r) == 0);
-    FUZZ_ASSERT(h->live);      /* held: deregistered on its last put, not now */
+    /* held: deregistered on its last put, not now; or now, revoked */
+    FUZZ_ASSERT(h->live == !(st->cfg.flags & DRC_F_REVOKE));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

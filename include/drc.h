@@ -16,7 +16,7 @@
  * until the matching drc_put(), even if the range it covers is invalidated in
  * the meantime: invalidation only stops later lookups from returning it
  * (drc_region_valid() then reads 0) and defers its deregistration to the last
- * drc_put().
+ * drc_put() (unless the cache revokes: DRC_F_REVOKE).
  *
  * Unless a function says otherwise it is thread-safe: any thread may call it
  * on any cache at any time, except that drc_cache_destroy() must not race
@@ -130,6 +130,37 @@ struct drc_backend {
 #define DRC_F_NO_MERGE    (1u << 0)  /* never coalesce overlapping registrations */
 #define DRC_F_VALIDATE    (1u << 1)  /* re-check the CUDA buffer id on every CUDA hit */
 #define DRC_F_DMABUF_PCIE (1u << 2)  /* ask for the PCIe dmabuf mapping type, falling back to the default */
+#define DRC_F_REVOKE      (1u << 3)  /* an invalidation deregisters held regions at once: see below */
+
+/*
+ * DRC_F_REVOKE: a held registration dies with its memory.
+ *
+ * By default an invalidation (drc_invalidate, drc_notify_free, the CUDA free
+ * hooks and wrappers, drc_region_invalidate) only stops lookups from
+ * returning a region that a user still holds; the backend keeps it
+ * registered until the last drc_put(). A user that keeps using its keys after
+ * the free then reaches memory the program no longer owns (on a real NIC,
+ * orphaned pages that also stay allocated: a GPU's freed memory is not given
+ * back while an MR pins it).
+ *
+ * With DRC_F_REVOKE, an invalidation calls the backend's dereg() for every
+ * region it invalidates, held or not, before it returns (never with a cache
+ * lock held). A held region is then revoked:
+ *   - drc_region_valid() reads 0, and drc_region_handle() returns NULL (the
+ *     backend released the handle; drc_region_mr() likewise);
+ *   - drc_region_lkey()/rkey() still return the old keys, which are dead: a
+ *     transfer through them fails with a protection error on the NIC;
+ *   - the region stays valid memory until its last drc_put(), which frees
+ *     only drc's own memory: the backend is never asked to dereg it twice
+ *     (that put returns 0).
+ * Exactly one dereg() per region, whoever drops the last reference. Two
+ * invalidations of one range racing each other: the first deregisters, and
+ * the second may return while the first is still inside dereg().
+ * The cost: an invalidation waits for the deregistration of the held regions
+ * too (a verbs dereg is tens of microseconds; a GPU MR's can be more), and a
+ * holder must expect its keys to die whenever the memory is freed. Nothing
+ * changes for lookups, hits and idle regions.
+ */
 
 /* How a verbs cache registers GPU memory; see drc_cache_create_verbs(). */
 enum drc_policy {
@@ -186,7 +217,9 @@ DRC_API int  drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned acce
 
 /*
  * Drop a reference taken by drc_get(). The region stays cached while valid;
- * an invalidated or superseded region is deregistered here on its last put.
+ * an invalidated or superseded region is deregistered here on its last put
+ * (a revoked one, DRC_F_REVOKE, was deregistered already: only drc's memory
+ * is freed).
  * Returns 0, -EINVAL for NULL or for a region with no reference left (the
  * cache is unchanged then), or the backend's dereg error (the region is gone
  * all the same). Thread-safe.
@@ -196,7 +229,8 @@ DRC_API int  drc_put(drc_cache_t *c, drc_region_t *r);
 /*
  * Invalidate [addr, addr+len): when this returns, no drc_get() in any thread
  * returns a region overlapping it; idle ones are deregistered before it
- * returns, referenced ones (superseded ones too) on their last drc_put().
+ * returns, referenced ones (superseded ones too) on their last drc_put(), or
+ * before it returns too with DRC_F_REVOKE.
  * Call it before the memory is freed. Does not allocate.
  * Returns the number of valid regions it invalidated (>= 0), or -EINVAL
  * (NULL cache, overflow; len 0 invalidates nothing). Thread-safe, and safe to
@@ -208,7 +242,8 @@ DRC_API int  drc_invalidate(drc_cache_t *c, const void *addr, size_t len);
  * Invalidate the region @r, which the caller holds (a reference from
  * drc_get() not yet put): when this returns no drc_get() in any thread
  * returns it, and it is deregistered on its last drc_put() (the caller's,
- * or another holder's). The cheap way to drop a registration one knows:
+ * or another holder's), or before this returns with DRC_F_REVOKE (then the
+ * caller's keys die now). The cheap way to drop a registration one knows:
  * no range search. Other regions over the same memory are left alone.
  * Returns 1 if @r was valid, 0 if it was already invalid, or -EINVAL (NULL,
  * @r not of @c, or @r not held). Does not allocate. Thread-safe, and safe to
@@ -222,7 +257,12 @@ DRC_API int  drc_region_valid(const drc_region_t *r);
 /* The page-aligned range the region registered. Thread-safe. */
 DRC_API void drc_region_bounds(const drc_region_t *r, uintptr_t *start, size_t *len);
 
-DRC_API uint32_t drc_region_lkey(const drc_region_t *r);      /* the backend's keys and handle */
+/*
+ * The backend's keys and handle. Once a region is revoked (DRC_F_REVOKE) the
+ * keys are the dead ones it had, and the handle is NULL: the backend released
+ * it. Read the handle only where its memory cannot be freed meanwhile.
+ */
+DRC_API uint32_t drc_region_lkey(const drc_region_t *r);
 DRC_API uint32_t drc_region_rkey(const drc_region_t *r);
 DRC_API void    *drc_region_handle(const drc_region_t *r);
 DRC_API enum drc_mem_type drc_region_type(const drc_region_t *r);

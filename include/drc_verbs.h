@@ -58,7 +58,12 @@ extern "C" {
  */
 DRC_API int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_cache_t **out);
 
-/* The ibv_mr of a region of a verbs cache (NULL for NULL or a region of another cache). Thread-safe. */
+/*
+ * The ibv_mr of a region of a verbs cache (NULL for NULL or a region of
+ * another cache). NULL too once the region is revoked (DRC_F_REVOKE): the
+ * provider freed that ibv_mr in ibv_dereg_mr; drc_region_lkey()/rkey() still
+ * give its (dead) keys. Thread-safe.
+ */
 DRC_API struct ibv_mr *drc_region_mr(const drc_region_t *r);
 
 enum drc_reg_method { DRC_METHOD_NONE = 0, DRC_METHOD_DMABUF = 1, DRC_METHOD_PEERMEM = 2, DRC_METHOD_HOST = 3 };
@@ -86,7 +91,10 @@ DRC_API int drc_cache_verbs_method(drc_cache_t *c, int device);
  * cannot register) or the registration's own error. Thread-safe.
  *
  * drc_dereg_mr: release an MR of drc_reg_mr (one reference; the NIC MR stays
- * cached while its memory lives). An MR that drc_reg_mr did not hand out
+ * cached while its memory lives). With DRC_F_REVOKE in the configuration, a
+ * free of the memory deregisters the NIC MR at once even while callers hold
+ * it: their ibv_mr stays valid for drc_dereg_mr/ibv_dereg_mr, its keys are
+ * dead (a later transfer fails with a protection error). An MR that drc_reg_mr did not hand out
  * (including ones it passed through) goes to ibv_dereg_mr. Returns 0, -EINVAL
  * for NULL, or the deregistration's error. Thread-safe; each MR once.
  *

@@ -110,7 +110,7 @@ enum {
     CHUNK_REGIONS = 63,
 };
 
-#define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE)
+#define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE | DRC_F_REVOKE)
 
 struct drc_region {
     /*
@@ -129,6 +129,7 @@ struct drc_region {
     void *handle;
     uint32_t lkey, rkey;
     int valid;                      /* atomic */
+    int revoked;                    /* atomic, DRC_F_REVOKE: set under c->lock by revoke_take, cleared on release */
     struct drc_region *pred, *succ; /* atomic, written in a writer's window: live neighbours in start order */
     struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
@@ -622,7 +623,9 @@ static int release_list(drc_cache_t *c, struct drc_region *dead)
     if (!dead)
         return 0;
     for (r = dead; r; r = r->next) {
-        e = be_dereg(c, r->handle);
+        /* revoked (DRC_F_REVOKE): its revoker deregistered it already; only drc's memory goes back */
+        e = LD_SC(r->revoked) ? 0 : be_dereg(c, r->handle);
+        ST(r->revoked, 0);
         if (e && !err)
             err = e;
         tail = r;
@@ -637,6 +640,64 @@ static int release_list(drc_cache_t *c, struct drc_region *dead)
         tail->next = head;
     } while (!__atomic_compare_exchange_n(&c->freed, &head, dead, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
     return err;
+}
+
+/*
+ * DRC_F_REVOKE (drc.h): an invalidation deregisters every region it
+ * invalidates, held ones too, before it returns, and the last put of each
+ * then frees only drc's memory. The invalidator takes a reference of its
+ * own on each such region under c->lock (revoke_take), so that no put can
+ * release and reuse it while the backend deregisters it; after unlock it
+ * deregisters each and drops that reference (revoke_list), and whichever
+ * reference goes last releases the region, skipping dereg (release_list reads
+ * `revoked`). Only the invalidation that turns `valid` from 1 to 0, under
+ * c->lock, revokes a region, so exactly one dereg happens:
+ *
+ *   invalidator                           holder                  other getter
+ *   lock; valid = 0                                               (lockless lookup of r:
+ *   revoke_take: word+1, revoked = 1                               sees detached or a changed
+ *   retire (DEAD: in no tree); unlock                              seq, drops r; never returns it)
+ *                                         drc_put: word-1, users left
+ *   dereg(handle) -- keys dead now        (no release: ours holds it)
+ *   unref: word-1 -> last? release,       drc_region_handle: NULL
+ *          no dereg (revoked)
+ *                                         or the holder's put is the last:
+ *                                         release, no dereg (revoked)
+ *   second invalidation of the range: finds no valid region (DEAD ones are in
+ *   no tree, superseded ones read valid 0): no revoke, no dereg.
+ *
+ * A lookup that took r just before the invalidator's window (ordered before
+ * the free) holds it like any user: r is revoked under it. `revoked` is
+ * stored before the invalidator's decrement, and the release that reads it
+ * comes after that decrement in r->word's order, so it always sees it.
+ */
+static int unref(drc_cache_t *c, struct drc_region *r);
+
+static void revoke_take(drc_cache_t *c, struct drc_region *r, struct drc_region **revoking)
+{
+    ASSERT_LOCKED(c);
+    /*
+     * Live or in c->detached, under c->lock: HELD is set, tryget succeeds.
+     * Idle regions too: a put that just idled a superseded one waits for
+     * c->lock to release it, and would deregister it after we returned.
+     */
+    if (!(c->flags & DRC_F_REVOKE) || !tryget(c, r))
+        return;
+    ST_SC(r->revoked, 1);
+    r->next = *revoking;    /* r->next is free: r is on no pool or release list while HELD */
+    *revoking = r;
+}
+
+/* Deregister each region revoke_take took (no lock held), then drop the reference it took. */
+static void revoke_list(drc_cache_t *c, struct drc_region *r)
+{
+    struct drc_region *next;
+
+    for (; r; r = next) {
+        next = r->next;     /* before unref: the last one reuses r->next for a release list */
+        be_dereg(c, r->handle);
+        unref(c, r);
+    }
 }
 
 static int nothing_registered(const drc_cache_t *c)
@@ -1183,7 +1244,7 @@ validate:
 
 int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
 {
-    struct drc_region *r, *dead = NULL;
+    struct drc_region *r, *dead = NULL, *revoking = NULL;
     struct drc__itree_node *n;
     struct pending *p;
     uintptr_t s, last;
@@ -1213,6 +1274,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
             next = drc__itree_next(n, s, last, &budget);
             r = region_of(n);
             ST_SC(r->valid, 0);
+            revoke_take(c, r, &revoking);   /* DRC_F_REVOKE: before retire, while r is live */
             retire(c, r, &dead);
             count++;
         }
@@ -1222,6 +1284,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
         r = region_of(n);
         if (LD(r->valid)) {
             ST_SC(r->valid, 0);
+            revoke_take(c, r, &revoking);
             count++;
         }
     }
@@ -1235,6 +1298,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
     }
     unlock(c);
     release_list(c, dead);
+    revoke_list(c, revoking);
     return count;
 }
 
@@ -1293,7 +1357,7 @@ err_hint:
 
 int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
 {
-    struct drc_region *dead = NULL;
+    struct drc_region *dead = NULL, *revoking = NULL;
     int n = 0;
 
     if (!c || !r || r->cache != c || !USERS(LD_SC(r->word)))
@@ -1304,16 +1368,19 @@ int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
     if (LD(r->detached) == LIVE) {
         seq_begin(c);
         ST_SC(r->valid, 0);
+        revoke_take(c, r, &revoking);
         retire(c, r, &dead);
         seq_end(c);
         n = 1;
     } else if (LD(r->valid)) {
         ST_SC(r->valid, 0);     /* superseded but still valid: now it is not */
+        revoke_take(c, r, &revoking);
         n = 1;
     }
     INC(c->invalidated, (uint64_t)n);
     unlock(c);
     release_list(c, dead);      /* empty: the caller still holds r */
+    revoke_list(c, revoking);   /* DRC_F_REVOKE: r, deregistered now */
     return n;
 }
 
@@ -1505,7 +1572,8 @@ uint32_t drc_region_rkey(const drc_region_t *r)
 
 void *drc_region_handle(const drc_region_t *r)
 {
-    return r ? r->handle : NULL;
+    /* revoked (DRC_F_REVOKE): the backend released the handle, never hand it out */
+    return r && !LD_SC(r->revoked) ? r->handle : NULL;
 }
 
 enum drc_mem_type drc_region_type(const drc_region_t *r)

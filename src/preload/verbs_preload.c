@@ -44,6 +44,9 @@
  *   DRC_VERBS_HOST   cache (default) | passthrough: host memory straight to ibv_reg_mr
  *   DRC_VERBS_WIDEN  local (default) | always | never: which GPU registrations are widened to their
  *                    whole allocation (regmr.c says why; local: only those asking no REMOTE_* access)
+ *   DRC_VERBS_REVOKE 1: a free deregisters the NIC MR at once even while the engine holds it
+ *                    (DRC_F_REVOKE: its keys die, a later transfer gets a protection error); 0 (default)
+ *                    keeps a held MR registered until the engine's ibv_dereg_mr
  *   DRC_LOG          info: one summary line on stderr at exit; debug: also one line per call.
  *                    Unset: drc never writes anything.
  */
@@ -261,6 +264,13 @@ static void init(void)
     s = getenv("DRC_VERBS_WIDEN");
     if (s && *s && parse_widen(s, &cfg.flags) && log_level)
         fprintf(stderr, "drc: DRC_VERBS_WIDEN=%s unknown (local, always, never): using local\n", s);
+    s = getenv("DRC_VERBS_REVOKE");
+    if (s && *s) {
+        if (!strcmp(s, "1"))
+            cfg.flags |= DRC_F_REVOKE;
+        else if (strcmp(s, "0") && log_level)
+            fprintf(stderr, "drc: DRC_VERBS_REVOKE=%s unknown (0, 1): not revoking\n", s);
+    }
     s = getenv("DRC_VERBS_HOST");
     host_passthrough = s && !strcmp(s, "passthrough");
     drc__regmr_configure(&cfg);

@@ -16,6 +16,13 @@
  * drc_notify_free; e2e_engine: DRC_PRELOAD=verbs, the interposer without its unmap hooks); the
  * transfer after the remap must then not land in the new memory, and loopnic counts a stale use.
  *
+ * Revocation (DRC_F_REVOKE; DRC_VERBS_REVOKE=1 for the interposer, and for e2e_api's target, which
+ * then creates its cache with the flag): the target's engine keeps its MR across the free, the same
+ * VA comes back, and both sides transfer through the old keys. With revocation the free took the MR
+ * off the NIC: each work request completes with a protection error, no byte lands in the new
+ * mapping, and no stale use is counted. The control, the same target without revocation, keeps the
+ * MR registered: the provider counts the stale uses (a real NIC would write into the orphaned pages).
+ *
  * Environment: E2E_DEVICE (device name, default the first), E2E_GID_INDEX (default 0),
  * E2E_REQUIRE_HW (refuse to run on loopnic). --probe: exit 0 if libibverbs sees a device, 77 if not.
  */
@@ -121,8 +128,14 @@ static int side_open(struct side *s)
     s->me.lid = pa.lid;
     memcpy(s->me.gid, gid.raw, 16);
 #ifdef E2E_API
-    if (drc_cache_create_verbs(s->pd, NULL, &s->cache) != 0)
-        return -1;
+    {
+        /* DRC_VERBS_REVOKE=1: the same switch as the interposer's */
+        const char *rv = getenv("DRC_VERBS_REVOKE");
+        struct drc_config cfg = { .flags = rv && !strcmp(rv, "1") ? DRC_F_REVOKE : 0 };
+
+        if (drc_cache_create_verbs(s->pd, &cfg, &s->cache) != 0)
+            return -1;
+    }
 #endif
     return 0;
 }
@@ -289,7 +302,7 @@ static void *map(size_t len)
 }
 
 /* ---- the target: does what the initiator asks, one message at a time ---- */
-enum op { T_ALLOC, T_FILL, T_CHECK, T_REG, T_UNREG, T_REMAP, T_POST, T_COUNTERS, T_QUIT };
+enum op { T_ALLOC, T_FILL, T_CHECK, T_REG, T_UNREG, T_REMAP, T_POST, T_COUNTERS, T_NONZERO, T_STATE, T_QUIT };
 struct msg { uint32_t op, arg; uint64_t a, b, c, d, e; };
 
 static int run_target(int fd, int no_invalidation)
@@ -340,10 +353,30 @@ static int run_target(int fd, int no_invalidation)
         case T_POST:             /* arg = write; a = local, b = lkey, c = len, d = remote, e = rkey */
             r.arg = (uint32_t)post(&s, (int)m.arg, (void *)(uintptr_t)m.a, (uint32_t)m.b, m.c, m.d, (uint32_t)m.e);
             break;
-        case T_COUNTERS: {       /* -> a = live MRs, b = registrations */
+        case T_COUNTERS: {       /* -> a = live MRs, b = registrations, c = stale uses, d = protection errors */
             struct loopnic_counters c = counters();
             r.a = c.live_mrs;
             r.b = c.total_regs;
+            r.c = c.stale_uses;
+            r.d = c.prot_errors;
+            break;
+        }
+        case T_NONZERO: {        /* a = address, b = len -> a = bytes that are not 0 */
+            const unsigned char *p = (const unsigned char *)(uintptr_t)m.a;
+            for (uint64_t k = 0; k < m.b; k++)
+                r.a += p[k] != 0;
+            break;
+        }
+        case T_STATE: {          /* arg = slot -> a = the rkey read from the slot's ibv_mr (e2e_api: the
+                                  * region's ibv_mr, 0 if drc_region_mr gives none), b = region valid */
+#ifdef E2E_API
+            struct ibv_mr *mr = drc_region_mr(s.reg[m.arg].region);
+            r.a = mr ? mr->rkey : 0;
+            r.b = (uint64_t)drc_region_valid(s.reg[m.arg].region);
+#else
+            r.a = s.reg[m.arg].mr->rkey;    /* the caller's ibv_mr: still valid memory */
+            r.b = 1;
+#endif
             break;
         }
         case T_QUIT:
@@ -379,7 +412,7 @@ static struct msg ask(struct env *e, uint32_t op, uint32_t arg, uint64_t a, uint
 }
 
 /* Start a target (with or without drc's invalidation) and connect a QP pair to it. */
-static int start(void **state, int no_invalidation)
+static int start(void **state, int no_invalidation, int revoke)
 {
     struct env *e = calloc(1, sizeof(*e));
     int sv[2];
@@ -393,6 +426,8 @@ static int start(void **state, int no_invalidation)
         snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
         if (no_invalidation)
             setenv("DRC_PRELOAD", "verbs", 1);   /* e2e_engine: the interposer without its unmap hooks */
+        if (revoke)
+            setenv("DRC_VERBS_REVOKE", "1", 1);  /* the interposer's switch; e2e_api's target reads it too */
         execl("/proc/self/exe", "e2e-target", "--target", fdarg, no_invalidation ? "control" : "drc", (char *)NULL);
         _exit(127);
     }
@@ -407,8 +442,9 @@ static int start(void **state, int no_invalidation)
     return 0;
 }
 
-static int setup(void **state) { return start(state, 0); }
-static int setup_control(void **state) { return start(state, 1); }
+static int setup(void **state) { return start(state, 0, 0); }
+static int setup_control(void **state) { return start(state, 1, 0); }
+static int setup_revoke(void **state) { return start(state, 0, 1); }
 
 static int teardown(void **state)
 {
@@ -527,6 +563,87 @@ static void test_hazard_control_without_invalidation(void **state)
     assert_true(hazard(*state, &stale) > 0);       /* the transfer missed the new memory */
     if (ln_counters)
         assert_true(stale > 0);                    /* and the provider saw the stale MR used */
+}
+
+/* The target's engine keeps its MR across a free of its memory; the same VA comes back, and both
+ * sides transfer through the old keys: the initiator WRITEs to the old rkey (*st1), the target
+ * WRITEs from the old lkey (*st2). Returns the bytes of the new mapping that are not 0 (it is
+ * mapped zeroed, the pattern never is); the target's ibv_mr after the free in *state. */
+struct held { int st1, st2; uint64_t stale, prot; struct msg state; };
+
+static uint64_t held_across_free(struct env *e, struct held *h)
+{
+    enum { LEN = 16 * PAGE };
+    unsigned char *mine = map(LEN);
+    uint64_t theirs = ask(e, T_ALLOC, 0, LEN, 0, 0, 0, 0).a, nonzero;
+    struct loopnic_counters c0 = counters();
+    struct msg t1, tc0, tc1;
+    int mi;
+
+    assert_true(mine && theirs);
+    mi = reg(&e->s, mine, LEN);
+    assert_true(mi >= 0);
+    t1 = ask(e, T_REG, 0, theirs, LEN, 0, 0, 0);
+    assert_true((int)t1.arg >= 0);
+    fill(mine, LEN, 7);
+    assert_int_equal(post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)t1.a), IBV_WC_SUCCESS);
+    assert_int_equal(ask(e, T_CHECK, 7, theirs, LEN, 0, 0, 0).a, 0);
+    tc0 = ask(e, T_COUNTERS, 0, 0, 0, 0, 0, 0);
+    /* freed while the engine still holds its MR; the same VA comes back, zeroed */
+    assert_int_equal(ask(e, T_REMAP, 0, theirs, LEN, 0, 0, 0).arg, 0);
+    fill(mine, LEN, 8);
+    h->st1 = post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)t1.a);
+    h->st2 = (int)ask(e, T_POST, 1, theirs, t1.b, LEN, (uintptr_t)mine, e->s.reg[mi].mr->rkey).arg;
+    nonzero = ask(e, T_NONZERO, 0, theirs, LEN, 0, 0, 0).a;
+    tc1 = ask(e, T_COUNTERS, 0, 0, 0, 0, 0, 0);
+    h->stale = counters().stale_uses - c0.stale_uses + tc1.c - tc0.c;
+    h->prot = counters().prot_errors - c0.prot_errors + tc1.d - tc0.d;
+    h->state = ask(e, T_STATE, t1.arg, 0, 0, 0, 0, 0);
+    /* the engine's MR is still its own to deregister */
+    assert_int_equal((int)ask(e, T_UNREG, t1.arg, 0, 0, 0, 0, 0).arg, 0);
+    assert_int_equal(unreg(&e->s, mi), 0);
+    munmap(mine, LEN);
+    return nonzero;
+}
+
+/* With revocation: protection errors that the engine sees, nothing in the new mapping, no stale use. */
+static void test_held_mr_revoked_by_free(void **state)
+{
+    struct held h;
+
+    assert_int_equal(held_across_free(*state, &h), 0);
+    assert_int_equal(h.st1, IBV_WC_REM_ACCESS_ERR);   /* the old rkey is dead */
+    if (ln_counters) {
+        assert_int_equal(h.st2, IBV_WC_LOC_PROT_ERR);  /* the old lkey too */
+        assert_int_equal(h.stale, 0);                  /* no MR mapped freed memory when it was used */
+        assert_int_equal(h.prot, 2);
+    } else {
+        /* a real responder QP goes to the error state after the first: the second may be flushed */
+        assert_true(h.st2 == IBV_WC_LOC_PROT_ERR || h.st2 == IBV_WC_WR_FLUSH_ERR);
+    }
+#ifdef E2E_API
+    assert_int_equal(h.state.a, 0);    /* drc_region_mr: NULL, never the provider's freed ibv_mr */
+    assert_int_equal(h.state.b, 0);    /* drc_region_valid */
+#else
+    assert_int_not_equal(h.state.a, 0);    /* the engine's ibv_mr is still readable */
+#endif
+}
+
+/* The control: the same target without revocation; the held MR still maps the freed pages. */
+static void test_held_mr_control_without_revoke(void **state)
+{
+    struct held h;
+
+    assert_int_equal(held_across_free(*state, &h), 0);    /* loopnic refuses it; a NIC writes the orphan */
+    if (ln_counters) {
+        assert_true(h.stale > 0);                      /* the provider saw the stale MR used */
+    } else {
+        assert_int_equal(h.st1, IBV_WC_SUCCESS);       /* into the orphaned pages */
+    }
+#ifdef E2E_API
+    assert_int_not_equal(h.state.a, 0);    /* still registered: drc_region_mr gives it */
+    assert_int_equal(h.state.b, 0);
+#endif
 }
 
 /* Coalesced registrations: overlapping ranges of the target share one MR; a WRITE into each
@@ -853,6 +970,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_patterns_both_ways, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hazard_with_drc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hazard_control_without_invalidation, setup_control, teardown),
+        cmocka_unit_test_setup_teardown(test_held_mr_revoked_by_free, setup_revoke, teardown),
+        cmocka_unit_test_setup_teardown(test_held_mr_control_without_revoke, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coalesced_host_subbuffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failures_leak_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coalesced_gpu_subbuffers, setup_local, teardown_local),

@@ -15,6 +15,14 @@
  *                transfer must not reach the new memory, and loopnic counts > 0 stale uses.
  *                cudaMallocAsync: the pool may give back the same physical memory (same buffer
  *                id), which is no hazard: reported, not checked.
+ * Then revocation (DRC_F_REVOKE), on 256 MiB of cudaMalloc whose MR the program keeps across
+ * drc_cudaFree (loopnic's dmabuf MR holds the dmabuf, as a NIC's does):
+ *   revoke       cudaMemGetInfo right after the free shows the 256 MiB back while the region is
+ *                still held; the region reads invalid, drc_region_mr NULL; a WRITE through the
+ *                old rkey completes with an error, and loopnic counts no stale use.
+ *   control      the default cache: the 256 MiB stay taken until the last drc_put (measured
+ *                before on this machine: 256 MiB held with an MR); the WRITE through the old rkey
+ *                is a stale use on loopnic.
  * Last line: "e2e_gpu: N checks, M failed".
  */
 #include <cuda.h>
@@ -46,7 +54,7 @@ static struct ibv_cq *cq;
 static struct ibv_qp *qa, *qb;
 static unsigned char *src, *host;
 static struct ibv_mr *src_mr;
-static drc_cache_t *cache;
+static drc_cache_t *cache, *cache_revoke;    /* the default, and one with DRC_F_REVOKE */
 static CUdeviceptr vmm_va;                 /* the reserved range VMM allocations are mapped into */
 static CUmemGenericAllocationHandle vmm_h;
 
@@ -352,6 +360,65 @@ static void hazard(enum kind k, int tell_drc)
     release(k, d2, 1);
 }
 
+static long long free_mib(void)
+{
+    size_t fr = 0, total = 0;
+
+    CHECK(cudaMemGetInfo(&fr, &total) == cudaSuccess, "cudaMemGetInfo");
+    return (long long)(fr >> 20);
+}
+
+/* 256 MiB registered, freed through drc's wrapper while the region is held. */
+static void revocation(int revoke)
+{
+    enum { BIG_MIB = 256 };
+    const char *name = revoke ? "revoke (DRC_F_REVOKE)" : "control (no revocation)";
+    drc_cache_t *c = revoke ? cache_revoke : cache;
+    unsigned long long s0 = stale_uses(), stale;
+    long long f1, f2, f3;
+    drc_region_t *r;
+    uint32_t rkey;
+    void *p = NULL;
+    int st;
+
+    if (!c)
+        return;
+    CHECK(cudaMalloc(&p, (size_t)BIG_MIB << 20) == cudaSuccess, "%s: cudaMalloc", name);
+    if (!p)
+        return;
+    if (drc_get(c, p, (size_t)BIG_MIB << 20, ACC, &r) != 0) {
+        CHECK(0, "%s: drc_get", name);
+        cudaFree(p);
+        return;
+    }
+    rkey = drc_region_rkey(r);
+    fill_src((size_t)NP * PAGE, 9);
+    CHECK(xfer(1, (uintptr_t)p, (size_t)NP * PAGE, rkey) == IBV_WC_SUCCESS, "%s: WRITE before the free", name);
+    f1 = free_mib();
+    CHECK(drc_cudaFree(p) == 0, "%s: drc_cudaFree", name);
+    f2 = free_mib();        /* right after cudaFree returned; the region is still held */
+    st = xfer(1, (uintptr_t)p, (size_t)NP * PAGE, rkey);   /* the engine's stale transfer */
+    stale = stale_uses() - s0;
+    printf("  %s: %d MiB registered, freed with the region held: %+lld MiB free right after cudaFree (%s); "
+           "region valid %d, drc_region_mr %s; WRITE through the old rkey: status %d (%s), stale uses %llu%s\n",
+           name, BIG_MIB, f2 - f1, f2 - f1 >= BIG_MIB - 32 ? "back" : "still taken", drc_region_valid(r),
+           drc_region_mr(r) ? "the MR" : "NULL", st, st >= 0 ? ibv_wc_status_str((enum ibv_wc_status)st) : "none",
+           stale, ln_counters ? "" : " (no loopnic: not counted)");
+    if (revoke) {
+        CHECK(f2 - f1 >= BIG_MIB - 32, "revoke: only %lld of %d MiB back after cudaFree", f2 - f1, BIG_MIB);
+        CHECK(!drc_region_valid(r) && !drc_region_mr(r), "revoke: the region is still valid or has its MR");
+        CHECK(st != IBV_WC_SUCCESS, "revoke: the WRITE through the revoked rkey succeeded");
+        CHECK(stale == 0, "revoke: %llu stale uses", stale);
+    } else {
+        CHECK(f2 - f1 < BIG_MIB / 2, "control: %lld MiB back with the MR held: this machine does not show the "
+              "hazard (the revoke check proves nothing here)", f2 - f1);
+        CHECK(!ln_counters || stale > 0, "control: loopnic counted no stale use");
+    }
+    CHECK(drc_put(c, r) == 0, "%s: drc_put", name);
+    f3 = free_mib();
+    printf("  %s: after the last drc_put: %+lld MiB free (from before the free)\n", name, f3 - f1);
+}
+
 int main(void)
 {
     struct ibv_device **devs;
@@ -387,6 +454,10 @@ int main(void)
     src_mr = ibv_reg_mr(pd, src, (size_t)NP * PAGE, IBV_ACCESS_LOCAL_WRITE);
     CHECK(src && host && src_mr, "host buffers");
     CHECK(drc_cache_create_verbs(pd, NULL, &cache) == 0, "drc_cache_create_verbs");
+    {
+        struct drc_config rv = { .flags = DRC_F_REVOKE };
+        CHECK(drc_cache_create_verbs(pd, &rv, &cache_revoke) == 0, "drc_cache_create_verbs (DRC_F_REVOKE)");
+    }
     if (!src_mr || !cache)
         return gpu_summary("e2e_gpu");
     /* VMM: a reserved range, so that a new allocation maps at the same VA */
@@ -404,7 +475,11 @@ int main(void)
         hazard((enum kind)k, 1);
         hazard((enum kind)k, 0);
     }
+    printf("== revocation: an MR held across cudaFree\n");
+    revocation(1);
+    revocation(0);
     CHECK(drc_cache_destroy(cache) == 0, "drc_cache_destroy");
+    CHECK(!cache_revoke || drc_cache_destroy(cache_revoke) == 0, "drc_cache_destroy (DRC_F_REVOKE)");
     ibv_dereg_mr(src_mr);
     cuMemAddressFree(vmm_va, LEN);
     ibv_destroy_qp(qa);

@@ -83,7 +83,9 @@ struct lctx {
 #define LCTX(c) ((struct lctx *)(void *)((char *)(c) - offsetof(struct lctx, vctx.context)))
 
 struct lpd { struct ibv_pd pd; uint64_t id; int dev; int nmr, nqp; };
-struct lmr { struct ibv_mr mr; uint32_t slot; struct lpd *pd; };
+/* dmabuf_fd: a dmabuf MR holds its dmabuf, as the kernel's does (dma_buf_get at registration, put at
+ * deregistration): the exporter's memory (a freed cudaMalloc) stays allocated while the MR lives. -1 else. */
+struct lmr { struct ibv_mr mr; uint32_t slot; struct lpd *pd; int dmabuf_fd; };
 struct cqe {
     struct ibv_wc wc;
     uint32_t slot, retire;  /* send queue slots of QP slot this completion frees when polled */
@@ -1212,6 +1214,7 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
         err = ENOMEM;
         goto fail;
     }
+    lm->dmabuf_fd = kind == REG_DMABUF ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;   /* the MR's hold on the dmabuf */
     lock();
     for (uint32_t n = 0; n < NMR; n++) {
         uint32_t s = (g_tab->mr_hint + n) % NMR;
@@ -1224,6 +1227,8 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
     if (!m || own_add(slot) != 0) {
         unlock();
         free(pin.pfn);
+        if (lm->dmabuf_fd >= 0)
+            close(lm->dmabuf_fd);
         free(lm);
         err = ENOMEM;
         goto fail;
@@ -1323,7 +1328,7 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
     struct lmr *lm = (struct lmr *)mr;
     struct sh_mr *m;
     uint64_t *old_pfn;
-    int foreign = 0;
+    int foreign = 0, dmabuf_fd;
     static int warned;
 
     struct ibvd_call c = { .op = IBVD_DEREG, .mr = mr, .fd = -1, .first_byte = -1 };
@@ -1384,8 +1389,12 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
     lm->pd->nmr--;
     g_cnt[lm->pd->dev].live_mrs--;
     g_cnt[lm->pd->dev].deregs++;
+    dmabuf_fd = lm->dmabuf_fd;
+    lm->dmabuf_fd = -1;
     unlock();
     free(old_pfn);
+    if (dmabuf_fd >= 0)
+        close(dmabuf_fd);       /* the dmabuf (and a freed GPU buffer behind it) goes with the MR */
     if (!foreign)
         free(lm);
     else if (!warned++)

@@ -678,6 +678,53 @@ static void test_reg_unmapped_is_efault(void **state)
     munmap(p, 3 * 4096);
 }
 
+/* Open fds of this process that are the memfd called @name. */
+static int fds_of(const char *name)
+{
+    char path[64], link[256], want[128];
+    int n = 0;
+
+    snprintf(want, sizeof(want), "/memfd:%s (deleted)", name);
+    for (int fd = 0; fd < 1024; fd++) {
+        ssize_t l;
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        l = readlink(path, link, sizeof(link) - 1);
+        if (l <= 0)
+            continue;
+        link[l] = 0;
+        n += !strcmp(link, want);
+    }
+    return n;
+}
+
+/* A dmabuf MR holds its dmabuf, as the kernel's does: the exporter's memory outlives the
+ * caller's fd until the MR is deregistered (what keeps a freed GPU buffer allocated). */
+static void test_dmabuf_mr_holds_its_dmabuf(void **state)
+{
+    struct side a, b;
+    struct ibv_mr *m;
+    int fd = memfd_create("loopnic-hold", MFD_CLOEXEC);
+    unsigned char *buf;
+
+    (void)state;
+    NEED_LOOPNIC();
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    buf = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(buf != MAP_FAILED);
+    pair_open(&a, &b);
+    assert_int_equal(fds_of("loopnic-hold"), 1);
+    m = ibv_reg_dmabuf_mr(a.pd, 0, 4096, (uintptr_t)buf, fd, ALL_ACCESS);
+    assert_non_null(m);
+    assert_int_equal(fds_of("loopnic-hold"), 2);
+    close(fd);                                      /* the exporter's fd goes (drc closes its own) */
+    assert_int_equal(fds_of("loopnic-hold"), 1);    /* the MR still holds the dmabuf */
+    assert_int_equal(ibv_dereg_mr(m), 0);
+    assert_int_equal(fds_of("loopnic-hold"), 0);    /* released with the MR */
+    side_close(&a);
+    side_close(&b);
+    munmap(buf, 4096);
+}
+
 static void test_dmabuf(void **state)
 {
     enum { SZ = 16 * 4096 };
@@ -1867,6 +1914,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wrong_pd),
         cmocka_unit_test(test_reg_unmapped_is_efault),
         cmocka_unit_test(test_dmabuf),
+        cmocka_unit_test(test_dmabuf_mr_holds_its_dmabuf),
         cmocka_unit_test(test_dealloc_pd_busy),
         cmocka_unit_test(test_dereg_foreign_mr),
         cmocka_unit_test(test_stale_after_munmap_and_map_fixed),

@@ -171,6 +171,41 @@ static void test_invalidated_while_held(void **state)
     assert_int_equal(drc_dereg_mr(fresh), 0);
 }
 
+/*
+ * The same with DRC_F_REVOKE (the control is test_invalidated_while_held): the free deregisters the
+ * held NIC MR at once; the caller's ibv_mr stays its own, with the dead keys, and its drc_dereg_mr
+ * succeeds without a second deregistration.
+ */
+static void test_revoked_while_held(void **state)
+{
+    struct drc_config cfg = { .flags = DRC_F_REVOKE };
+    struct ibv_mr *held, *held2, *fresh;
+    uint32_t old;
+
+    (void)state;
+    assert_int_equal(drc_reg_mr_configure(&cfg), 0);
+    held = drc_reg_mr(PD_A, (void *)GPU, 4 * MiB, RW);
+    held2 = drc_reg_mr(PD_A, (void *)(GPU + MiB), MiB, RW);     /* a second holder of the same MR */
+    assert_non_null(held);
+    assert_non_null(held2);
+    old = held->lkey;
+    assert_int_equal(held2->lkey, old);
+    assert_int_equal(drc_notify_free((void *)GPU, 64 * MiB), 1);
+    assert_int_equal(vd.live(), 0);                    /* off the NIC before the free goes on */
+    assert_int_equal(vd.lkey_live(old), 0);
+    assert_int_equal(vd.count(IBVD_DEREG), 1);
+    assert_int_equal(held->lkey, old);                 /* the caller's ibv_mr: readable, keys dead */
+    fresh = drc_reg_mr(PD_A, (void *)GPU, 4 * MiB, RW);
+    assert_non_null(fresh);
+    assert_int_not_equal(fresh->lkey, old);
+    assert_int_equal(drc_dereg_mr(held), 0);
+    assert_int_equal(drc_dereg_mr(held2), 0);          /* the last: nothing more to deregister */
+    assert_int_equal(vd.count(IBVD_DEREG), 1);
+    assert_int_equal(vd.count(IBVD_DEREG_UNKNOWN), 0);
+    assert_int_equal(vd.live(), 1);                    /* fresh */
+    assert_int_equal(drc_dereg_mr(fresh), 0);
+}
+
 /* Host memory goes through the cache too (through ibv_reg_mr_iova2); PDs do not share MRs. */
 static void test_host_memory_and_two_pds(void **state)
 {
@@ -271,6 +306,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_uncacheable_access_passes_through, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_arguments_and_failures_set_errno, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalidated_while_held, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_revoked_while_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_memory_and_two_pds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_registration_covers_the_allocation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_access_is_not_widened_unless_asked, setup, teardown),
