@@ -47,9 +47,12 @@ struct drc__mem {
 int drc__mem_classify(uintptr_t addr, size_t len, struct drc__mem *m);
 
 /*
- * Export [start, start+len) of the CUDA memory @m (start and len page-aligned,
- * inside [m->lo, m->hi)) as a dmabuf: *fd to close by the caller, *offset =
- * start - export base. @flags: DRC_F_DMABUF_PCIE to try the PCIe mapping type.
+ * A dmabuf covering [start, start+len) of the CUDA memory @m (inside
+ * [m->lo, m->hi)): *fd to close by the caller, *offset = start - export base.
+ * The CUDA layer exports each allocation once per mapping type, whole, and
+ * shares it among every cache and PD (src/cuda/export.c): *fd is then a dup
+ * of the shared export. @flags: DRC_F_DMABUF_PCIE for the PCIe mapping type
+ * (the default type where the driver does not support it).
  * Returns 0 or a negative errno.
  */
 int drc__mem_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
