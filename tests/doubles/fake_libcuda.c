@@ -2,6 +2,7 @@
 #include "fake_libcuda.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -327,6 +328,16 @@ int cuDeviceGetName(char *name, int len, int dev)
         strncpy(name, "fake GPU (libcuda double)", (size_t)len);
         name[len - 1] = 0;
     }
+    return OK;
+}
+
+/* PCI bus ids as the driver writes them (upper case): device 0 at 1b:00.0, device 1 at 9b:00.0. */
+int cuDeviceGetPCIBusId(char *bus, int len, int dev);
+int cuDeviceGetPCIBusId(char *bus, int len, int dev)
+{
+    if (dev < 0 || dev >= FC_DEVICES || len < 13)
+        return INVALID_VALUE;
+    snprintf(bus, (size_t)len, "0000:%s:00.0", dev ? "9B" : "1B");
     return OK;
 }
 
