@@ -23,8 +23,8 @@ extern "C" {
 
 /*
  * drc_config.flags bits of the verbs layer (bits 16 and up; the core's are
- * below). They only change drc_reg_mr (see drc_reg_mr_configure); a verbs
- * cache of drc_cache_create_verbs ignores them.
+ * below). The widening bits only change drc_reg_mr (see drc_reg_mr_configure);
+ * a verbs cache of drc_cache_create_verbs ignores them.
  *
  * Widening: drc_reg_mr registers a GPU range as its whole allocation (the
  * range cuMemGetAddressRange gives), so that thousands of tensors carved
@@ -38,6 +38,22 @@ extern "C" {
  */
 #define DRC_F_WIDEN_REMOTE (1u << 16)  /* widen remote-access GPU registrations too (opt-in: see above) */
 #define DRC_F_NO_WIDEN     (1u << 17)  /* never widen, not even local-only registrations */
+
+/*
+ * The dmabuf mapping type of GPU memory, per (GPU, NIC) pair (verbs caches
+ * and drc_reg_mr). A CUDA dmabuf encodes one DMA path: a NIC under the GPU's
+ * PCIe switch needs the PCIe type, a NIC reached through the CPU the default
+ * one, and the wrong one registers fine and fails at transfer time. By
+ * default drc decides from the PCI topology in sysfs (the GPU's bus id from
+ * cuDeviceGetPCIBusId, the NIC's /sys/class/infiniband/<dev>/device): PCIe
+ * only for a NIC under the same switch. DRC_F_DMABUF_PCIE (drc.h) forces the
+ * PCIe type for every pair, DRC_F_DMABUF_DEFAULT the default type. The
+ * environment DRC_DMABUF_MAPPING=pcie|default|auto overrides both. Where the
+ * driver answers the PCIe type with NOT_SUPPORTED, the export (never the
+ * registration) is retried with the default type. `drc doctor` prints the
+ * decision per pair.
+ */
+#define DRC_F_DMABUF_DEFAULT (1u << 18)  /* force the default dmabuf mapping type (see above) */
 
 /*
  * A cache whose backend registers with libibverbs on @pd: GPU memory through

@@ -134,6 +134,7 @@ struct drc__cuda_driver {
     int (*cuDeviceGetCount)(int *count);
     int (*cuDeviceGet)(int *dev, int ordinal);
     int (*cuDeviceGetName)(char *name, int len, int dev);
+    int (*cuDeviceGetPCIBusId)(char *bus_id, int len, int dev);   /* "DDDD:BB:DD.F": the topology (verbs/topo.h) */
     int (*cuDeviceGetAttribute)(int *value, int attr, int dev);
     int (*cuDevicePrimaryCtxRetain)(void **ctx, int dev);
     int (*cuDevicePrimaryCtxRelease)(int dev);
@@ -225,6 +226,9 @@ DRC_API int drc__cuda_alloc_range(uintptr_t addr, uintptr_t *base, size_t *len);
 
 /* CU_DEVICE_ATTRIBUTE_* @attr of CUDA ordinal @device: 0 with *value, or -ENODEV / -EIO. */
 int drc__cuda_device_attr(int device, int attr, int *value);
+
+/* The PCI bus id of CUDA ordinal @device ("0000:1B:00.0") in @buf: 0, or -ENODEV / -EIO. */
+int drc__cuda_pci_bus_id(int device, char *buf, int len);
 
 /* ---- the dmabuf export table (export.c) ----------------------------------------- */
 

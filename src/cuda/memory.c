@@ -396,3 +396,19 @@ int drc__cuda_device_attr(int device, int attr, int *value)
     rc = d->cuDeviceGetAttribute(value, attr, dev);
     return rc ? drc__cuda_errno(rc) : 0;
 }
+
+int drc__cuda_pci_bus_id(int device, char *buf, int len)
+{
+    const struct drc__cuda_driver *d = drc__cuda_driver();
+    int dev = device, rc;
+
+    if (!d || !d->cuDeviceGetPCIBusId || device < 0 || len < 1)
+        return -ENODEV;
+    if (d->cuDeviceGet && (rc = d->cuDeviceGet(&dev, device)) != 0)
+        return driver_idle(rc) ? -ENODEV : drc__cuda_errno(rc);
+    rc = d->cuDeviceGetPCIBusId(buf, len, dev);
+    if (rc)
+        return driver_idle(rc) ? -ENODEV : drc__cuda_errno(rc);
+    buf[len - 1] = 0;
+    return 0;
+}
