@@ -114,6 +114,23 @@ DRC_API struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int
 DRC_API int drc_dereg_mr(struct ibv_mr *mr);
 
 /*
+ * drc_reg_mr_multi: register [addr, addr+len) on each of the @n PDs @pds (one
+ * per NIC) at once: mrs[i] = drc_reg_mr(pds[i], addr, len, access), made in
+ * parallel by up to 8 threads (the caller's and up to 7 it starts and joins
+ * before returning; where no thread can be started, serially). GPU memory is
+ * exported once for all of them (one dmabuf per allocation and mapping type,
+ * shared by every PD). All or nothing: on any failure every MR already made
+ * is released, the range is invalidated in those PDs' caches (so that the NIC
+ * MRs made for it are deregistered), every mrs[i] is NULL, and the first
+ * failing PD's error (in @pds order) is returned.
+ * Returns 0, -EINVAL (NULL @pds or @mrs, a NULL PD, @n outside 1..1024,
+ * @len 0), -ENOMEM, or a registration's error as drc_reg_mr gives it in
+ * errno (negated). Release each MR with drc_dereg_mr. Thread-safe; the same
+ * PD may appear twice (two MRs of one cached registration).
+ */
+DRC_API int drc_reg_mr_multi(struct ibv_pd **pds, int n, void *addr, size_t len, int access, struct ibv_mr **mrs);
+
+/*
  * drc_pd_release: deregister the cached MRs of @pd and drop its cache; call it
  * before ibv_dealloc_pd (which fails with EBUSY while cached MRs exist).
  * Returns 0 (also when @pd has no cache), -EINVAL for NULL, or -EBUSY while an
