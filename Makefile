@@ -39,7 +39,7 @@ HDRS       := $(wildcard include/*.h) $(wildcard src/*/*.h)
 # libibverbs, CUDA or jemalloc); host tests add libdrc_host; the others link libdrc.
 # A test's extra link flags (e.g. -Wl,--wrap=...) go in <layer>/<name>_LDFLAGS.
 # Thread tests are named test_*_mt.c and also run under TSan.
-TESTS    := $(patsubst tests/%.c,%,$(filter-out tests/gpu/% tests/loopnic/%,$(wildcard tests/*/test_*.c)))
+TESTS    := $(patsubst tests/%.c,%,$(filter-out tests/gpu/% tests/loopnic/% tests/nics/%,$(wildcard tests/*/test_*.c)))
 MT_TESTS := $(filter %_mt,$(TESTS))
 TEST_HDRS := $(wildcard tests/*.h)
 
@@ -173,6 +173,7 @@ test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
 	done
 test: test-fuzz-replay
 include tests/loopnic/loopnic.mk
+include tests/nics/nics.mk
 
 # ---- the ABI: exported names = version script = DRC_API declarations (tests/abi/check_exports.sh) ----
 # Each library with its version script and the headers that declare its names. A failure says
