@@ -19,12 +19,15 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "drc.h"
 #include "drc_verbs.h"
 #include "fake_cuda.h"
+#include "verbs/topo.h"
 #include "verbs/verbs.h"
 #include "verbs_double.h"
 
@@ -452,6 +455,79 @@ static void not_a_verbs_cache(void **state)
     assert_int_equal(drc_cache_destroy(c), 0);
 }
 
+/* A PCI function at devices/<chain> under @top, linked from bus/pci/devices and, for a NIC, class/infiniband. */
+static void lay(const char *top, const char *chain, const char *ibdev)
+{
+    char dir[512], link[512], cmd[1200];
+
+    snprintf(dir, sizeof(dir), "%s/devices/%s", top, chain);
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s' '%s/bus/pci/devices'", dir, top);
+    assert_int_equal(system(cmd), 0);
+    snprintf(link, sizeof(link), "%s/bus/pci/devices/%s", top, strrchr(chain, '/') + 1);
+    assert_int_equal(symlink(dir, link), 0);
+    if (ibdev) {
+        snprintf(cmd, sizeof(cmd), "mkdir -p '%s/class/infiniband/%s'", top, ibdev);
+        assert_int_equal(system(cmd), 0);
+        snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", top, ibdev);
+        assert_int_equal(symlink(dir, link), 0);
+    }
+}
+
+/*
+ * The mapping type per (GPU, NIC) pair, over one laid-out machine (GPU 0 at
+ * 1b:00.0 and GPU 1 at 9b:00.0, as the CUDA double reports them): the
+ * topology decides, the configuration flags force, the environment wins,
+ * and an unknown NIC or a typo gives the default type.
+ */
+static void mapping_per_gpu_nic_pair(void **state)
+{
+    static const struct {
+        int gpu;
+        const char *nic, *env;
+        unsigned flags;
+        int mapping, path;
+    } t[] = {
+        { 0, "mlx5_0", NULL, 0, DRC__MAPPING_PCIE, DRC__PATH_SWITCH },         /* under GPU 0's switch */
+        { 0, "mlx5_1", NULL, 0, DRC__MAPPING_PCIE, DRC__PATH_SWITCH },         /* two NICs on one GPU */
+        { 0, "mlx5_2", NULL, 0, DRC__MAPPING_DEFAULT, DRC__PATH_HOST },        /* through the root complex */
+        { 1, "mlx5_2", NULL, 0, DRC__MAPPING_PCIE, DRC__PATH_SWITCH },         /* GPU 1's own NIC */
+        { 1, "mlx5_0", NULL, 0, DRC__MAPPING_DEFAULT, DRC__PATH_HOST },        /* across sockets */
+        { 0, "rxe0", NULL, 0, DRC__MAPPING_DEFAULT, -ENOENT },                 /* no PCI device */
+        { 0, "mlx5_2", NULL, DRC_F_DMABUF_PCIE, DRC__MAPPING_PCIE, 0 },        /* forced by the configuration */
+        { 0, "mlx5_0", NULL, DRC_F_DMABUF_DEFAULT, DRC__MAPPING_DEFAULT, 0 },
+        { 0, "mlx5_0", "default", DRC_F_DMABUF_PCIE, DRC__MAPPING_DEFAULT, 0 },/* the environment wins */
+        { 0, "mlx5_2", "pcie", 0, DRC__MAPPING_PCIE, 0 },
+        { 0, "mlx5_2", "auto", 0, DRC__MAPPING_DEFAULT, DRC__PATH_HOST },
+        { 0, "mlx5_0", "pcei", 0, DRC__MAPPING_PCIE, DRC__PATH_SWITCH },       /* a typo: reported, auto */
+    };
+    char top[64], cmd[128];
+    const char *why;
+    int path;
+
+    (void)state;
+    snprintf(top, sizeof(top), "/tmp/drc-map-XXXXXX");
+    assert_non_null(mkdtemp(top));
+    lay(top, "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:1b:00.0", NULL);
+    lay(top, "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:01.0/0000:19:00.0", "mlx5_0");
+    lay(top, "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:02.0/0000:1a:00.0", "mlx5_1");
+    lay(top, "pci0000:97/0000:97:01.0/0000:98:00.0/0000:99:00.0/0000:9b:00.0", NULL);
+    lay(top, "pci0000:97/0000:97:01.0/0000:98:00.0/0000:99:01.0/0000:9c:00.0", "mlx5_2");
+    setenv("DRC_SYSFS_ROOT", top, 1);
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        if (t[i].env)
+            setenv("DRC_DMABUF_MAPPING", t[i].env, 1);
+        else
+            unsetenv("DRC_DMABUF_MAPPING");
+        assert_int_equal(drc__verbs_mapping(t[i].gpu, t[i].nic, t[i].flags, &path, &why), t[i].mapping);
+        assert_int_equal(path, t[i].path);
+        assert_non_null(why);
+    }
+    unsetenv("DRC_DMABUF_MAPPING");
+    unsetenv("DRC_SYSFS_ROOT");
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", top);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -467,6 +543,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(registration_failure_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(create_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(not_a_verbs_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(mapping_per_gpu_nic_pair, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, vd_load, NULL);
