@@ -11,3 +11,7 @@ $B/nics/test_nics: tests/nics/test_nics.c tests/loopnic/loopnic.h $(call objs,$B
 test-nics: $B/nics/test_nics
 	@mkdir -p $B/test-results && tests/run.sh $B/test-results/nics $B/nics/test_nics
 test: test-nics
+# bench_nics (make bench): loopnic in place of libibverbs; the CUDA double is dlopen'ed from $B/fakecuda
+# only where no libcuda.so.1 loads, so the same binary uses the real driver on the GPU machine.
+bench_nics_LDFLAGS := -L$B/loopnic -l:libibverbs.so.1 -Wl,-rpath,'$$ORIGIN/../loopnic'
+$B/bench/bench_nics: $B/loopnic/libibverbs.so.1 $B/fakecuda/libcuda.so.1
