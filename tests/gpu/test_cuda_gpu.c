@@ -120,20 +120,21 @@ static void test_mem_alloc(void)
     CHECK(r.fd_size[0] == 64 * MiB, "fdinfo size %ld", r.fd_size[0]);
     drc_notify_free((void *)(uintptr_t)p, 64 * MiB);
 
-    /* an unaligned request inside: the region is its page hull, the export exactly that */
+    /* an unaligned request inside: the region is its page hull, in the shared export of the whole allocation */
     e = get_put(c, p + 3 * page + 100, 10000);
     CHECK(e == 0, "%s", drc_strerror(e));
     CHECK(r.calls == 2 && r.a[1].start == p + 3 * page &&
-              r.a[1].len == ((100 + 10000 + page - 1) / page) * page && r.a[1].dmabuf_offset == 0,
-          "start +%#lx len %zu", (unsigned long)(r.a[1].start - p), r.a[1].len);
-    CHECK(r.fd_size[1] == (long)r.a[1].len, "fdinfo size %ld, len %zu", r.fd_size[1], r.a[1].len);
+              r.a[1].len == ((100 + 10000 + page - 1) / page) * page && r.a[1].dmabuf_offset == 3 * page,
+          "start +%#lx len %zu off %lu", (unsigned long)(r.a[1].start - p), r.a[1].len,
+          (unsigned long)r.a[1].dmabuf_offset);
+    CHECK(r.fd_size[1] == 64 * MiB, "fdinfo size %ld", r.fd_size[1]);
 
-    /* the export itself, at an unaligned start: base rounded down, offset kept */
+    /* the export itself, at an unaligned start: the whole allocation, offset start - base */
     e = drc__mem_classify(p + 5 * page + 123, 2 * page, &m);
     CHECK(e == 0 && m.type == DRC_MEM_CUDA && m.lo == p && m.hi == p + 64 * MiB, "classify %d lo %#lx hi %#lx", e,
           (unsigned long)m.lo, (unsigned long)m.hi);
     e = drc__mem_export(&m, p + 5 * page + 123, 2 * page, 0, &fd, &off);
-    CHECK(e == 0 && off == 123 && fdinfo_size(fd) == (long)(3 * page), "export %d off %lu size %ld", e,
+    CHECK(e == 0 && off == 5 * page + 123 && fdinfo_size(fd) == (long)(64 * MiB), "export %d off %lu size %ld", e,
           (unsigned long)off, e ? 0 : fdinfo_size(fd));
     if (!e)
         close(fd);
