@@ -16,7 +16,8 @@
  * it closed a fresh export before (a custom backend sees no difference). An
  * entry is dropped, its fd closed:
  *   - when the allocation is freed, unmapped or its context torn down:
- *     free.c calls drc__cuda_exports_drop() before the real free, because an
+ *     drc_notify_free() (through core/mem.h's drc__mem_released) and the
+ *     begin-free routines of free.c drop it before the real free, because an
  *     open dmabuf fd keeps freed GPU memory taken (measured on the H200);
  *   - when a classification finds other memory at the same bounds (another
  *     buffer id: a free drc did not see), before that memory is exported;

@@ -346,8 +346,18 @@ static int cuda_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)
 }
 
 /* The core sees CUDA memory through these (core/mem.h); installed when the library loads. */
+/* drc_notify_free (mem.h): the shared exports of the range go before the memory does. */
+static void cuda_released(uintptr_t addr, size_t len)
+{
+    uintptr_t end = addr + len;
+
+    if (drc__cuda_exports_live())
+        drc__cuda_exports_drop(-1, addr, end < addr ? UINTPTR_MAX : end);
+}
+
 static const struct drc__mem_ops cuda_mem_ops = {
     .classify = cuda_classify, .export_range = cuda_export, .unchanged = cuda_unchanged,
+    .released = cuda_released,
 };
 
 __attribute__((constructor)) static void install_mem_ops(void)

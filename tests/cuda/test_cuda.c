@@ -210,6 +210,14 @@ static void export_whole_allocation_shared(void **state)
     drc__notify_end(drc__cuda_begin_free(GPU));
     assert_int_equal(drc__cuda_exports_live(), 0);
     assert_false(fd_is_open(fc.exports[0].fd));
+    /* drc_notify_free (memory the program frees itself) does the same, cache or not */
+    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 2);
+    assert_true(fd_is_open(fc.exports[1].fd));
+    assert_int_equal(drc_notify_free((void *)(GPU + 4 * MiB), 4096), 0);   /* any part of it */
+    assert_int_equal(drc__cuda_exports_live(), 0);
+    assert_false(fd_is_open(fc.exports[1].fd));
 }
 
 static void export_errors_map_and_leave_no_fd(void **state)
