@@ -264,10 +264,11 @@ $B/engine/fakecuda/libcuda.so.1: $B/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
 	cp $< $@
 FAKECUDA_LINK = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../../fakecuda:$$ORIGIN/../../../fakecuda'
-FAKECUDA_TESTS := cuda/test_cuda cuda/test_free verbs/test_verbs verbs/test_regmr
+FAKECUDA_TESTS := cuda/test_cuda cuda/test_free cuda/test_export_mt verbs/test_verbs verbs/test_regmr
 $(foreach f,$B $B/asan $B/tsan,$(addprefix $f/tests/,$(FAKECUDA_TESTS))): $B/fakecuda/libcuda.so.1
 cuda/test_cuda_LDFLAGS = $(FAKECUDA_LINK)
 cuda/test_free_LDFLAGS = $(FAKECUDA_LINK)
+cuda/test_export_mt_LDFLAGS = $(FAKECUDA_LINK)
 $B/fakecuda/libcupti.so: tests/hooks/fake_cupti.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -ldl
