@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <cmocka.h>
@@ -206,6 +207,23 @@ static void export_whole_allocation_shared(void **state)
     close(fd2);
     assert_int_equal(drc__cuda_exports_live(), 1);
     assert_true(fd_is_open(fc.exports[0].fd));
+    /* no fd left to copy it into: the registration fails, nothing leaks, the export stays shared */
+    {
+        struct rlimit old, low;
+        int n = dup(0);
+
+        close(n);       /* n: the lowest free descriptor */
+        assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+        low = old;
+        low.rlim_cur = (rlim_t)n;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+        fd2 = 7;
+        assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd2, &off), -EMFILE);
+        assert_int_equal(fd2, -1);
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+        assert_int_equal(fc.nexports, 1);
+        assert_int_equal(drc__cuda_exports_live(), 1);
+    }
     /* the begin-free routine closes it before the real free */
     drc__notify_end(drc__cuda_begin_free(GPU));
     assert_int_equal(drc__cuda_exports_live(), 0);

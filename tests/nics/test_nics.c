@@ -374,6 +374,7 @@ static void multi_all_or_nothing(void **state)
     for (int i = 0; i < NICS; i++)
         assert_null(mrs[i]);
     assert_int_equal(counters().live_mrs, NICS);       /* the source MRs only */
+    assert_int_equal(fds_open(), base_fds + drc__cuda_exports_live());   /* no copy left open */
     free_gpu();
     assert_int_equal(fds_open(), base_fds);
     assert_int_equal(drc_reg_mr_multi(NULL, NICS, dst, XFER, ACCESS, mrs), -EINVAL);
