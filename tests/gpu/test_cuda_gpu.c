@@ -11,6 +11,7 @@
 #include <cuda.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -456,6 +457,72 @@ static void facts(void)
     CU(cuMemFree(p));
 }
 
+/* ---- the shared export table (src/cuda/export.c, issue 11) ---------------- */
+static size_t free_mib(void)
+{
+    size_t f, t;
+
+    CU(cuMemGetInfo(&f, &t));
+    return f >> 20;
+}
+
+/*
+ * Two registrations of one allocation (two NICs) get the same dmabuf, whole;
+ * a free announced to drc closes it before the real free, so the memory is
+ * returned; a free drc does not see leaves it taken until the table drops it
+ * (the control: what an fd left open costs).
+ */
+static void test_shared_export(void)
+{
+    const size_t size = 256 * MiB;
+    struct drc__mem m;
+    struct stat a, b;
+    CUdeviceptr p;
+    size_t before, after, held;
+    uint64_t o1, o2;
+    int e1, e2, f1 = -1, f2 = -1;
+
+    printf("shared export: two registrations of one 256 MiB allocation, then its free\n");
+    before = free_mib();
+    CU(cuMemAlloc(&p, size));
+    e1 = drc__mem_classify(p + 5 * page, page, &m);
+    e1 = e1 ? e1 : drc__mem_export(&m, p + 5 * page, page, 0, &f1, &o1);
+    e2 = drc__mem_classify(p + 100 * MiB, page, &m);
+    e2 = e2 ? e2 : drc__mem_export(&m, p + 100 * MiB, page, 0, &f2, &o2);
+    CHECK(e1 == 0 && e2 == 0, "exports: %s / %s", drc_strerror(e1), drc_strerror(e2));
+    if (!e1 && !e2) {
+        CHECK(fstat(f1, &a) == 0 && fstat(f2, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev,
+              "two dmabufs (inodes %lu, %lu)", (unsigned long)a.st_ino, (unsigned long)b.st_ino);
+        CHECK(o1 == 5 * page && o2 == 100 * MiB && fdinfo_size(f1) == (long)size, "offsets %lu %lu size %ld",
+              (unsigned long)o1, (unsigned long)o2, fdinfo_size(f1));
+        printf("  one dmabuf (inode %lu) for both, %ld bytes, offsets %lu and %lu; exports held: %d\n",
+               (unsigned long)a.st_ino, fdinfo_size(f1), (unsigned long)o1, (unsigned long)o2,
+               drc__cuda_exports_live());
+        close(f1);
+        close(f2);
+    }
+    drc_notify_free((void *)(uintptr_t)p, size);    /* announced: the table closes its fd */
+    CHECK(drc__cuda_exports_live() == 0, "exports held after the free: %d", drc__cuda_exports_live());
+    CU(cuMemFree(p));
+    after = free_mib();
+    printf("  free memory: %zu MiB before, %zu MiB after an announced free\n", before, after);
+    CHECK(after + 4 >= before, "announced free: %zu MiB still taken", before - after);
+
+    /* the control: a free drc does not see keeps the export, and the memory, until the table drops it */
+    CU(cuMemAlloc(&p, size));
+    e1 = drc__mem_classify(p, page, &m);
+    e1 = e1 ? e1 : drc__mem_export(&m, p, page, 0, &f1, &o1);
+    if (!e1)
+        close(f1);
+    CU(cuMemFree(p));
+    held = free_mib();
+    drc__cuda_exports_drop(-1, (uintptr_t)p, (uintptr_t)p + size);
+    after = free_mib();
+    printf("  unannounced free: %zu MiB free with the export held, %zu MiB once dropped\n", held, after);
+    CHECK(e1 == 0 && after + 4 >= before, "unannounced free: %s, %zu MiB still taken after the drop",
+          drc_strerror(e1), before - after);
+}
+
 int main(void)
 {
     CUdevice dev;
@@ -476,5 +543,6 @@ int main(void)
     test_validate();
     test_contexts();
     test_hit_cost();
+    test_shared_export();
     return gpu_summary("test_cuda_gpu");
 }
