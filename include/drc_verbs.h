@@ -68,7 +68,7 @@ extern "C" {
  * a region that lacks it; drc_region_access() is what the MR allows.
  *
  * Returns 0, -EINVAL (NULL @pd or @out, an unknown policy, flag or comp_mask
- * bit: see drc.h's ABI rule), -ENOMEM, -ENOSYS
+ * bit: see drc.h's ABI rule; both DRC_F_DMABUF_PCIE and DRC_F_DMABUF_DEFAULT), -ENOMEM, -ENOSYS
  * (no libibverbs.so.1 could be loaded) or the error of ibv_query_device.
  * Thread-safe.
  */
@@ -143,7 +143,7 @@ DRC_API int drc_pd_release(struct ibv_pd *pd);
  * The configuration of the per-PD caches drc_reg_mr makes from now on
  * (policy, limits, core flags, and DRC_F_WIDEN_REMOTE / DRC_F_NO_WIDEN, which
  * apply at once). NULL restores the defaults. Returns 0, or -EINVAL (unknown
- * policy, both widening flags). Not thread-safe against drc_reg_mr: call it
+ * policy, both widening flags, both mapping flags). Not thread-safe against drc_reg_mr: call it
  * before the first registration.
  */
 DRC_API int drc_reg_mr_configure(const struct drc_config *cfg);

@@ -110,7 +110,8 @@ void drc__regmr_configure(const struct drc_config *cfg)
 int drc_reg_mr_configure(const struct drc_config *cfg)
 {
     if (cfg && ((unsigned)cfg->policy > DRC_PEERMEM_ONLY ||
-                (cfg->flags & (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)) == (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)))
+                (cfg->flags & (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)) == (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN) ||
+                (cfg->flags & (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT)) == (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT)))
         return -EINVAL;
     drc__regmr_configure(cfg);
     return 0;

@@ -316,7 +316,9 @@ int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_
     struct verbs *v;
     int err;
 
-    if (!pd || !out || (cfg && (unsigned)cfg->policy > DRC_PEERMEM_ONLY))
+    if (!pd || !out || (cfg && ((unsigned)cfg->policy > DRC_PEERMEM_ONLY ||
+                                (cfg->flags & (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT)) ==
+                                    (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT))))
         return -EINVAL;
     if (!ops->query_device || !ops->reg_mr_iova2 || !ops->dereg_mr)
         return -ENOSYS;     /* no libibverbs could be loaded */

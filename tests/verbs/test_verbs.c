@@ -524,6 +524,14 @@ static void mapping_per_gpu_nic_pair(void **state)
     }
     unsetenv("DRC_DMABUF_MAPPING");
     unsetenv("DRC_SYSFS_ROOT");
+    {   /* both forcing flags at once: refused, not one silently chosen */
+        struct drc_config cfg = { .flags = DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT };
+        drc_cache_t *c = NULL;
+
+        assert_int_equal(drc_cache_create_verbs(&fake_pd, &cfg, &c), -EINVAL);
+        assert_int_equal(drc_reg_mr_configure(&cfg), -EINVAL);
+        assert_null(c);
+    }
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", top);
     assert_int_equal(system(cmd), 0);
 }
