@@ -117,7 +117,9 @@ DRC_API int drc_dereg_mr(struct ibv_mr *mr);
  * drc_reg_mr_multi: register [addr, addr+len) on each of the @n PDs @pds (one
  * per NIC) at once: mrs[i] = drc_reg_mr(pds[i], addr, len, access), made in
  * parallel by up to 8 threads (the caller's and up to 7 it starts and joins
- * before returning; where no thread can be started, serially). GPU memory is
+ * before returning; where no thread can be started, serially; the
+ * environment DRC_REG_THREADS=1..7 lowers the bound, 1 for a provider
+ * that serialises registrations anyway). GPU memory is
  * exported once for all of them (one dmabuf per allocation and mapping type,
  * shared by every PD). All or nothing: on any failure every MR already made
  * is released, the range is invalidated in those PDs' caches (so that the NIC

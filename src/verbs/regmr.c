@@ -438,8 +438,9 @@ int drc_reg_mr_multi(struct ibv_pd **pdv, int n, void *addr, size_t len, int acc
 {
     pthread_t tid[MULTI_THREADS - 1];
     struct multi w = { pdv, n, 0, addr, len, access, out, NULL };
-    int i, started = 0, err = 0;
+    int i, started = 0, err = 0, threads;
     struct pd_entry *e;
+    const char *env;
 
     if (!pdv || !out || n <= 0 || n > MULTI_MAX || !len)
         return -EINVAL;
@@ -450,8 +451,14 @@ int drc_reg_mr_multi(struct ibv_pd **pdv, int n, void *addr, size_t len, int acc
     if (!w.errs)
         return -ENOMEM;
     memset(out, 0, (size_t)n * sizeof(*out));
-    /* one thread per PD beyond the caller's, at most MULTI_THREADS in all; none started: the caller does all */
-    while (started < n - 1 && started < MULTI_THREADS - 1 && pthread_create(&tid[started], NULL, multi_worker, &w) == 0)
+    /*
+     * One thread per PD beyond the caller's, at most `threads` in all
+     * (MULTI_THREADS, or DRC_REG_THREADS for a provider that registers
+     * serially anyway: 1 = the caller alone); none started: the caller does all.
+     */
+    env = getenv("DRC_REG_THREADS");
+    threads = env && atoi(env) >= 1 && atoi(env) < MULTI_THREADS ? atoi(env) : MULTI_THREADS;
+    while (started < n - 1 && started < threads - 1 && pthread_create(&tid[started], NULL, multi_worker, &w) == 0)
         started++;
     multi_worker(&w);
     for (i = 0; i < started; i++)
