@@ -313,7 +313,7 @@ $(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/
 $(foreach f,$B $B/asan $B/tsan,$f/tests/verbs/test_regmr_mt): $B/engine/libibverbs.so.1
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=free
-bench_engine_LDFLAGS :=
+bench_engine_LDFLAGS := -libverbs
 $B/bench/bench_engine: $B/engine/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
 
 # ---- the demo and the doctor -----------------------------------------------
