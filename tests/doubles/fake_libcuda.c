@@ -510,6 +510,8 @@ int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t s
     *e = (struct fc_export){ ptr, size, flags, fc_current, -1 };
     if (type != DMA_BUF_FD || !size || ptr % FC_PAGE || size % FC_PAGE || !find(ptr))
         return INVALID_VALUE;   /* as the real driver: host-page alignment */
+    if ((flags & PCIE_FLAG) && fc.pcie_rc)
+        return fc.pcie_rc;      /* e.g. INVALID_VALUE: a driver older than the flag */
     if ((flags & PCIE_FLAG) && fc.pcie_unsupported)
         return NOT_SUPPORTED;
     if (fc.export_rc)
