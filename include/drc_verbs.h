@@ -49,8 +49,9 @@ extern "C" {
  * only for a NIC under the same switch. DRC_F_DMABUF_PCIE (drc.h) forces the
  * PCIe type for every pair, DRC_F_DMABUF_DEFAULT the default type. The
  * environment DRC_DMABUF_MAPPING=pcie|default|auto overrides both. Where the
- * driver answers the PCIe type with NOT_SUPPORTED, the export (never the
- * registration) is retried with the default type. `drc doctor` prints the
+ * driver answers the PCIe type with NOT_SUPPORTED or INVALID_VALUE (a driver
+ * older than the flag), the export (never the registration) is retried with
+ * the default type. `drc doctor` prints the
  * decision per pair.
  */
 #define DRC_F_DMABUF_DEFAULT (1u << 18)  /* force the default dmabuf mapping type (see above) */

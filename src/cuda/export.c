@@ -28,9 +28,11 @@
  * dmabuf by itself: closing an entry never breaks a registration made from it.
  *
  * Mapping type: a request for the PCIe type that the driver answers with
- * NOT_SUPPORTED is retried, once, with the default type, and the device is
- * never asked for PCIe again (the entry is then a default-type entry). Only
- * the export's failure falls back: a registration's failure never does.
+ * NOT_SUPPORTED (no such path: the H200 tested) or INVALID_VALUE (a driver
+ * older than the flag) is retried, once, with the default type; where that
+ * export succeeds the device is never asked for PCIe again (the entry is then
+ * a default-type entry). Only the export's failure falls back: a
+ * registration's failure never does.
  *
  * Lock: `lock` protects the table; it is not the cache lock (no cache calls
  * this with its lock held). The driver is never called with it held. The
@@ -122,7 +124,7 @@ static int hand_out(struct entry *e, uintptr_t start, int *fd, uint64_t *offset)
 static int export_range(const struct drc__cuda_driver *d, const struct drc__mem *m, uintptr_t base,
                         uintptr_t end, int *pcie, int *fd)
 {
-    int dev = m->device, rc = DRC__CUDA_ERROR_NOT_SUPPORTED, err, switched, out = -1;
+    int dev = m->device, rc = DRC__CUDA_ERROR_NOT_SUPPORTED, err, switched, out = -1, wanted = *pcie;
     void *saved;
 
     err = drc__cuda_ctx_push(d, m->ctx, &saved, &switched);
@@ -131,14 +133,16 @@ static int export_range(const struct drc__cuda_driver *d, const struct drc__mem 
     if (*pcie) {
         rc = d->cuMemGetHandleForAddressRange(&out, base, end - base, DRC__CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
                                               DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
-        if (rc == DRC__CUDA_ERROR_NOT_SUPPORTED) {
-            __atomic_store_n(&pcie_unsupported[dev], 1, __ATOMIC_RELAXED);   /* not worth asking again */
+        /* NOT_SUPPORTED: no PCIe type here (the H200 tested); INVALID_VALUE: a driver older than the flag */
+        if (rc == DRC__CUDA_ERROR_NOT_SUPPORTED || rc == DRC__CUDA_ERROR_INVALID_VALUE)
             *pcie = 0;
-        }
     }
     if (!*pcie) {
         out = -1;
         rc = d->cuMemGetHandleForAddressRange(&out, base, end - base, DRC__CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+        /* the flag was the trouble (the default type exported the same range): not worth asking again */
+        if (!rc && wanted)
+            __atomic_store_n(&pcie_unsupported[dev], 1, __ATOMIC_RELAXED);
     }
     drc__cuda_ctx_pop(d, saved, switched);
     if (rc)

@@ -298,6 +298,31 @@ static void pcie_flag_falls_back_once(void **state)
     assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.exports[3].flags, 0);
+    /* a driver older than the flag (INVALID_VALUE): the default type, and not asked again */
+    fc_reset();
+    fc_add(GPU, 8 * MiB, 0, 9);
+    fc.pcie_rc = DRC__CUDA_ERROR_INVALID_VALUE;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 2);
+    assert_int_equal(fc.exports[1].flags, 0);
+    drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 3);
+    assert_int_equal(fc.exports[2].flags, 0);
+    /* a failure of both types is the export's error, and teaches nothing */
+    fc_reset();
+    fc_add(GPU, 8 * MiB, 0, 9);
+    fc.pcie_rc = DRC__CUDA_ERROR_INVALID_VALUE;
+    fc.export_rc = DRC__CUDA_ERROR_OUT_OF_MEMORY;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), -ENOMEM);
+    assert_int_equal(fd, -1);
+    fc.pcie_rc = fc.export_rc = 0;
+    fc.pcie_unsupported = 0;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.exports[fc.nexports - 1].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
 }
 
 /* VMM: contiguous compatible chunks form one run; anything else ends it. */
