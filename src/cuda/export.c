@@ -77,12 +77,16 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t export_lock = PTHREAD_MUTEX_INITIALIZER;   /* one driver export at a time; before lock */
 static uint64_t tick, drops;    /* lock */
 static int live;                /* atomic, written under lock: entries in use */
-static int pcie_unsupported[DRC__CUDA_MAX_DEVICES];   /* atomic: the PCIe type gave NOT_SUPPORTED */
+static int pcie_unsupported[DRC__CUDA_MAX_DEVICES];   /* atomic: the driver refused the PCIe type */
 
-/* What memory @m is: the allocation's buffer id, or for VMM memory those of its chunks. */
+/*
+ * What memory @m is: the allocation's buffer id, or for VMM memory the ids of
+ * its chunks (recorded by address), not the id at the byte asked, which
+ * differs from chunk to chunk of one run.
+ */
 static uint64_t ident_of(const struct drc__mem *m)
 {
-    uint64_t h = m->buffer_id;
+    uint64_t h = m->nchunks ? 0xcbf29ce484222325ull : m->buffer_id;
     unsigned i;
 
     for (i = 0; i < m->nchunks; i++)

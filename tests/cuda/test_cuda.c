@@ -355,6 +355,13 @@ static void vmm_walk_joins_compatible_chunks(void **state)
     assert_ptr_equal(fc.exports[0].ctx, FC_PRIMARY(0));
     assert_true(fc.exports[0].ptr == GPU && fc.exports[0].size == 3 * g && off == g / 2);
     close(fd);
+    /* another chunk of the same run (another buffer id at the byte asked): the same export */
+    assert_int_equal(drc__mem_classify(GPU + 2 * g + 100, 100, &m), 0);
+    assert_true(m.lo == GPU && m.hi == GPU + 3 * g && m.buffer_id == 12);
+    assert_int_equal(drc__mem_export(&m, GPU + 2 * g + 100, 100, 0, &fd, &off), 0);
+    assert_int_equal(fc.nexports, 1);
+    assert_true(off == 2 * g + 100);
+    close(fd);
     /* across devices: refused */
     assert_int_equal(drc__mem_classify(GPU + 2 * g, 2 * g, &m), -EFAULT);
     assert_int_equal(drc__mem_classify(GPU + 3 * g, 2 * g, &m), -EFAULT);
