@@ -39,7 +39,7 @@ HDRS       := $(wildcard include/*.h) $(wildcard src/*/*.h)
 # libibverbs, CUDA or jemalloc); host tests add libdrc_host; the others link libdrc.
 # A test's extra link flags (e.g. -Wl,--wrap=...) go in <layer>/<name>_LDFLAGS.
 # Thread tests are named test_*_mt.c and also run under TSan.
-TESTS    := $(patsubst tests/%.c,%,$(filter-out tests/gpu/% tests/loopnic/%,$(wildcard tests/*/test_*.c)))
+TESTS    := $(patsubst tests/%.c,%,$(filter-out tests/gpu/% tests/loopnic/% tests/nics/%,$(wildcard tests/*/test_*.c)))
 MT_TESTS := $(filter %_mt,$(TESTS))
 TEST_HDRS := $(wildcard tests/*.h)
 
@@ -172,7 +172,7 @@ test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
 	  else echo "!! $$f failed on its corpus"; echo "$$f 0 1" >> $B/test-results/fuzz-replay; fi; \
 	done
 test: test-fuzz-replay
-include tests/loopnic/loopnic.mk tests/e2e/e2e.mk src/tools/demo.mk
+include tests/loopnic/loopnic.mk tests/e2e/e2e.mk src/tools/demo.mk tests/nics/nics.mk
 
 # ---- the ABI: exported names = version script = DRC_API declarations (tests/abi/check_exports.sh) ----
 # Each library with its version script and the headers that declare its names. A failure says
@@ -261,11 +261,12 @@ $B/engine/fakecuda/libcuda.so.1: $B/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
 	cp $< $@
 FAKECUDA_LINK = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../../fakecuda:$$ORIGIN/../../../fakecuda'
-FAKECUDA_TESTS := cuda/test_cuda cuda/test_free verbs/test_verbs verbs/test_regmr \
-                  cuda/test_multi_device cuda/test_multi_device_mt
+FAKECUDA_TESTS := cuda/test_cuda cuda/test_free cuda/test_export_mt verbs/test_verbs verbs/test_regmr \
+                  verbs/test_regmr_mt cuda/test_multi_device cuda/test_multi_device_mt
 $(foreach f,$B $B/asan $B/tsan,$(addprefix $f/tests/,$(FAKECUDA_TESTS))): $B/fakecuda/libcuda.so.1
 cuda/test_cuda_LDFLAGS = $(FAKECUDA_LINK)
 cuda/test_free_LDFLAGS = $(FAKECUDA_LINK)
+cuda/test_export_mt_LDFLAGS = $(FAKECUDA_LINK)
 cuda/test_multi_device_LDFLAGS = $(FAKECUDA_LINK)
 cuda/test_multi_device_mt_LDFLAGS = $(FAKECUDA_LINK)
 $B/fakecuda/libcupti.so: tests/hooks/fake_cupti.c
@@ -306,6 +307,7 @@ $B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o
 $B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
 # The in-process verbs tests dlopen the same provider and install it as drc's verbs ops table.
 $(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/loopnic/libibverbs.so.1
+$(foreach f,$B $B/asan $B/tsan,$f/tests/verbs/test_regmr_mt): $B/loopnic/libibverbs.so.1
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free
 bench_engine_LDFLAGS := -libverbs
@@ -363,3 +365,4 @@ clean:
 # ---- the CUDA double for the verbs tests (see FAKECUDA_TESTS above; after their own flags) ----
 verbs/test_verbs_LDFLAGS += $(FAKECUDA_LINK)
 verbs/test_regmr_LDFLAGS += $(FAKECUDA_LINK)
+verbs/test_regmr_mt_LDFLAGS += $(FAKECUDA_LINK)

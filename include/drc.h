@@ -129,7 +129,10 @@ struct drc_backend {
 /* drc_config.flags */
 #define DRC_F_NO_MERGE    (1u << 0)  /* never coalesce overlapping registrations */
 #define DRC_F_VALIDATE    (1u << 1)  /* re-check the CUDA buffer id on every CUDA hit */
-#define DRC_F_DMABUF_PCIE (1u << 2)  /* ask for the PCIe dmabuf mapping type, falling back to the default */
+#define DRC_F_DMABUF_PCIE (1u << 2)  /* force the PCIe dmabuf mapping type for every GPU registration (the default
+                                      * type only where the driver's export refuses the flag); without it a verbs
+                                      * cache decides per (GPU, NIC) pair from the topology (drc_verbs.h), any
+                                      * other cache uses the default type */
 #define DRC_F_REVOKE      (1u << 3)  /* an invalidation deregisters held regions at once: see below */
 
 /*

@@ -23,8 +23,8 @@ extern "C" {
 
 /*
  * drc_config.flags bits of the verbs layer (bits 16 and up; the core's are
- * below). They only change drc_reg_mr (see drc_reg_mr_configure); a verbs
- * cache of drc_cache_create_verbs ignores them.
+ * below). The widening bits only change drc_reg_mr (see drc_reg_mr_configure);
+ * a verbs cache of drc_cache_create_verbs ignores them.
  *
  * Widening: drc_reg_mr registers a GPU range as its whole allocation (the
  * range cuMemGetAddressRange gives), so that thousands of tensors carved
@@ -40,6 +40,23 @@ extern "C" {
 #define DRC_F_NO_WIDEN     (1u << 17)  /* never widen, not even local-only registrations */
 
 /*
+ * The dmabuf mapping type of GPU memory, per (GPU, NIC) pair (verbs caches
+ * and drc_reg_mr). A CUDA dmabuf encodes one DMA path: a NIC under the GPU's
+ * PCIe switch needs the PCIe type, a NIC reached through the CPU the default
+ * one, and the wrong one registers fine and fails at transfer time. By
+ * default drc decides from the PCI topology in sysfs (the GPU's bus id from
+ * cuDeviceGetPCIBusId, the NIC's /sys/class/infiniband/<dev>/device): PCIe
+ * only for a NIC under the same switch. DRC_F_DMABUF_PCIE (drc.h) forces the
+ * PCIe type for every pair, DRC_F_DMABUF_DEFAULT the default type. The
+ * environment DRC_DMABUF_MAPPING=pcie|default|auto overrides both. Where the
+ * driver answers the PCIe type with NOT_SUPPORTED or INVALID_VALUE (a driver
+ * older than the flag), the export (never the registration) is retried with
+ * the default type. `drc doctor` prints the
+ * decision per pair.
+ */
+#define DRC_F_DMABUF_DEFAULT (1u << 18)  /* force the default dmabuf mapping type (see above) */
+
+/*
  * A cache whose backend registers with libibverbs on @pd: GPU memory through
  * ibv_reg_dmabuf_mr (or, per cfg->policy, ibv_reg_mr with nvidia-peermem),
  * host memory through ibv_reg_mr_iova2. The method is decided once per GPU
@@ -52,7 +69,7 @@ extern "C" {
  * a region that lacks it; drc_region_access() is what the MR allows.
  *
  * Returns 0, -EINVAL (NULL @pd or @out, an unknown policy, flag or comp_mask
- * bit: see drc.h's ABI rule), -ENOMEM, -ENOSYS
+ * bit: see drc.h's ABI rule; both DRC_F_DMABUF_PCIE and DRC_F_DMABUF_DEFAULT), -ENOMEM, -ENOSYS
  * (no libibverbs.so.1 could be loaded) or the error of ibv_query_device.
  * Thread-safe.
  */
@@ -106,6 +123,25 @@ DRC_API struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int
 DRC_API int drc_dereg_mr(struct ibv_mr *mr);
 
 /*
+ * drc_reg_mr_multi: register [addr, addr+len) on each of the @n PDs @pds (one
+ * per NIC) at once: mrs[i] = drc_reg_mr(pds[i], addr, len, access), made in
+ * parallel by up to 8 threads (the caller's and up to 7 it starts and joins
+ * before returning; where no thread can be started, serially; the
+ * environment DRC_REG_THREADS=1..7 lowers the bound, 1 for a provider
+ * that serialises registrations anyway). GPU memory is
+ * exported once for all of them (one dmabuf per allocation and mapping type,
+ * shared by every PD). All or nothing: on any failure every MR already made
+ * is released, the range is invalidated in those PDs' caches (so that the NIC
+ * MRs made for it are deregistered), every mrs[i] is NULL, and the first
+ * failing PD's error (in @pds order) is returned.
+ * Returns 0, -EINVAL (NULL @pds or @mrs, a NULL PD, @n outside 1..1024,
+ * @len 0), -ENOMEM, or a registration's error as drc_reg_mr gives it in
+ * errno (negated). Release each MR with drc_dereg_mr. Thread-safe; the same
+ * PD may appear twice (two MRs of one cached registration).
+ */
+DRC_API int drc_reg_mr_multi(struct ibv_pd **pds, int n, void *addr, size_t len, int access, struct ibv_mr **mrs);
+
+/*
  * drc_pd_release: deregister the cached MRs of @pd and drop its cache; call it
  * before ibv_dealloc_pd (which fails with EBUSY while cached MRs exist).
  * Returns 0 (also when @pd has no cache), -EINVAL for NULL, or -EBUSY while an
@@ -118,7 +154,7 @@ DRC_API int drc_pd_release(struct ibv_pd *pd);
  * The configuration of the per-PD caches drc_reg_mr makes from now on
  * (policy, limits, core flags, and DRC_F_WIDEN_REMOTE / DRC_F_NO_WIDEN, which
  * apply at once). NULL restores the defaults. Returns 0, or -EINVAL (unknown
- * policy, both widening flags). Not thread-safe against drc_reg_mr: call it
+ * policy, both widening flags, both mapping flags). Not thread-safe against drc_reg_mr: call it
  * before the first registration.
  */
 DRC_API int drc_reg_mr_configure(const struct drc_config *cfg);

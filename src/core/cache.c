@@ -212,6 +212,7 @@ struct drc_cache {
     struct chunk *chunks;
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
+    unsigned (*export_flags)(void *ctx, int device);    /* drc__cache_opts; NULL: flags decide */
     uint64_t misses, merges, invalidated, evicted, regs, regions, bytes;  /* written under c->lock with ST,
                                                                            * read by stats without it */
     uint64_t deregs;                /* atomic: counted after the backend returns */
@@ -928,7 +929,9 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
     int err = 0;
 
     if (m->type == DRC_MEM_CUDA)
-        err = (DRC_ASSERT_NO_LOCK(), drc__mem_export(m, a.start, a.len, c->flags, &a.dmabuf_fd, &a.dmabuf_offset));
+        err = (DRC_ASSERT_NO_LOCK(), drc__mem_export(m, a.start, a.len,
+                                                     c->export_flags ? c->export_flags(c->be.ctx, m->device) : c->flags,
+                                                     &a.dmabuf_fd, &a.dmabuf_offset));
     if (err == -EOPNOTSUPP)
         err = 0;    /* no dmabuf here (proprietary GPU module): the backend gets fd -1 and may use peermem */
     if (!err)
@@ -1337,6 +1340,7 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     if (o) {
         c->max_len = o->max_len;
         c->release = o->release;
+        c->export_flags = o->export_flags;
     }
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->pending_done, NULL);

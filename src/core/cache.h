@@ -11,6 +11,13 @@
 struct drc__cache_opts {
     size_t max_len;               /* largest region the backend accepts (verbs: max_mr_size); 0 = no limit */
     void (*release)(void *ctx);   /* called by drc_cache_destroy once every region is deregistered */
+    /*
+     * The drc__mem_export() flags for CUDA memory of @device on this backend
+     * (DRC_F_DMABUF_PCIE for the PCIe mapping type, else 0), asked on each
+     * miss before the export, with no lock held; the verbs backend decides
+     * per (GPU, NIC) pair. NULL: the cache's own DRC_F_DMABUF_PCIE flag.
+     */
+    unsigned (*export_flags)(void *ctx, int device);
 };
 
 /* drc_cache_create with backend limits; @o may be NULL. */

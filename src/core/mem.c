@@ -1,5 +1,5 @@
 /*
- * The seam between the core and a device layer (see mem.h): three calls that
+ * The seam between the core and a device layer (see mem.h): calls that
  * forward to the installed drc__mem_ops, or answer "host memory" when none is.
  */
 #include "core/mem.h"
@@ -36,4 +36,12 @@ int drc__mem_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)
     const struct drc__mem_ops *ops = __atomic_load_n(&installed, __ATOMIC_ACQUIRE);
 
     return ops ? ops->unchanged(m, addr, len) : 1;
+}
+
+void drc__mem_released(uintptr_t addr, size_t len)
+{
+    const struct drc__mem_ops *ops = __atomic_load_n(&installed, __ATOMIC_ACQUIRE);
+
+    if (ops && ops->released)
+        ops->released(addr, len);
 }

@@ -47,9 +47,12 @@ struct drc__mem {
 int drc__mem_classify(uintptr_t addr, size_t len, struct drc__mem *m);
 
 /*
- * Export [start, start+len) of the CUDA memory @m (start and len page-aligned,
- * inside [m->lo, m->hi)) as a dmabuf: *fd to close by the caller, *offset =
- * start - export base. @flags: DRC_F_DMABUF_PCIE to try the PCIe mapping type.
+ * A dmabuf covering [start, start+len) of the CUDA memory @m (inside
+ * [m->lo, m->hi)): *fd to close by the caller, *offset = start - export base.
+ * The CUDA layer exports each allocation once per mapping type, whole, and
+ * shares it among every cache and PD (src/cuda/export.c): *fd is then a dup
+ * of the shared export. @flags: DRC_F_DMABUF_PCIE for the PCIe mapping type
+ * (the default type where the driver does not support it).
  * Returns 0 or a negative errno.
  */
 int drc__mem_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
@@ -64,7 +67,16 @@ int drc__mem_export(const struct drc__mem *m, uintptr_t start, size_t len, unsig
 int drc__mem_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len);
 
 /*
- * The three calls above, as a device layer implements them. Each entry has the
+ * [addr, addr+len) is about to be freed or unmapped: the device layer drops
+ * what it keeps for that memory (the shared dmabuf exports: an open dmabuf
+ * keeps freed GPU memory taken). Called by drc_notify_free() before it looks
+ * for caches, so also when none exists; must not allocate, and is cheap when
+ * the layer keeps nothing.
+ */
+void drc__mem_released(uintptr_t addr, size_t len);
+
+/*
+ * The calls above, as a device layer implements them. Each entry has the
  * contract of the call of the same name. @ops must stay valid for the life of
  * the process; installing is one atomic store, so it may happen at any time
  * (a constructor, in practice).
@@ -74,6 +86,7 @@ struct drc__mem_ops {
     int (*export_range)(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
                         uint64_t *offset);
     int (*unchanged)(const struct drc__mem *m, uintptr_t addr, size_t len);
+    void (*released)(uintptr_t addr, size_t len);
 };
 void drc__mem_set_ops(const struct drc__mem_ops *ops);
 

@@ -70,6 +70,8 @@
  */
 #include "core/notify.h"
 
+#include "core/mem.h"
+
 #include "core/cache.h"
 
 #include <dlfcn.h>
@@ -210,6 +212,8 @@ int drc_notify_free(const void *addr, size_t len)
 
     if (len && len - 1 > UINTPTR_MAX - (uintptr_t)addr)
         return -EINVAL;
+    if (len)
+        drc__mem_released((uintptr_t)addr, len);    /* the shared dmabuf exports of the range, cache or not */
     /*
      * The early out. A cache subscribes before it registers anything, and a
      * free that races the creation of a cache cannot free what that cache

@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/mem.h"
 #include "drc.h"   /* DRC_API: the few names libdrc_preload.so needs are exported under DRC_PRIVATE (drc.map) */
 
 /* The CUDA constants drc uses, from cuda.h and cuda_runtime_api.h (CUDA 11.7 - 13): here and nowhere else. */
@@ -133,6 +134,7 @@ struct drc__cuda_driver {
     int (*cuDeviceGetCount)(int *count);
     int (*cuDeviceGet)(int *dev, int ordinal);
     int (*cuDeviceGetName)(char *name, int len, int dev);
+    int (*cuDeviceGetPCIBusId)(char *bus_id, int len, int dev);   /* "DDDD:BB:DD.F": the topology (verbs/topo.h) */
     int (*cuDeviceGetAttribute)(int *value, int attr, int dev);
     int (*cuDevicePrimaryCtxRetain)(void **ctx, int dev);
     int (*cuDevicePrimaryCtxRelease)(int dev);
@@ -224,6 +226,31 @@ DRC_API int drc__cuda_alloc_range(uintptr_t addr, uintptr_t *base, size_t *len);
 
 /* CU_DEVICE_ATTRIBUTE_* @attr of CUDA ordinal @device: 0 with *value, or -ENODEV / -EIO. */
 int drc__cuda_device_attr(int device, int attr, int *value);
+
+/* The PCI bus id of CUDA ordinal @device ("0000:1B:00.0") in @buf: 0, or -ENODEV / -EIO. */
+int drc__cuda_pci_bus_id(int device, char *buf, int len);
+
+/* ---- the dmabuf export table (export.c) ----------------------------------------- */
+
+/*
+ * One dmabuf export per (allocation, mapping type), shared by every cache and
+ * PD that registers it. The export covers the whole allocation (its host-page
+ * hull); *offset = start - export base. *fd is a descriptor of the caller's
+ * own (a dup of the table's): it closes it, as it would a fresh export.
+ * @pcie: ask for the PCIe mapping type; where the driver answers
+ * NOT_SUPPORTED (it does on the H200 machine), the default type, and the
+ * device is not asked for PCIe again. 0 or a negative errno.
+ */
+int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int pcie, int *fd, uint64_t *offset);
+
+/*
+ * Drop (close) the table's exports of @device (-1: any) that overlap
+ * [lo, hi): the allocation is about to be freed, unmapped or torn down, and
+ * an open dmabuf fd would keep its memory taken. free.c calls it before the
+ * real free. drc__cuda_exports_live(): how many exports the table holds.
+ */
+void drc__cuda_exports_drop(int device, uintptr_t lo, uintptr_t hi);
+int drc__cuda_exports_live(void);
 
 /*
  * The CUDA allocations drc has classified, by device (memory.c records the

@@ -73,6 +73,7 @@ void drc__cuda_fill(void *lib, struct drc__cuda_driver *d)
     R(cuDeviceGetCount, NULL);
     R(cuDeviceGet, NULL);
     R(cuDeviceGetName, NULL);
+    R(cuDeviceGetPCIBusId, NULL);
     R(cuDeviceGetAttribute, NULL);
     R(cuDevicePrimaryCtxRetain, NULL);
     R(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");

@@ -25,25 +25,44 @@
 
 #include "core/notify.h"
 
+/*
+ * The shared dmabuf exports (export.c) of the range are closed before the
+ * real free, also when no cache exists any more: an open dmabuf fd keeps the
+ * freed memory taken. With a cache, drc__notify_begin's drc_notify_free does
+ * it (mem.h, drc__mem_released) before it invalidates the regions; without
+ * one, these routines do it themselves.
+ */
 int drc__cuda_begin_free(drc__cuptr ptr)
 {
+    int active = drc__notify_active();
     uintptr_t base;
     size_t len;
 
-    if (!ptr || !drc__notify_active())
+    if (!ptr || (!active && !drc__cuda_exports_live()))
         return -1;
     if (drc__cuda_alloc_range((uintptr_t)ptr, &base, &len) == 0) {
+        if (!active) {
+            drc__cuda_exports_drop(-1, base, base + len);
+            return -1;
+        }
         drc__cuda_untrack(-1, base, base + len);
         return drc__notify_begin((const void *)base, len);
     }
+    if (!active)
+        return -1;
     return drc__notify_begin((const void *)(uintptr_t)ptr, 1);
 }
 
 int drc__cuda_begin_unmap(drc__cuptr ptr, size_t size)
 {
     /* A VMM mapping is exactly the range given: no lookup. */
-    if (!ptr || !size || !drc__notify_active())
+    if (!ptr || !size)
         return -1;
+    if (!drc__notify_active()) {
+        if (drc__cuda_exports_live())
+            drc__cuda_exports_drop(-1, (uintptr_t)ptr, (uintptr_t)ptr + size);
+        return -1;
+    }
     return drc__notify_begin((const void *)(uintptr_t)ptr, size);
 }
 
@@ -51,6 +70,8 @@ int drc__cuda_begin_teardown(int device)
 {
     uintptr_t lo, hi;
 
+    if (drc__cuda_exports_live())
+        drc__cuda_exports_drop(device, 0, UINTPTR_MAX);     /* every export of the device's memory */
     if (!drc__notify_active() || drc__cuda_tracked_hull(device, &lo, &hi))
         return -1;
     drc__cuda_untrack(device, lo, hi);

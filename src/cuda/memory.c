@@ -42,8 +42,6 @@ enum {
     TRACKED = 256,              /* allocation bounds recorded for teardowns */
 };
 
-static int pcie_unsupported[DRC__CUDA_MAX_DEVICES];  /* atomic: the PCIe mapping type gave NOT_SUPPORTED */
-
 /*
  * The allocations classified, for teardowns. A small table under a mutex:
  * classification runs before the cache lock and a teardown in a wrapper or
@@ -59,10 +57,11 @@ static int overflow;
 static pthread_mutex_t track_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void drc__cuda_forget(void);
+void drc__cuda_exports_forget(void);
 
 void drc__cuda_forget(void)
 {
-    memset(pcie_unsupported, 0, sizeof(pcie_unsupported));
+    drc__cuda_exports_forget();
     pthread_mutex_lock(&track_lock);
     memset(tracked, 0, sizeof(tracked));
     overflow = 0;
@@ -306,45 +305,11 @@ out:
     return err;
 }
 
+/* The core's export (core/mem.h): through the process-wide table (export.c). */
 static int cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
                        uint64_t *offset)
 {
-    const struct drc__cuda_driver *d = drc__cuda_driver();
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base, end;
-    int rc = DRC__CUDA_ERROR_NOT_SUPPORTED, err, switched, out = -1;
-    int dev = m ? m->device : -1;
-    int pcie = (flags & DRC_F_DMABUF_PCIE) && dev >= 0 && dev < DRC__CUDA_MAX_DEVICES &&
-               !__atomic_load_n(&pcie_unsupported[dev], __ATOMIC_RELAXED);
-    void *saved;
-
-    *fd = -1;
-    *offset = 0;
-    if (!m || m->type != DRC_MEM_CUDA || !len || start + len < start)
-        return -EINVAL;
-    if (!drc__cuda_can_export(d))
-        return -EOPNOTSUPP;
-    /* The export must be host-page aligned at both ends (else CUDA_ERROR_INVALID_VALUE). */
-    base = start & ~(page - 1);
-    end = (start + len + page - 1) & ~(page - 1);
-    err = drc__cuda_ctx_push(d, m->ctx, &saved, &switched);
-    if (err)
-        return err;
-    if (pcie) {
-        rc = d->cuMemGetHandleForAddressRange(&out, base, end - base, DRC__CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                                              DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
-        if (rc == DRC__CUDA_ERROR_NOT_SUPPORTED)
-            __atomic_store_n(&pcie_unsupported[dev], 1, __ATOMIC_RELAXED);   /* not worth asking again */
-    }
-    if (!pcie || rc == DRC__CUDA_ERROR_NOT_SUPPORTED) {
-        out = -1;
-        rc = d->cuMemGetHandleForAddressRange(&out, base, end - base, DRC__CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-    }
-    drc__cuda_ctx_pop(d, saved, switched);
-    if (rc)
-        return drc__cuda_errno(rc);
-    *fd = out;
-    *offset = start - base;
-    return 0;
+    return drc__cuda_export(m, start, len, (flags & DRC_F_DMABUF_PCIE) != 0, fd, offset);
 }
 
 /* The buffer id recorded for the chunk containing @p, or 0 if it was not recorded. */
@@ -381,8 +346,18 @@ static int cuda_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)
 }
 
 /* The core sees CUDA memory through these (core/mem.h); installed when the library loads. */
+/* drc_notify_free (mem.h): the shared exports of the range go before the memory does. */
+static void cuda_released(uintptr_t addr, size_t len)
+{
+    uintptr_t end = addr + len;
+
+    if (drc__cuda_exports_live())
+        drc__cuda_exports_drop(-1, addr, end < addr ? UINTPTR_MAX : end);
+}
+
 static const struct drc__mem_ops cuda_mem_ops = {
     .classify = cuda_classify, .export_range = cuda_export, .unchanged = cuda_unchanged,
+    .released = cuda_released,
 };
 
 __attribute__((constructor)) static void install_mem_ops(void)
@@ -430,4 +405,20 @@ int drc__cuda_device_attr(int device, int attr, int *value)
         return driver_idle(rc) ? -ENODEV : drc__cuda_errno(rc);
     rc = d->cuDeviceGetAttribute(value, attr, dev);
     return rc ? drc__cuda_errno(rc) : 0;
+}
+
+int drc__cuda_pci_bus_id(int device, char *buf, int len)
+{
+    const struct drc__cuda_driver *d = drc__cuda_driver();
+    int dev = device, rc;
+
+    if (!d || !d->cuDeviceGetPCIBusId || device < 0 || len < 1)
+        return -ENODEV;
+    if (d->cuDeviceGet && (rc = d->cuDeviceGet(&dev, device)) != 0)
+        return driver_idle(rc) ? -ENODEV : drc__cuda_errno(rc);
+    rc = d->cuDeviceGetPCIBusId(buf, len, dev);
+    if (rc)
+        return driver_idle(rc) ? -ENODEV : drc__cuda_errno(rc);
+    buf[len - 1] = 0;
+    return 0;
 }

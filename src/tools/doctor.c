@@ -22,6 +22,7 @@
 #include "drc_verbs.h"
 #include "core/mem.h"
 #include "verbs/ops.h"
+#include "verbs/topo.h"
 #include "verbs/verbs.h"
 
 enum { TEST_BYTES = 64 << 20 };
@@ -235,6 +236,34 @@ static void gpus(struct findings *f, struct ibv_pd *pd)
         try_gpu(f, pd);
 }
 
+/* The dmabuf mapping type of each (GPU, NIC) pair, as a verbs cache decides it (drc_verbs.h). */
+static void mappings(const struct findings *f)
+{
+    const struct drc__verbs_ops *ops = drc__verbs();
+    const char *env = getenv("DRC_DMABUF_MAPPING"), *why, *name;
+    struct ibv_device **list;
+    char bus[32];
+    int g, i, n = 0, path;
+
+    if (!f->gpus || !ops->get_device_list || !ops->get_device_name || !ops->free_device_list)
+        return;
+    list = ops->get_device_list(&n);
+    for (g = 0; list && g < f->gpus; g++) {
+        if (drc__cuda_pci_bus_id(g, bus, sizeof(bus)))
+            snprintf(bus, sizeof(bus), "?");
+        for (i = 0; i < n; i++) {
+            name = ops->get_device_name(list[i]);
+            int m = drc__verbs_mapping(g, name, 0, &path, &why);
+
+            printf("mapping         gpu %d (%s) - %s: %s (%s)\n", g, bus, name, drc__topo_mapping_name(m), why);
+        }
+    }
+    if (list)
+        ops->free_device_list(list);
+    if (env && *env)
+        printf("mapping         DRC_DMABUF_MAPPING=%s\n", env);
+}
+
 static void verdict(const struct findings *f)
 {
     printf("verdict         ");
@@ -275,6 +304,7 @@ int drc__doctor(int argc, char **argv)
     nvidia_driver(&f);
     rdma(&f, &pd, &ctx);
     gpus(&f, pd);
+    mappings(&f);
     if (pd)
         drc__verbs()->dealloc_pd(pd);     /* both set only where rdma() found the table complete */
     if (ctx)

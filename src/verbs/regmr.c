@@ -110,7 +110,8 @@ void drc__regmr_configure(const struct drc_config *cfg)
 int drc_reg_mr_configure(const struct drc_config *cfg)
 {
     if (cfg && ((unsigned)cfg->policy > DRC_PEERMEM_ONLY ||
-                (cfg->flags & (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)) == (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)))
+                (cfg->flags & (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN)) == (DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN) ||
+                (cfg->flags & (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT)) == (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT)))
         return -EINVAL;
     drc__regmr_configure(cfg);
     return 0;
@@ -399,4 +400,87 @@ void drc__regmr_totals(struct drc__regmr_totals *t)
         add_stats(&t->cache, &s);
     }
     pthread_rwlock_unlock(&pds_lock);
+}
+
+/*
+ * drc_reg_mr_multi: drc_reg_mr on each of n PDs, from up to MULTI_THREADS
+ * threads (the caller's among them). Each worker takes the next index from
+ * `next` (an atomic); the registrations share nothing but the export table
+ * (one export of the allocation for every PD) and each PD's cache, both
+ * thread-safe. mrs[i] and errs[i] are written by the one worker that took i,
+ * and read by the caller after pthread_join.
+ */
+enum { MULTI_THREADS = 8, MULTI_MAX = 1024 };
+
+struct multi {
+    struct ibv_pd **pds;
+    int n, next;                /* next: atomic */
+    void *addr;
+    size_t len;
+    int access;
+    struct ibv_mr **mrs;
+    int *errs;
+};
+
+static void *multi_worker(void *arg)
+{
+    struct multi *w = arg;
+    int i;
+
+    while ((i = __atomic_fetch_add(&w->next, 1, __ATOMIC_RELAXED)) < w->n) {
+        w->mrs[i] = drc_reg_mr(w->pds[i], w->addr, w->len, w->access);
+        w->errs[i] = w->mrs[i] ? 0 : -(errno ? errno : EIO);
+    }
+    return NULL;
+}
+
+int drc_reg_mr_multi(struct ibv_pd **pdv, int n, void *addr, size_t len, int access, struct ibv_mr **out)
+{
+    pthread_t tid[MULTI_THREADS - 1];
+    struct multi w = { pdv, n, 0, addr, len, access, out, NULL };
+    int i, started = 0, err = 0, threads;
+    struct pd_entry *e;
+    const char *env;
+
+    if (!pdv || !out || n <= 0 || n > MULTI_MAX || !len)
+        return -EINVAL;
+    for (i = 0; i < n; i++)
+        if (!pdv[i])
+            return -EINVAL;
+    w.errs = calloc((size_t)n, sizeof(*w.errs));
+    if (!w.errs)
+        return -ENOMEM;
+    memset(out, 0, (size_t)n * sizeof(*out));
+    /*
+     * One thread per PD beyond the caller's, at most `threads` in all
+     * (MULTI_THREADS, or DRC_REG_THREADS for a provider that registers
+     * serially anyway: 1 = the caller alone); none started: the caller does all.
+     */
+    env = getenv("DRC_REG_THREADS");
+    threads = env && atoi(env) >= 1 && atoi(env) < MULTI_THREADS ? atoi(env) : MULTI_THREADS;
+    while (started < n - 1 && started < threads - 1 && pthread_create(&tid[started], NULL, multi_worker, &w) == 0)
+        started++;
+    multi_worker(&w);
+    for (i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
+    for (i = 0; i < n && !err; i++)
+        err = w.errs[i];
+    if (err) {
+        /*
+         * Roll back: every MR this call made is released, and the range is
+         * invalidated in those PDs' caches, so that the NIC MRs made for it
+         * are deregistered now (a region another caller still holds stays
+         * usable until its last put, then goes; later gets register again).
+         */
+        for (i = 0; i < n; i++) {
+            if (!out[i])
+                continue;
+            drc_dereg_mr(out[i]);
+            out[i] = NULL;
+            if ((e = pd_find(pdv[i])))
+                drc_invalidate(e->cache, addr, len);
+        }
+    }
+    free(w.errs);
+    return err;
 }

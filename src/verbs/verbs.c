@@ -18,6 +18,11 @@
  * cache as its largest region: coalescing never grows a region past it and a
  * larger request fails with -E2BIG, never with a silently truncated MR.
  *
+ * The dmabuf mapping type is decided per (GPU, NIC) pair, once per cache and
+ * CUDA device, on the first export of that device's memory (export_flags,
+ * called by the core before each export): drc__verbs_mapping() below. The
+ * export itself is shared by every cache (src/cuda/export.c).
+ *
  * libibverbs is reached only through the verbs ops table (ops.h). Each cache
  * keeps the table it was created with, so its MRs are always deregistered by
  * the library that made them.
@@ -35,6 +40,7 @@
 #include "core/cache.h"
 #include "cuda/cuda.h"
 #include "verbs/ops.h"
+#include "verbs/topo.h"
 
 enum { MAX_DEVICES = 64 };
 
@@ -51,6 +57,8 @@ struct verbs {
     pthread_mutex_t lock;           /* serialises decisions */
     int nic_probed, nic_err;        /* lock: the dmabuf probe of this PD, once */
     int method[MAX_DEVICES];        /* atomic: 0 undecided, else a drc_reg_method or a negative errno */
+    unsigned map_flags;             /* DRC_F_DMABUF_PCIE / DRC_F_DMABUF_DEFAULT of the configuration */
+    int mapping[MAX_DEVICES];       /* atomic: 0 undecided, else 1 + DRC__MAPPING_* */
     const char *reason[MAX_DEVICES];    /* written before method, under lock */
 };
 
@@ -187,6 +195,67 @@ static int decide(struct verbs *v, int device)
     return m;
 }
 
+/*
+ * The mapping type for CUDA device @device's memory on the NIC @ibdev, in this
+ * order: the environment (DRC_DMABUF_MAPPING=pcie|default; auto or unset:
+ * go on; anything else is reported once on stderr and taken as auto), the
+ * configuration (DRC_F_DMABUF_PCIE forces PCIe, DRC_F_DMABUF_DEFAULT the
+ * default), then the topology: PCIe only for a NIC under the GPU's PCIe
+ * switch, read from sysfs at DRC_SYSFS_ROOT (default /sys). *path gets the
+ * topology's answer (a drc__pci_path or a negative errno; 0 when not read).
+ */
+int drc__verbs_mapping(int device, const char *ibdev, unsigned cfg_flags, int *path, const char **why)
+{
+    static int warned;
+    const char *env = getenv("DRC_DMABUF_MAPPING"), *root = getenv("DRC_SYSFS_ROOT");
+    char bus[32];
+    int m;
+
+    *path = 0;
+    if (env && *env && strcmp(env, "auto")) {
+        m = drc__topo_mapping(0, env);
+        if (m >= 0) {
+            *why = "DRC_DMABUF_MAPPING";
+            return m;
+        }
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "drc: DRC_DMABUF_MAPPING=%s is not auto, pcie or default: taken as auto\n", env);
+    }
+    if (cfg_flags & (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT)) {
+        *why = "configuration flag";
+        return (cfg_flags & DRC_F_DMABUF_PCIE) ? DRC__MAPPING_PCIE : DRC__MAPPING_DEFAULT;
+    }
+    *path = drc__cuda_pci_bus_id(device, bus, sizeof(bus));
+    if (!*path)
+        *path = ibdev ? drc__topo_path(root && *root ? root : "/sys", bus, ibdev) : -ENODEV;
+    *why = *path == DRC__PATH_SWITCH ? "NIC under the GPU's PCIe switch"
+           : *path == DRC__PATH_HOST ? "NIC reached through the CPU"
+                                     : "topology unknown: the default type";
+    return drc__topo_mapping(*path, NULL);
+}
+
+/* drc__cache_opts.export_flags: the mapping of this (GPU, NIC) pair, decided once. */
+static unsigned verbs_export_flags(void *ctx, int device)
+{
+    struct verbs *v = ctx;
+    const char *why, *name;
+    int m, path;
+
+    if (device < 0 || device >= MAX_DEVICES)
+        return 0;
+    m = __atomic_load_n(&v->mapping[device], __ATOMIC_ACQUIRE);
+    if (!m) {
+        /* two threads may both decide: the same inputs give the same answer */
+        name = v->ops->get_device_name && v->pd->context ? v->ops->get_device_name(v->pd->context->device) : NULL;
+        m = 1 + drc__verbs_mapping(device, name, v->map_flags, &path, &why);
+        __atomic_store_n(&v->mapping[device], m, __ATOMIC_RELEASE);
+        if (getenv("DRC_VERBOSE"))
+            fprintf(stderr, "drc: GPU %d, NIC %s: %s mapping (%s)\n", device, name ? name : "?",
+                    drc__topo_mapping_name(m - 1), why);
+    }
+    return m - 1 == DRC__MAPPING_PCIE ? DRC_F_DMABUF_PCIE : 0;
+}
+
 static int verbs_reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
 {
     struct verbs *v = ctx;
@@ -240,14 +309,16 @@ static void verbs_release(void *ctx)
 int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_cache_t **out)
 {
     struct drc_backend be = { .reg = verbs_reg, .dereg = verbs_dereg, .ctx = NULL };
-    struct drc__cache_opts o = { 0, verbs_release };
+    struct drc__cache_opts o = { 0, verbs_release, verbs_export_flags };
     const struct drc__verbs_ops *ops = drc__verbs();
     struct drc_config core_cfg;
     struct ibv_device_attr attr;
     struct verbs *v;
     int err;
 
-    if (!pd || !out || (cfg && (unsigned)cfg->policy > DRC_PEERMEM_ONLY))
+    if (!pd || !out || (cfg && ((unsigned)cfg->policy > DRC_PEERMEM_ONLY ||
+                                (cfg->flags & (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT)) ==
+                                    (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT))))
         return -EINVAL;
     if (!ops->query_device || !ops->reg_mr_iova2 || !ops->dereg_mr)
         return -ENOSYS;     /* no libibverbs could be loaded */
@@ -262,12 +333,13 @@ int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_
     v->ops = ops;
     v->policy = cfg ? cfg->policy : DRC_DMABUF_THEN_PEERMEM;
     v->max_mr_size = attr.max_mr_size ? attr.max_mr_size : UINT64_MAX;
+    v->map_flags = cfg ? cfg->flags & (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT) : 0;
     pthread_mutex_init(&v->lock, NULL);
     be.ctx = v;
     o.max_len = v->max_mr_size > SIZE_MAX ? 0 : (size_t)v->max_mr_size;
     if (cfg) {
         core_cfg = *cfg;
-        core_cfg.flags &= ~(DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN);   /* drc_reg_mr's, not the core's */
+        core_cfg.flags &= ~(DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN | DRC_F_DMABUF_DEFAULT);   /* not the core's */
         cfg = &core_cfg;
     }
     err = drc__cache_create(&be, cfg, &o, out);

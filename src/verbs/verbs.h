@@ -32,4 +32,12 @@ const char *drc__verbs_advice(int err);
  */
 const char *drc__verbs_reason(drc_cache_t *c, int device);
 
+/*
+ * The dmabuf mapping type (DRC__MAPPING_*) of CUDA device @device's memory
+ * on the RDMA device @ibdev, as a verbs cache with DRC_F_* @cfg_flags decides
+ * it; *path: the topology's answer (0: not read), *why: a phrase. For the
+ * doctor and the tests; see verbs.c.
+ */
+int drc__verbs_mapping(int device, const char *ibdev, unsigned cfg_flags, int *path, const char **why);
+
 #endif

@@ -11,11 +11,15 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
 #include <cmocka.h>
 
 #include "drc.h"
 #include "fake_cuda.h"
 #include "core/mem.h"
+#include "core/notify.h"
 
 #define MiB (1ul << 20)
 #define GPU 0x7f0000000000ul
@@ -153,12 +157,14 @@ static void context_set_and_restored(void **state)
     assert_ptr_equal(fc.exports[0].ctx, FC_CTX0);
     assert_null(fc_current);
     close(fd);
+    drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);     /* the next export is the driver's again */
     /* a thread in another context gets it back */
     fc_current = (void *)0xbee;
     assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
     assert_ptr_equal(fc.exports[1].ctx, FC_CTX0);
     assert_ptr_equal(fc_current, (void *)0xbee);
     close(fd);
+    drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
     /* already current: no switch at all */
     fc_current = FC_CTX0;
     fc.set_calls = 0;
@@ -167,25 +173,69 @@ static void context_set_and_restored(void **state)
     close(fd);
 }
 
-/* The driver is asked for the host-page hull; the offset into it is kept. */
-static void export_page_aligned_with_offset(void **state)
+/*
+ * The driver is asked for the whole allocation, once: every later export of
+ * any part of it gets the same dmabuf (a copy of the fd) at offset
+ * start - base. A free drops it before the memory goes.
+ */
+static void export_whole_allocation_shared(void **state)
 {
     struct drc__mem m;
     uint64_t off;
-    int fd;
+    int fd, fd2;
+    struct stat a, b;
 
     (void)state;
     fc_add(GPU, 8 * MiB, 0, 9);
     assert_int_equal(drc__mem_classify(GPU + 4096 + 100, 5000, &m), 0);
     assert_int_equal(drc__mem_export(&m, GPU + 4096 + 100, 5000, 0, &fd, &off), 0);
     assert_int_equal(fc.nexports, 1);
-    assert_true(fc.exports[0].ptr == GPU + 4096);
-    assert_int_equal(fc.exports[0].size, 8192);
+    assert_true(fc.exports[0].ptr == GPU);
+    assert_int_equal(fc.exports[0].size, 8 * MiB);
     assert_int_equal(fc.exports[0].flags, 0);
-    assert_int_equal(off, 100);
-    assert_int_equal(fd, fc.exports[0].fd);
+    assert_int_equal(off, 4096 + 100);
+    assert_int_not_equal(fd, fc.exports[0].fd);     /* the caller's own copy */
     assert_true(fd_is_open(fd));
+    assert_int_equal(drc__mem_classify(GPU + 6 * MiB, 4096, &m), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd2, &off), 0);
+    assert_int_equal(fc.nexports, 1);               /* no second export */
+    assert_int_equal(off, 6 * MiB);
+    assert_int_equal(fstat(fd, &a), 0);
+    assert_int_equal(fstat(fd2, &b), 0);
+    assert_true(a.st_ino == b.st_ino && a.st_dev == b.st_dev);
     close(fd);
+    close(fd2);
+    assert_int_equal(drc__cuda_exports_live(), 1);
+    assert_true(fd_is_open(fc.exports[0].fd));
+    /* no fd left to copy it into: the registration fails, nothing leaks, the export stays shared */
+    {
+        struct rlimit old, low;
+        int n = dup(0);
+
+        close(n);       /* n: the lowest free descriptor */
+        assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+        low = old;
+        low.rlim_cur = (rlim_t)n;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+        fd2 = 7;
+        assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd2, &off), -EMFILE);
+        assert_int_equal(fd2, -1);
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+        assert_int_equal(fc.nexports, 1);
+        assert_int_equal(drc__cuda_exports_live(), 1);
+    }
+    /* the begin-free routine closes it before the real free */
+    drc__notify_end(drc__cuda_begin_free(GPU));
+    assert_int_equal(drc__cuda_exports_live(), 0);
+    assert_false(fd_is_open(fc.exports[0].fd));
+    /* drc_notify_free (memory the program frees itself) does the same, cache or not */
+    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 2);
+    assert_true(fd_is_open(fc.exports[1].fd));
+    assert_int_equal(drc_notify_free((void *)(GPU + 4 * MiB), 4096), 0);   /* any part of it */
+    assert_int_equal(drc__cuda_exports_live(), 0);
+    assert_false(fd_is_open(fc.exports[1].fd));
 }
 
 static void export_errors_map_and_leave_no_fd(void **state)
@@ -234,14 +284,45 @@ static void pcie_flag_falls_back_once(void **state)
     assert_int_equal(fc.exports[0].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
     assert_int_equal(fc.exports[0].fd, -1);
     assert_int_equal(fc.exports[1].flags, 0);
+    /* the default-type export is shared: asked for PCIe again, the device is not asked at all */
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 2);
+    drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
     assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 3);
     assert_int_equal(fc.exports[2].flags, 0);
     /* without the flag the PCIe type is never asked for */
+    drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
     assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.exports[3].flags, 0);
+    /* a driver older than the flag (INVALID_VALUE): the default type, and not asked again */
+    fc_reset();
+    fc_add(GPU, 8 * MiB, 0, 9);
+    fc.pcie_rc = DRC__CUDA_ERROR_INVALID_VALUE;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 2);
+    assert_int_equal(fc.exports[1].flags, 0);
+    drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 3);
+    assert_int_equal(fc.exports[2].flags, 0);
+    /* a failure of both types is the export's error, and teaches nothing */
+    fc_reset();
+    fc_add(GPU, 8 * MiB, 0, 9);
+    fc.pcie_rc = DRC__CUDA_ERROR_INVALID_VALUE;
+    fc.export_rc = DRC__CUDA_ERROR_OUT_OF_MEMORY;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), -ENOMEM);
+    assert_int_equal(fd, -1);
+    fc.pcie_rc = fc.export_rc = 0;
+    fc.pcie_unsupported = 0;
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.exports[fc.nexports - 1].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
 }
 
 /* VMM: contiguous compatible chunks form one run; anything else ends it. */
@@ -272,7 +353,14 @@ static void vmm_walk_joins_compatible_chunks(void **state)
     /* the export spans the chunks, in the primary context */
     assert_int_equal(drc__mem_export(&m, GPU + g / 2, g, 0, &fd, &off), 0);
     assert_ptr_equal(fc.exports[0].ctx, FC_PRIMARY(0));
-    assert_true(fc.exports[0].ptr == GPU + g / 2 && fc.exports[0].size == g);
+    assert_true(fc.exports[0].ptr == GPU && fc.exports[0].size == 3 * g && off == g / 2);
+    close(fd);
+    /* another chunk of the same run (another buffer id at the byte asked): the same export */
+    assert_int_equal(drc__mem_classify(GPU + 2 * g + 100, 100, &m), 0);
+    assert_true(m.lo == GPU && m.hi == GPU + 3 * g && m.buffer_id == 12);
+    assert_int_equal(drc__mem_export(&m, GPU + 2 * g + 100, 100, 0, &fd, &off), 0);
+    assert_int_equal(fc.nexports, 1);
+    assert_true(off == 2 * g + 100);
     close(fd);
     /* across devices: refused */
     assert_int_equal(drc__mem_classify(GPU + 2 * g, 2 * g, &m), -EFAULT);
@@ -341,12 +429,15 @@ static void cache_hands_fd_and_closes_it(void **state)
     assert_int_equal(s.calls, 1);
     assert_int_equal(s.a[0].type, DRC_MEM_CUDA);
     assert_int_equal(s.a[0].device, 1);
-    assert_true(s.a[0].start == GPU + 4096 && s.a[0].len == 4096 && s.a[0].dmabuf_offset == 0);
-    assert_int_equal(s.a[0].dmabuf_fd, fc.exports[0].fd);
+    assert_true(s.a[0].start == GPU + 4096 && s.a[0].len == 4096 && s.a[0].dmabuf_offset == 4096);
+    assert_int_not_equal(s.a[0].dmabuf_fd, fc.exports[0].fd);  /* a copy of the shared export */
     assert_true(s.fd_open[0]);
-    assert_false(fd_is_open(fc.exports[0].fd));
+    assert_false(fd_is_open(s.a[0].dmabuf_fd));
+    assert_true(fd_is_open(fc.exports[0].fd));                  /* shared, until the free */
     assert_int_equal(drc_region_type(r), DRC_MEM_CUDA);
     assert_int_equal(drc_put(c, r), 0);
+    drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
+    assert_false(fd_is_open(fc.exports[0].fd));
     /* no dmabuf for this memory: the backend is still asked, with fd -1 (it may use peermem) */
     fc.export_rc = DRC__CUDA_ERROR_NOT_SUPPORTED;
     assert_int_equal(drc_get(c, (void *)(GPU + MiB), 4096, 1, &r), 0);
@@ -437,7 +528,7 @@ int main(void)
         cmocka_unit_test_setup(device_memory_bounded_by_allocation, setup),
         cmocka_unit_test_setup(pinned_host_and_managed_take_host_path, setup),
         cmocka_unit_test_setup(context_set_and_restored, setup),
-        cmocka_unit_test_setup(export_page_aligned_with_offset, setup),
+        cmocka_unit_test_setup(export_whole_allocation_shared, setup),
         cmocka_unit_test_setup(export_errors_map_and_leave_no_fd, setup),
         cmocka_unit_test_setup(pcie_flag_falls_back_once, setup),
         cmocka_unit_test_setup(vmm_walk_joins_compatible_chunks, setup),

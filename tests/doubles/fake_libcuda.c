@@ -2,6 +2,7 @@
 #include "fake_libcuda.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -338,6 +339,16 @@ int cuDeviceGetName(char *name, int len, int dev)
     return OK;
 }
 
+/* PCI bus ids as the driver writes them (upper case): device 0 at 1b:00.0, device 1 at 9b:00.0. */
+int cuDeviceGetPCIBusId(char *bus, int len, int dev);
+int cuDeviceGetPCIBusId(char *bus, int len, int dev)
+{
+    if (dev < 0 || dev >= FC_DEVICES || len < 13)
+        return INVALID_VALUE;
+    snprintf(bus, (size_t)len, "0000:%s:00.0", dev ? "9B" : "1B");
+    return OK;
+}
+
 int cuDeviceGetAttribute(int *v, int attr, int dev);
 int cuDeviceGetAttribute(int *v, int attr, int dev)
 {
@@ -554,6 +565,8 @@ int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t s
         return INVALID_CONTEXT; /* no context, or one of another device */
     if (type != DMA_BUF_FD || !size || ptr % FC_PAGE || size % FC_PAGE || !a)
         return INVALID_VALUE;   /* as the real driver: host-page alignment */
+    if ((flags & PCIE_FLAG) && fc.pcie_rc)
+        return fc.pcie_rc;      /* e.g. INVALID_VALUE: a driver older than the flag */
     if ((flags & PCIE_FLAG) && fc.pcie_unsupported)
         return NOT_SUPPORTED;
     if (fc.export_rc)

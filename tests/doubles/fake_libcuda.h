@@ -89,6 +89,7 @@ struct fake_cuda {
     int set_calls, retains, releases, primary_retains;
     int frees, resets, destroys;/* frees of any kind; cuDevicePrimaryCtxReset; cuCtxDestroy */
     int reset_dev;              /* the device last reset */
+    int pcie_rc;                /* the PCIe mapping flag gives this CUresult (0: as pcie_unsupported says) */
 };
 
 extern struct fake_cuda fc;

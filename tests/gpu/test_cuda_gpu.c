@@ -12,6 +12,7 @@
 #include <cuda.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -57,20 +58,21 @@ static void test_mem_alloc(void)
     CHECK(r.fd_size[0] == 64 * MiB, "fdinfo size %ld", r.fd_size[0]);
     drc_notify_free((void *)(uintptr_t)p, 64 * MiB);
 
-    /* an unaligned request inside: the region is its page hull, the export exactly that */
+    /* an unaligned request inside: the region is its page hull, in the shared export of the whole allocation */
     e = get_put(c, p + 3 * page + 100, 10000);
     CHECK(e == 0, "%s", drc_strerror(e));
     CHECK(r.calls == 2 && r.a[1].start == p + 3 * page &&
-              r.a[1].len == ((100 + 10000 + page - 1) / page) * page && r.a[1].dmabuf_offset == 0,
-          "start +%#lx len %zu", (unsigned long)(r.a[1].start - p), r.a[1].len);
-    CHECK(r.fd_size[1] == (long)r.a[1].len, "fdinfo size %ld, len %zu", r.fd_size[1], r.a[1].len);
+              r.a[1].len == ((100 + 10000 + page - 1) / page) * page && r.a[1].dmabuf_offset == 3 * page,
+          "start +%#lx len %zu off %lu", (unsigned long)(r.a[1].start - p), r.a[1].len,
+          (unsigned long)r.a[1].dmabuf_offset);
+    CHECK(r.fd_size[1] == 64 * MiB, "fdinfo size %ld", r.fd_size[1]);
 
-    /* the export itself, at an unaligned start: base rounded down, offset kept */
+    /* the export itself, at an unaligned start: the whole allocation, offset start - base */
     e = drc__mem_classify(p + 5 * page + 123, 2 * page, &m);
     CHECK(e == 0 && m.type == DRC_MEM_CUDA && m.lo == p && m.hi == p + 64 * MiB, "classify %d lo %#lx hi %#lx", e,
           (unsigned long)m.lo, (unsigned long)m.hi);
     e = drc__mem_export(&m, p + 5 * page + 123, 2 * page, 0, &fd, &off);
-    CHECK(e == 0 && off == 123 && rec_fdinfo_size(fd) == (long)(3 * page), "export %d off %lu size %ld", e,
+    CHECK(e == 0 && off == 5 * page + 123 && rec_fdinfo_size(fd) == (long)(64 * MiB), "export %d off %lu size %ld", e,
           (unsigned long)off, e ? 0 : rec_fdinfo_size(fd));
     if (!e)
         close(fd);
@@ -182,15 +184,15 @@ static void test_vmm(void)
     printf("  %u chunks recorded, buffer ids %llu %llu %llu\n", m.nchunks, (unsigned long long)m.chunk[0].id,
            (unsigned long long)m.chunk[1].id, (unsigned long long)m.chunk[2].id);
     CHECK(m.nchunks == 3, "chunks recorded: %u, want 3", m.nchunks);
-    /* one registration across the first two chunks, exported as one dmabuf */
+    /* one registration across the first two chunks, in one dmabuf: the export of the whole run of chunks */
     e = get_put(c, v.va + v.gran / 2, v.gran);
     CHECK(e == 0 && r.calls == 1 && r.a[0].start == v.va + v.gran / 2 && r.a[0].len == v.gran &&
-              r.fd_size[0] == (long)v.gran,
+              r.fd_size[0] == (long)v.size && r.a[0].dmabuf_offset == v.gran / 2,
           "%s calls %d size %ld", drc_strerror(e), r.calls, r.fd_size[0]);
-    /* coalescing inside the run of chunks: the union, one export */
+    /* coalescing inside the run of chunks: the union, the same export */
     e = get_put(c, v.va + v.gran, 2 * v.gran);
     CHECK(e == 0 && r.calls == 2 && r.a[1].start == v.va + v.gran / 2 && r.a[1].len == 2 * v.gran + v.gran / 2 &&
-              r.fd_size[1] == (long)r.a[1].len,
+              r.fd_size[1] == (long)v.size,
           "%s calls %d start +%#lx len %zu size %ld", drc_strerror(e), r.calls,
           (unsigned long)(r.a[1].start - v.va), r.a[1].len, r.fd_size[1]);
     vmm_free(&v);
@@ -251,7 +253,7 @@ static void test_coalesce(void)
     CHECK(e == 0, "%s", drc_strerror(e));
     e = get_put(c, a + MiB / 2, 2 * MiB);
     CHECK(e == 0 && r.calls == 2 && r.a[1].start == a && r.a[1].len == 5 * MiB / 2 &&
-              r.fd_size[1] == 5 * MiB / 2,
+              r.fd_size[1] == 4 * MiB,      /* the allocation's shared export */
           "union: start +%#lx len %zu", (unsigned long)(r.a[1].start - a), r.a[1].len);
     e = get_put(c, a + 3 * MiB, MiB);
     CHECK(e == 0, "%s", drc_strerror(e));
@@ -392,6 +394,72 @@ static void facts(void)
     CU(cuMemFree(p));
 }
 
+/* ---- the shared export table (src/cuda/export.c, issue 11) ---------------- */
+static size_t free_mib(void)
+{
+    size_t f, t;
+
+    CU(cuMemGetInfo(&f, &t));
+    return f >> 20;
+}
+
+/*
+ * Two registrations of one allocation (two NICs) get the same dmabuf, whole;
+ * a free announced to drc closes it before the real free, so the memory is
+ * returned; a free drc does not see leaves it taken until the table drops it
+ * (the control: what an fd left open costs).
+ */
+static void test_shared_export(void)
+{
+    const size_t size = 256 * MiB;
+    struct drc__mem m;
+    struct stat a, b;
+    CUdeviceptr p;
+    size_t before, after, held;
+    uint64_t o1, o2;
+    int e1, e2, f1 = -1, f2 = -1;
+
+    printf("shared export: two registrations of one 256 MiB allocation, then its free\n");
+    before = free_mib();
+    CU(cuMemAlloc(&p, size));
+    e1 = drc__mem_classify(p + 5 * page, page, &m);
+    e1 = e1 ? e1 : drc__mem_export(&m, p + 5 * page, page, 0, &f1, &o1);
+    e2 = drc__mem_classify(p + 100 * MiB, page, &m);
+    e2 = e2 ? e2 : drc__mem_export(&m, p + 100 * MiB, page, 0, &f2, &o2);
+    CHECK(e1 == 0 && e2 == 0, "exports: %s / %s", drc_strerror(e1), drc_strerror(e2));
+    if (!e1 && !e2) {
+        CHECK(fstat(f1, &a) == 0 && fstat(f2, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev,
+              "two dmabufs (inodes %lu, %lu)", (unsigned long)a.st_ino, (unsigned long)b.st_ino);
+        CHECK(o1 == 5 * page && o2 == 100 * MiB && rec_fdinfo_size(f1) == (long)size, "offsets %lu %lu size %ld",
+              (unsigned long)o1, (unsigned long)o2, rec_fdinfo_size(f1));
+        printf("  one dmabuf (inode %lu) for both, %ld bytes, offsets %lu and %lu; exports held: %d\n",
+               (unsigned long)a.st_ino, rec_fdinfo_size(f1), (unsigned long)o1, (unsigned long)o2,
+               drc__cuda_exports_live());
+        close(f1);
+        close(f2);
+    }
+    drc_notify_free((void *)(uintptr_t)p, size);    /* announced: the table closes its fd */
+    CHECK(drc__cuda_exports_live() == 0, "exports held after the free: %d", drc__cuda_exports_live());
+    CU(cuMemFree(p));
+    after = free_mib();
+    printf("  free memory: %zu MiB before, %zu MiB after an announced free\n", before, after);
+    CHECK(after + 4 >= before, "announced free: %zu MiB still taken", before - after);
+
+    /* the control: a free drc does not see keeps the export, and the memory, until the table drops it */
+    CU(cuMemAlloc(&p, size));
+    e1 = drc__mem_classify(p, page, &m);
+    e1 = e1 ? e1 : drc__mem_export(&m, p, page, 0, &f1, &o1);
+    if (!e1)
+        close(f1);
+    CU(cuMemFree(p));
+    held = free_mib();
+    drc__cuda_exports_drop(-1, (uintptr_t)p, (uintptr_t)p + size);
+    after = free_mib();
+    printf("  unannounced free: %zu MiB free with the export held, %zu MiB once dropped\n", held, after);
+    CHECK(e1 == 0 && after + 4 >= before, "unannounced free: %s, %zu MiB still taken after the drop",
+          drc_strerror(e1), before - after);
+}
+
 int main(void)
 {
     CUdevice dev;
@@ -412,5 +480,6 @@ int main(void)
     test_validate();
     test_contexts();
     test_hit_cost();
+    test_shared_export();
     return gpu_summary("test_cuda_gpu");
 }

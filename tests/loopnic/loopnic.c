@@ -1261,6 +1261,7 @@ static struct ibv_mr *reg_common(struct ibv_pd *pd, void *addr, size_t length, u
             atomic_store(&g_host_hi, a + length);
     }
     g_cnt[dev].live_mrs++;
+    g_cnt[dev].dmabuf_held += lm->dmabuf_fd >= 0;
     g_cnt[dev].total_regs++;
     if (kind == REG_DMABUF) {
         g_cnt[dev].dmabuf_regs++;
@@ -1388,6 +1389,7 @@ API int ibv_dereg_mr(struct ibv_mr *mr)
     own_del(lm->slot);
     lm->pd->nmr--;
     g_cnt[lm->pd->dev].live_mrs--;
+    g_cnt[lm->pd->dev].dmabuf_held -= lm->dmabuf_fd >= 0;
     g_cnt[lm->pd->dev].deregs++;
     dmabuf_fd = lm->dmabuf_fd;
     lm->dmabuf_fd = -1;
@@ -2258,6 +2260,7 @@ API int loopnic_get_counters(int dev, struct loopnic_counters *out)
         out->stale_uses += c->stale_uses;
         out->bytes_moved += c->bytes_moved;
         out->foreign_deregs += c->foreign_deregs;
+        out->dmabuf_held += c->dmabuf_held;
     }
     for (size_t i = 0; i < g_ninodes; i++)
         if (dev == -1 || (g_inodes[i].devmask & (1ull << dev)))
@@ -2271,9 +2274,10 @@ API void loopnic_reset_counters(void)
     init();
     lock();
     for (int i = 0; i < MAXDEV; i++) {
-        uint64_t live = g_cnt[i].live_mrs;
+        uint64_t live = g_cnt[i].live_mrs, held = g_cnt[i].dmabuf_held;
         memset(&g_cnt[i], 0, sizeof(g_cnt[i]));
         g_cnt[i].live_mrs = live;
+        g_cnt[i].dmabuf_held = held;
     }
     g_ninodes = 0;
     unlock();

@@ -28,6 +28,7 @@ struct loopnic_counters {
     uint64_t stale_uses;      /* work requests through an MR whose memory was freed or remapped */
     uint64_t bytes_moved;     /* payload bytes really copied */
     uint64_t foreign_deregs;  /* ibv_dereg_mr of a copy of one of our ibv_mr (deregistered by handle) */
+    uint64_t dmabuf_held;     /* live dmabuf MRs: each holds an fd of its dmabuf, as the kernel's MR holds the file */
 };
 
 /* Counters of device dev (0 .. loopnic_num_devices()-1), or of all devices with dev = -1.
@@ -35,7 +36,7 @@ struct loopnic_counters {
 int loopnic_get_counters(int dev, struct loopnic_counters *out);
 typedef int loopnic_get_counters_fn(int dev, struct loopnic_counters *out);
 
-/* Zero every counter but live_mrs; forget the dmabuf inodes seen. */
+/* Zero every counter but live_mrs and dmabuf_held; forget the dmabuf inodes seen. */
 void loopnic_reset_counters(void);
 typedef void loopnic_reset_counters_fn(void);
 

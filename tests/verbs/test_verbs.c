@@ -9,6 +9,7 @@
  * method chosen and why, the dmabuf fd closed exactly once, and nothing left
  * after a failure.
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -18,12 +19,15 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "drc.h"
 #include "drc_verbs.h"
 #include "fake_cuda.h"
+#include "verbs/topo.h"
 #include "verbs/verbs.h"
 #include "verbs_double.h"
 
@@ -46,6 +50,44 @@ int close(int fd)
     if (fd >= 0 && fd < 64)
         closes[fd]++;
     return real_close(fd);
+}
+
+static int base_fds;     /* fds open at setup */
+
+static int fds_open(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    while (d && readdir(d))
+        n++;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/*
+ * The export of the first registration: the shared one (src/cuda/export.c)
+ * is still open, one per allocation exported, and nothing else: the copy the
+ * backend got was closed.
+ */
+/* The provider's live dmabuf MRs: each holds its dmabuf (an fd in loopnic, a file reference in the kernel). */
+static int provider_dmabuf_holds(void)
+{
+    struct ibvd_call call;
+    int n = 0;
+
+    for (size_t i = 0; i < vd.ncalls(); i++)
+        if (vd.call(i, &call))          /* 1: recorded */
+            n += (call.op == IBVD_REG_DMABUF && call.mr) - (call.op == IBVD_DEREG && call.kind == IBVD_REG_DMABUF &&
+                                                           !call.ret);
+    return n;
+}
+
+static void only_shared_exports_open(void)
+{
+    assert_true(fc.nexports >= 1 && fd_is_open(fc.exports[0].fd));
+    assert_int_equal(fds_open(), base_fds + drc__cuda_exports_live() + provider_dmabuf_holds());
 }
 
 /* Registrations (VA and dmabuf) recorded since the test began. */
@@ -91,6 +133,7 @@ static int setup(void **state)
     fc_add(GPU + 64 * MiB, 64 * MiB, 1, 2);
     vd.add_device_memory(0, 0);
     vd.add_device_memory(GPU, 128 * MiB);   /* the provider knows it is GPU memory, as libcuda would say */
+    base_fds = fds_open();
     snprintf(sysroot, sizeof(sysroot), "/tmp/drc-test-verbs-XXXXXX");
     assert_non_null(mkdtemp(sysroot));
     snprintf(path, sizeof(path), "%s/sys", sysroot);
@@ -177,12 +220,11 @@ static void gpu_memory_via_dmabuf(void **state)
     assert_int_equal(vd.count(IBVD_PROBE), 1);
     assert_int_equal(nregs(), 1);
     assert_int_equal(reg_call(0).op, IBVD_REG_DMABUF);
-    assert_int_equal(reg_call(0).offset, 0);
+    assert_int_equal(reg_call(0).offset, 8192);  /* the export is the whole allocation, shared */
     assert_int_equal(reg_call(0).len, 8192);     /* [+8192, +16384): 7 + 4100 crosses a page */
     assert_true(reg_call(0).iova == GPU + 8192);
-    fd = fc.exports[0].fd;
-    assert_int_equal(reg_call(0).fd, fd);
-    assert_true(fc.exports[0].ptr == GPU + 8192 && fc.exports[0].size == 8192);
+    fd = reg_call(0).fd;                         /* the backend's copy of the shared export */
+    assert_true(fc.exports[0].ptr == GPU && fc.exports[0].size == 64 * MiB);
     assert_int_equal(reg_call(0).access, RW | IBV_ACCESS_REMOTE_ATOMIC);
     assert_int_equal(drc_region_access(r), RW | IBV_ACCESS_REMOTE_ATOMIC);
     assert_true(reg_call(0).fd_link[0] != 0);
@@ -196,7 +238,8 @@ static void gpu_memory_via_dmabuf(void **state)
     assert_int_equal(reg_call(1).op, IBVD_REG_DMABUF);
     assert_int_equal(drc_cache_verbs_method(c, 1), DRC_METHOD_DMABUF);
     assert_int_equal(drc_put(c, r), 0);
-    assert_int_equal(closes[fc.exports[1].fd], 1);
+    only_shared_exports_open();
+    assert_int_equal(drc__cuda_exports_live(), 2);  /* one export per allocation */
     finish(c);
     assert_int_equal(vd.count(IBVD_DEREG), 2);
 }
@@ -216,7 +259,7 @@ static void mw_bind_is_never_granted_on_dmabuf(void **state)
     (void)state;
     assert_int_equal(drc_get(c, (void *)GPU, 8192, RW | IBV_ACCESS_MW_BIND, &r), -EOPNOTSUPP);
     assert_int_equal(nregs(), 0);
-    assert_int_equal(closes[fc.exports[0].fd], 1);      /* the export was closed all the same */
+    only_shared_exports_open();      /* the export was closed all the same */
     assert_int_equal(drc_get(c, (void *)GPU, 8192, RW, &r), 0);
     assert_int_equal(drc_region_access(r), RW);
     assert_int_equal(drc_get(c, (void *)GPU, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &again),
@@ -249,7 +292,7 @@ static void nic_without_dmabuf_falls_back_to_peermem(void **state)
     assert_int_equal(reg_call(0).op, IBVD_REG_VA);
     assert_true(reg_call(0).addr == GPU && reg_call(0).iova == GPU && reg_call(0).len == 4096);
     assert_int_equal(reg_call(0).access, RW);
-    assert_int_equal(closes[fc.exports[0].fd], 1);  /* exported all the same, closed once */
+    only_shared_exports_open();  /* exported all the same, closed once */
     assert_int_equal(drc_cache_verbs_method(c, 0), DRC_METHOD_PEERMEM);
     assert_non_null(strstr(drc__verbs_reason(c, 0), "peermem"));
     assert_int_equal(drc_put(c, r), 0);
@@ -266,7 +309,7 @@ static void no_dmabuf_no_peermem_is_a_clear_error(void **state)
     c = cache(DRC_DMABUF_THEN_PEERMEM, 0);
     assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), -EOPNOTSUPP);
     assert_int_equal(nregs(), 0);
-    assert_int_equal(closes[fc.exports[0].fd], 1);
+    only_shared_exports_open();
     assert_int_equal(drc_cache_verbs_method(c, 0), -EOPNOTSUPP);
     assert_non_null(strstr(drc__verbs_reason(c, 0), "5.12"));   /* the kernel is what to upgrade */
     assert_string_equal(drc__verbs_advice(-EPROTONOSUPPORT), drc__verbs_reason(c, 0));
@@ -445,7 +488,7 @@ static void registration_failure_leaves_nothing(void **state)
     (void)state;
     vd.fail_next_reg(EFAULT);
     assert_int_equal(drc_get(c, (void *)GPU, 4096, RW, &r), -EFAULT);
-    assert_int_equal(closes[fc.exports[0].fd], 1);
+    only_shared_exports_open();
     drc_cache_stats(c, &s);
     assert_int_equal(s.regions, 0);
     assert_int_equal(vd.live(), 0);
@@ -487,6 +530,87 @@ static void not_a_verbs_cache(void **state)
     assert_int_equal(drc_cache_destroy(c), 0);
 }
 
+/* A PCI function at devices/<chain> under @top, linked from bus/pci/devices and, for a NIC, class/infiniband. */
+static void lay(const char *top, const char *chain, const char *ibdev)
+{
+    char dir[512], link[512], cmd[1200];
+
+    snprintf(dir, sizeof(dir), "%s/devices/%s", top, chain);
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s' '%s/bus/pci/devices'", dir, top);
+    assert_int_equal(system(cmd), 0);
+    snprintf(link, sizeof(link), "%s/bus/pci/devices/%s", top, strrchr(chain, '/') + 1);
+    assert_int_equal(symlink(dir, link), 0);
+    if (ibdev) {
+        snprintf(cmd, sizeof(cmd), "mkdir -p '%s/class/infiniband/%s'", top, ibdev);
+        assert_int_equal(system(cmd), 0);
+        snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", top, ibdev);
+        assert_int_equal(symlink(dir, link), 0);
+    }
+}
+
+/*
+ * The mapping type per (GPU, NIC) pair, over one laid-out machine (GPU 0 at
+ * 1b:00.0 and GPU 1 at 9b:00.0, as the CUDA double reports them): the
+ * topology decides, the configuration flags force, the environment wins,
+ * and an unknown NIC or a typo gives the default type.
+ */
+static void mapping_per_gpu_nic_pair(void **state)
+{
+    static const struct {
+        int gpu;
+        const char *nic, *env;
+        unsigned flags;
+        int mapping, path;
+    } t[] = {
+        { 0, "mlx5_0", NULL, 0, DRC__MAPPING_PCIE, DRC__PATH_SWITCH },         /* under GPU 0's switch */
+        { 0, "mlx5_1", NULL, 0, DRC__MAPPING_PCIE, DRC__PATH_SWITCH },         /* two NICs on one GPU */
+        { 0, "mlx5_2", NULL, 0, DRC__MAPPING_DEFAULT, DRC__PATH_HOST },        /* through the root complex */
+        { 1, "mlx5_2", NULL, 0, DRC__MAPPING_PCIE, DRC__PATH_SWITCH },         /* GPU 1's own NIC */
+        { 1, "mlx5_0", NULL, 0, DRC__MAPPING_DEFAULT, DRC__PATH_HOST },        /* across sockets */
+        { 0, "rxe0", NULL, 0, DRC__MAPPING_DEFAULT, -ENOENT },                 /* no PCI device */
+        { 0, "mlx5_2", NULL, DRC_F_DMABUF_PCIE, DRC__MAPPING_PCIE, 0 },        /* forced by the configuration */
+        { 0, "mlx5_0", NULL, DRC_F_DMABUF_DEFAULT, DRC__MAPPING_DEFAULT, 0 },
+        { 0, "mlx5_0", "default", DRC_F_DMABUF_PCIE, DRC__MAPPING_DEFAULT, 0 },/* the environment wins */
+        { 0, "mlx5_2", "pcie", 0, DRC__MAPPING_PCIE, 0 },
+        { 0, "mlx5_2", "auto", 0, DRC__MAPPING_DEFAULT, DRC__PATH_HOST },
+        { 0, "mlx5_0", "pcei", 0, DRC__MAPPING_PCIE, DRC__PATH_SWITCH },       /* a typo: reported, auto */
+    };
+    char top[64], cmd[128];
+    const char *why;
+    int path;
+
+    (void)state;
+    snprintf(top, sizeof(top), "/tmp/drc-map-XXXXXX");
+    assert_non_null(mkdtemp(top));
+    lay(top, "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:1b:00.0", NULL);
+    lay(top, "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:01.0/0000:19:00.0", "mlx5_0");
+    lay(top, "pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:02.0/0000:1a:00.0", "mlx5_1");
+    lay(top, "pci0000:97/0000:97:01.0/0000:98:00.0/0000:99:00.0/0000:9b:00.0", NULL);
+    lay(top, "pci0000:97/0000:97:01.0/0000:98:00.0/0000:99:01.0/0000:9c:00.0", "mlx5_2");
+    setenv("DRC_SYSFS_ROOT", top, 1);
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        if (t[i].env)
+            setenv("DRC_DMABUF_MAPPING", t[i].env, 1);
+        else
+            unsetenv("DRC_DMABUF_MAPPING");
+        assert_int_equal(drc__verbs_mapping(t[i].gpu, t[i].nic, t[i].flags, &path, &why), t[i].mapping);
+        assert_int_equal(path, t[i].path);
+        assert_non_null(why);
+    }
+    unsetenv("DRC_DMABUF_MAPPING");
+    unsetenv("DRC_SYSFS_ROOT");
+    {   /* both forcing flags at once: refused, not one silently chosen */
+        struct drc_config cfg = { .flags = DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT };
+        drc_cache_t *c = NULL;
+
+        assert_int_equal(drc_cache_create_verbs(PD, &cfg, &c), -EINVAL);
+        assert_int_equal(drc_reg_mr_configure(&cfg), -EINVAL);
+        assert_null(c);
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", top);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -503,6 +627,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(registration_failure_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(create_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(not_a_verbs_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(mapping_per_gpu_nic_pair, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, vd_load, NULL);

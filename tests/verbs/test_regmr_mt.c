@@ -1,0 +1,105 @@
+/*
+ * drc_reg_mr_multi under threads (src/verbs/regmr.c), run plainly, under
+ * ASan and under TSan: several callers at once, each registering GPU ranges
+ * on 8 PDs, whose own worker threads share the per-PD caches and the export
+ * table. libibverbs is the recording double (verbs_double.h), CUDA the double
+ * of fake_cuda.h.
+ *
+ * What a user would check: every call gets 8 MRs with the keys of its PD,
+ * one export serves the allocation for all of them, a failure leaves nothing,
+ * and after drc_pd_release no MR is live.
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "drc.h"
+#include "drc_verbs.h"
+#include "fake_cuda.h"
+#include "verbs_double.h"
+
+#define MiB (1ul << 20)
+#define GPU 0x7f0000000000ul
+#define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+enum { PDS = 8, CALLERS = 4, ITERS = 40 };
+
+static struct ibv_context ctx[PDS];
+static struct ibv_pd pd[PDS];
+static struct ibv_pd *pds[PDS];
+static int bad;     /* atomic */
+
+static void *caller(void *arg)
+{
+    struct ibv_mr *mrs[PDS];
+
+    for (int i = 0; i < ITERS; i++) {
+        char *at = (char *)(GPU + ((uintptr_t)arg * ITERS + (uintptr_t)i) % 32 * MiB);
+
+        if (drc_reg_mr_multi(pds, PDS, at, MiB, RW, mrs)) {
+            __atomic_fetch_add(&bad, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        for (int p = 0; p < PDS; p++) {
+            if (!mrs[p] || mrs[p]->pd != pds[p] || mrs[p]->addr != at || mrs[p]->length != MiB)
+                __atomic_fetch_add(&bad, 1, __ATOMIC_RELAXED);
+            if (mrs[p] && drc_dereg_mr(mrs[p]))
+                __atomic_fetch_add(&bad, 1, __ATOMIC_RELAXED);
+        }
+    }
+    return NULL;
+}
+
+static void callers_at_once(void **state)
+{
+    pthread_t t[CALLERS];
+    struct ibv_mr *mrs[PDS];
+    unsigned exports;
+
+    (void)state;
+    vd.reset();
+    fc_reset();
+    fc_add(GPU, 64 * MiB, 0, 1);
+    for (int p = 0; p < PDS; p++) {
+        pd[p].context = &ctx[p];
+        pds[p] = &pd[p];
+    }
+    exports = fakecu_exports();
+    for (uintptr_t i = 0; i < CALLERS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, caller, (void *)i), 0);
+    for (int i = 0; i < CALLERS; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(bad, 0);
+    assert_int_equal(fakecu_exports() - exports, 1);      /* one export for 8 PDs and 4 callers */
+    assert_int_equal(drc__cuda_exports_live(), 1);
+
+    /* a failure in one PD: every MR of the call released and deregistered */
+    for (int p = 0; p < PDS; p++)
+        assert_int_equal(drc_pd_release(pds[p]), 0);
+    assert_int_equal(vd.live(), 0);
+    vd.fail_next_reg(ENOMEM);
+    assert_int_equal(drc_reg_mr_multi(pds, PDS, (void *)(GPU + 40 * MiB), MiB, RW, mrs), -ENOMEM);
+    for (int p = 0; p < PDS; p++)
+        assert_null(mrs[p]);
+    assert_int_equal(vd.live(), 0);
+    for (int p = 0; p < PDS; p++)
+        assert_int_equal(drc_pd_release(pds[p]), 0);
+    drc_notify_free((void *)GPU, 64 * MiB);
+    assert_int_equal(drc__cuda_exports_live(), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(callers_at_once),
+    };
+
+    return cmocka_run_group_tests(tests, vd_load, NULL);
+}
