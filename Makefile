@@ -299,7 +299,7 @@ $B/engine/engine_child: tests/engine/engine_child.c tests/loopnic/loopnic_record
 $B/engine/tent_child: tests/engine/tent_child.c tests/loopnic/loopnic_record.h
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -ldl
-$B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/engine/engine_child \
+$B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/libdrc_host.so.0 $B/engine/engine_child \
   $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1
 # ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).
 preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/verbs_preload.o

@@ -233,7 +233,9 @@ DRC_API int  drc_put(drc_cache_t *c, drc_region_t *r);
  * Invalidate [addr, addr+len): when this returns, no drc_get() in any thread
  * returns a region overlapping it; idle ones are deregistered before it
  * returns, referenced ones (superseded ones too) on their last drc_put(), or
- * before it returns too with DRC_F_REVOKE.
+ * before it returns too with DRC_F_REVOKE. drc's shared dmabuf export of
+ * that memory, if any, is closed too (an open dmabuf keeps freed GPU memory
+ * taken); other caches re-export on their next miss there.
  * Call it before the memory is freed. Does not allocate.
  * Returns the number of valid regions it invalidated (>= 0), or -EINVAL
  * (NULL cache, overflow; len 0 invalidates nothing). Thread-safe, and safe to

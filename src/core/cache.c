@@ -1245,7 +1245,20 @@ validate:
     return LD(c->seq) == seq;
 }
 
+/*
+ * The memory is going away: what the device layer keeps for it (the shared
+ * dmabuf export, which would keep freed GPU memory taken) goes too, then this
+ * cache's regions. drc_notify_free() releases once and calls
+ * drc__cache_invalidate() for each cache.
+ */
 int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
+{
+    if (c && len && (uintptr_t)addr + (len - 1) >= (uintptr_t)addr && !LD(c->inert))
+        drc__mem_released((uintptr_t)addr, len);
+    return drc__cache_invalidate(c, addr, len);
+}
+
+int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
 {
     struct drc_region *r, *dead = NULL, *revoking = NULL;
     struct drc__itree_node *n;

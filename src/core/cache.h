@@ -20,6 +20,9 @@ struct drc__cache_opts {
     unsigned (*export_flags)(void *ctx, int device);
 };
 
+/* drc_invalidate() without releasing the device layer's exports (drc_notify_free() does that once). */
+int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len);
+
 /* drc_cache_create with backend limits; @o may be NULL. */
 int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg,
                       const struct drc__cache_opts *o, drc_cache_t **out);

@@ -227,7 +227,7 @@ int drc_notify_free(const void *addr, size_t len)
             continue;
         __atomic_fetch_add(&slots[i].users, 1, __ATOMIC_SEQ_CST);
         c = __atomic_load_n(&slots[i].cache, __ATOMIC_SEQ_CST);
-        k = c ? drc_invalidate(c, addr, len) : 0;
+        k = c ? drc__cache_invalidate(c, addr, len) : 0;
         __atomic_fetch_sub(&slots[i].users, 1, __ATOMIC_RELEASE);
         if (k > 0)
             total += k;

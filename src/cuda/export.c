@@ -175,13 +175,15 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
         return -EINVAL;
     if (!drc__cuda_can_export(d))
         return -EOPNOTSUPP;
-    if (m->device < 0 || m->device >= DRC__CUDA_MAX_DEVICES || start < m->lo || start + len > m->hi)
+    /* The export must be host-page aligned at both ends (else CUDA_ERROR_INVALID_VALUE): the page hull of
+     * the allocation, which a region (itself a page hull) may reach past the allocation's last byte (a
+     * 1000-byte cuMemAlloc registers one 4 KiB page; the driver exports it). */
+    lo = m->lo & ~(page - 1);
+    hi = (m->hi + page - 1) & ~(page - 1);
+    if (m->device < 0 || m->device >= DRC__CUDA_MAX_DEVICES || start < lo || start + len > hi)
         return -EINVAL;
     pcie = pcie && !__atomic_load_n(&pcie_unsupported[m->device], __ATOMIC_RELAXED);
     ident = ident_of(m);
-    /* The export must be host-page aligned at both ends (else CUDA_ERROR_INVALID_VALUE). */
-    lo = m->lo & ~(page - 1);
-    hi = (m->hi + page - 1) & ~(page - 1);
 
     pthread_mutex_lock(&lock);
     e = find_locked(m->device, m->lo, m->hi, ident, pcie);

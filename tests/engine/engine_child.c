@@ -348,7 +348,9 @@ static void host_jemalloc(void)
             slash = strrchr(path, '/');
             snprintf(slash ? slash + 1 : path, sizeof(path) - (size_t)(slash ? slash + 1 - path : 0),
                      "libdrc_host.so.0");
-            CHECK(dlopen(path, RTLD_NOW | RTLD_GLOBAL), "dlopen %s: %s", path, dlerror());
+            void *host = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+
+            CHECK(host, "dlopen %s: %s", path, host ? "" : dlerror());
         } else {
             CHECK(0, "libdrc.so is not loaded");
         }

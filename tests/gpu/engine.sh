@@ -9,7 +9,7 @@ D=$(pwd)/.deps
 [ -d "$D" ] && export C_INCLUDE_PATH="$D/include" LIBRARY_PATH="$D/lib"
 echo "== drc engine GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n)"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/== GPU: /'
-T="$B/libdrc_verbs.so $B/engine/engine_child $B/engine/tent_child $B/loopnic/libibverbs.so.1 $B/bench/bench_engine"
+T="$B/libdrc_verbs.so $B/libdrc_host.so.0 $B/engine/engine_child $B/engine/tent_child $B/loopnic/libibverbs.so.1 $B/bench/bench_engine"
 make -s B="$B" $T >/dev/null 2>&1 || { echo "== build with -Werror FAILED: building with warnings off";
     make -s B="$B" WARN=-w $T; } || { echo "== build FAILED"; exit 1; }
 # the double and jemalloc on the library path; libcuda is the real driver
