@@ -671,7 +671,7 @@ static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
     if (LD(r->detached) == DETACHED_TREE) {
         if (try_release(r, &dead))
             drc__itree_remove(&c->detached, &r->node);
-    } else if (c->limited && (LD(r->word) & HELD)) {
+    } else if (c->limited && LD(r->detached) == LIVE && (LD(r->word) & HELD)) {
         /* live: it is now the most recently idle */
         lru_unlink(c, r);
         lru_append(c, r);
