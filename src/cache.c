@@ -503,9 +503,9 @@ static void unlink_live(drc_cache_t *c, struct drc_region *r)
 {
     ASSERT_WRITING(c);
     if (r->pred)
-        ST(r->pred->succ, r->succ);
+        __atomic_store_n(&r->pred->succ, r->succ, __ATOMIC_RELEASE);
     if (r->succ)
-        ST(r->succ->pred, r->pred);
+        __atomic_store_n(&r->succ->pred, r->pred, __ATOMIC_RELEASE);
     drc__itree_remove(&c->tree, &r->node);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
@@ -940,12 +940,13 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
     drc__itree_insert_at(&c->tree, &r->node, &n, &nx);
-    ST(r->pred, n ? region_of(n) : NULL);
+    /* release: a probe that follows a link sees the region as published */
+    __atomic_store_n(&r->pred, n ? region_of(n) : NULL, __ATOMIC_RELEASE);
     if (n)
-        ST(region_of(n)->succ, r);
-    ST(r->succ, nx ? region_of(nx) : NULL);
+        __atomic_store_n(&region_of(n)->succ, r, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->succ, nx ? region_of(nx) : NULL, __ATOMIC_RELEASE);
     if (nx)
-        ST(region_of(nx)->pred, r);
+        __atomic_store_n(&region_of(nx)->pred, r, __ATOMIC_RELEASE);
     if (c->limited)
         lru_append(c, r);
     INC(c->regions, 1);
@@ -1170,9 +1171,9 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
             __atomic_store_n(hs, r, __ATOMIC_RELEASE);
         }
         if (LD(r->node.last) < s)
-            empty = !(n = LD(r->succ)) || LD(n->node.start) > last;
+            empty = !(n = __atomic_load_n(&r->succ, __ATOMIC_ACQUIRE)) || LD(n->node.start) > last;
         else
-            empty = !(n = LD(r->pred)) || LD(n->node.last) < s;
+            empty = !(n = __atomic_load_n(&r->pred, __ATOMIC_ACQUIRE)) || LD(n->node.last) < s;
         if (!empty)
             return 0;
     }
