@@ -161,7 +161,11 @@ DRC_API int  drc_put(drc_cache_t *c, drc_region_t *r);
  * Invalidate [addr, addr+len): when this returns, no drc_get() in any thread
  * returns a region overlapping it; idle ones are deregistered before it
  * returns, referenced ones (superseded ones too) on their last drc_put().
- * Call it before the memory is freed. Does not allocate.
+ * Call it before the memory is freed. Does not allocate. Where nothing is
+ * registered in the range it takes no lock. Where another thread holds the
+ * cache's lock, the range is handed to that thread instead of waiting for
+ * it: the guarantee above holds all the same, but the idle regions are then
+ * deregistered by that thread as it releases the lock, and 0 is returned.
  * Returns the number of valid regions it invalidated (>= 0), or -EINVAL
  * (NULL cache, overflow; len 0 invalidates nothing). Thread-safe, and safe to
  * call from a backend's reg() or dereg().

@@ -108,6 +108,7 @@ enum {
                             * that a backend's own -EAGAIN is returned, not retried */
     HIT_SLOTS     = 64,    /* threads that count hits in a slot of their own; the rest share one */
     CHUNK_REGIONS = 63,
+    INVQ          = 32,    /* invalidations a contended free event may hand to the lock holder */
 };
 
 #define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE)
@@ -180,6 +181,14 @@ struct pending {
  */
 enum { ST_HITS, ST_USED, ST_IDLED, ST_N };
 
+/* A range handed to the holder of c->lock by a free event that found it taken (see queue_invalidation). */
+struct invq_ent {
+    unsigned state;                 /* atomic: Q_EMPTY, Q_CLAIMED (being written), Q_READY */
+    uintptr_t start, last;          /* atomic */
+};
+
+enum { Q_EMPTY, Q_CLAIMED, Q_READY };
+
 struct stat_slot {
     uint64_t n[ST_N];               /* atomic; written only by the slot's owner thread (see tally) */
 } __attribute__((aligned(64)));
@@ -208,6 +217,9 @@ struct drc_cache {
     struct drc_region *pool;
     struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
     uint64_t ndetached;             /* atomic: DETACHED_OFF regions, held and invalid (see retire) */
+    unsigned ninvq;                 /* atomic: queued invalidations not yet done (claimed or ready) */
+    struct drc_region *qdead;       /* c->lock: released by queued invalidations, deregistered after unlock */
+    struct invq_ent invq[INVQ];
     struct chunk *chunks;
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
@@ -240,19 +252,54 @@ static void check_trees(const drc_cache_t *c);
 #define ASSERT_WRITING(c) ((void)0)
 #endif
 
+static void invq_run(drc_cache_t *c);
+static int release_list(drc_cache_t *c, struct drc_region *dead);
+
+/*
+ * Is a queued invalidation over [s, last] (or one being written) not done
+ * yet? With @s > @last: is any ready? Reads every entry: called only while
+ * ninvq says some are queued.
+ */
+static int queued(const drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    unsigned i, st;
+
+    for (i = 0; i < INVQ; i++) {
+        st = __atomic_load_n(&c->invq[i].state, __ATOMIC_SEQ_CST);
+        if (st == Q_READY && (s > last || (LD(c->invq[i].start) <= last && s <= LD(c->invq[i].last))))
+            return 1;
+        if (st == Q_CLAIMED && s <= last)
+            return 1;   /* its range is being written: assume the worst */
+    }
+    return 0;
+}
+
+static void locked(drc_cache_t *c)
+{
+#ifdef DRC_DEBUG
+    drc__lock_depth++;
+    ST(c->owner, pthread_self());
+#endif
+    if (LD_SC(c->ninvq))
+        invq_run(c);    /* before anything this holder looks up (see queue_invalidation) */
+}
+
 static void lock(drc_cache_t *c)
 {
     /* never re-entered: an allocator or hook called under c->lock would deadlock here */
     DRC_ASSERT_NO_LOCK();
     pthread_mutex_lock(&c->lock);
-#ifdef DRC_DEBUG
-    drc__lock_depth++;
-    ST(c->owner, pthread_self());
-#endif
+    locked(c);
 }
 
-static void unlock(drc_cache_t *c)
+static void unlock_once(drc_cache_t *c)
 {
+    struct drc_region *dead;
+
+    if (LD_SC(c->ninvq))
+        invq_run(c);    /* what was handed to this holder */
+    dead = c->qdead;
+    c->qdead = NULL;
 #ifdef DRC_DEBUG
     ASSERT_LOCKED(c);
     DRC_ASSERT(!(c->seq & 1));
@@ -261,11 +308,29 @@ static void unlock(drc_cache_t *c)
     drc__lock_depth--;
 #endif
     pthread_mutex_unlock(&c->lock);
+    release_list(c, dead);
+}
+
+/*
+ * Unlock, then look at the queue again: a free event that found the lock
+ * taken queued its range and then tried the lock; if that try failed, this
+ * holder had not unlocked yet, so its load below (after the unlock) sees the
+ * range. One of the two runs it.
+ */
+static void unlock(drc_cache_t *c)
+{
+    unlock_once(c);
+    while (LD_SC(c->ninvq) && queued(c, 1, 0) && pthread_mutex_trylock(&c->lock) == 0) {
+        locked(c);
+        unlock_once(c);
+    }
 }
 
 /* Sleep on pending_done (c->lock held); the lock is not ours while we sleep. */
 static void wait_pending(drc_cache_t *c)
 {
+    if (LD_SC(c->ninvq))
+        invq_run(c);    /* nothing handed to this holder may wait for its sleep */
 #ifdef DRC_DEBUG
     ST(c->owner, (pthread_t)0);
     drc__lock_depth--;
@@ -273,10 +338,7 @@ static void wait_pending(drc_cache_t *c)
     c->pending_waiters++;
     pthread_cond_wait(&c->pending_done, &c->lock);
     c->pending_waiters--;
-#ifdef DRC_DEBUG
-    drc__lock_depth++;
-    ST(c->owner, pthread_self());
-#endif
+    locked(c);
 }
 
 /* The backend's calls: never under a cache lock (drc.h promises it). */
@@ -704,6 +766,18 @@ static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsig
     return LD(r->node.start) <= s && LD(r->node.last) >= last && serves(LD(r->access), access);
 }
 
+/*
+ * Is held region r over a range that a free event handed to the lock holder
+ * (queue_invalidation)? Then it must not be returned: the event has
+ * returned, and r leaves the tree when the holder runs the queue. Checked
+ * after r is otherwise validated and before the final detached check, so
+ * that a queue run in between is seen there.
+ */
+static int handed_over(const drc_cache_t *c, const struct drc_region *r)
+{
+    return LD_SC(c->ninvq) && queued(c, LD(r->node.start), LD(r->node.last));
+}
+
 static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access)
 {
     struct drc_region *r, **hs;
@@ -724,7 +798,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
     hs = hint_slot(c, s);
     r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
     if (r && covers(r, s, last, access) && tryget(c, r)) {
-        if (covers(r, s, last, access) && LD_SC(r->detached) == LIVE)
+        if (covers(r, s, last, access) && !handed_over(c, r) && LD_SC(r->detached) == LIVE)
             return r;
         unref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
     }
@@ -741,7 +815,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
             return NULL;
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
         /* seq unchanged: no writer ran since the first load, so r was live in the tree then */
-        if (LD(c->seq) == seq && !LD(r->detached)) {
+        if (LD(c->seq) == seq && !handed_over(c, r) && !LD_SC(r->detached)) {
             __atomic_store_n(hs, r, __ATOMIC_RELEASE);
             return r;
         }
@@ -1182,14 +1256,14 @@ validate:
     return LD(c->seq) == seq;
 }
 
+static int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_region **dead);
+static int queue_invalidation(drc_cache_t *c, uintptr_t s, uintptr_t last);
+
 int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
 {
-    struct drc_region *r, *dead = NULL;
-    struct drc__itree_node *n;
-    struct pending *p;
+    struct drc_region *dead = NULL;
     uintptr_t s, last;
-    struct drc__itree_node *next;
-    int count = 0, budget;
+    int count;
 
     if (!c)
         return -EINVAL;
@@ -1204,7 +1278,28 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
         return 0;
     if (nothing_there(c, s, last))
         return 0;
-    lock(c);
+    if (pthread_mutex_trylock(&c->lock) != 0) {
+        if (queue_invalidation(c, s, last))
+            return 0;   /* the holder of the lock does it, before any get can see the range */
+        lock(c);        /* the queue is full */
+    } else {
+        locked(c);
+    }
+    count = invalidate_locked(c, s, last, &dead);
+    unlock(c);
+    release_list(c, dead);
+    return count;
+}
+
+/* The body of an invalidation (c->lock held): regions out, held ones detached, pending ones stale. */
+static int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_region **dead)
+{
+    struct drc_region *r;
+    struct drc__itree_node *n, *next;
+    struct pending *p;
+    int count = 0, budget;
+
+    ASSERT_LOCKED(c);
     budget = DRC__ITREE_UNBOUNDED;
     n = drc__itree_first(&c->tree, s, last, &budget);
     if (n) {
@@ -1214,7 +1309,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
             next = drc__itree_next(n, s, last, &budget);
             r = region_of(n);
             ST_SC(r->valid, 0);
-            retire(c, r, &dead);
+            retire(c, r, dead);
             count++;
         }
         seq_end(c);
@@ -1234,9 +1329,69 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
         __atomic_store_n(&c->lo, UINTPTR_MAX, __ATOMIC_RELEASE);
         __atomic_store_n(&c->hi, 0, __ATOMIC_RELEASE);
     }
-    unlock(c);
-    release_list(c, dead);
     return count;
+}
+
+/*
+ * A free event that finds c->lock taken hands its range to the holder
+ * instead of sleeping on the lock (as UCX's rcache queues unmap events),
+ * and drc_invalidate's guarantee still holds when it returns:
+ *   free event (lock taken)            holder                 later drc_get
+ *   claim an entry, write the range    ...                    takes r (hint or walk)
+ *   ninvq++ (SC); entry READY (SC)     (lock(): run queue)    ninvq != 0 and an entry
+ *   trylock: taken? return             unlock(): run queue,     over r READY or CLAIMED?
+ *                                        unlock, one READY ?    drop r, take the lock,
+ *                                        trylock and run it     whose lock() runs the
+ *                                                               queue; else r detached?
+ * A get that begins after the event returned reads ninvq after the
+ * increment and the entry after READY, so until the range is done it drops
+ * every region over it (the region, not the request: a region is
+ * invalidated whole) and goes to the lock, and every lock() runs the queue
+ * before looking anything up.
+ * The queue is run (regions retired inside the writer's window, pending
+ * registrations made stale) before the entry is emptied and ninvq
+ * decremented, so a get that reads either sees them
+ * retired. The holder's unlock and the event's trylock are ordered: if the
+ * try fails, the holder's load after its unlock sees the READY entry (or
+ * the event's own retry runs it). Idle regions are deregistered by the
+ * thread that ran the queue, after its unlock. Returns 0 if the queue was
+ * full (the caller takes the lock).
+ */
+static int queue_invalidation(drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    unsigned i, st;
+
+    for (i = 0; i < INVQ; i++) {
+        st = Q_EMPTY;
+        if (__atomic_load_n(&c->invq[i].state, __ATOMIC_RELAXED) != Q_EMPTY ||
+            !__atomic_compare_exchange_n(&c->invq[i].state, &st, Q_CLAIMED, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            continue;
+        ST(c->invq[i].start, s);
+        ST(c->invq[i].last, last);
+        __atomic_fetch_add(&c->ninvq, 1, __ATOMIC_SEQ_CST);   /* before we return: gets go to the lock */
+        __atomic_store_n(&c->invq[i].state, Q_READY, __ATOMIC_SEQ_CST);
+        if (pthread_mutex_trylock(&c->lock) == 0) {
+            locked(c);      /* runs it */
+            unlock(c);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Run every READY queued invalidation (c->lock held); their idle regions go to c->qdead. */
+static void invq_run(drc_cache_t *c)
+{
+    unsigned i;
+
+    ASSERT_LOCKED(c);
+    for (i = 0; i < INVQ; i++) {
+        if (__atomic_load_n(&c->invq[i].state, __ATOMIC_ACQUIRE) != Q_READY)
+            continue;
+        invalidate_locked(c, LD(c->invq[i].start), LD(c->invq[i].last), &c->qdead);
+        __atomic_store_n(&c->invq[i].state, Q_EMPTY, __ATOMIC_RELEASE);
+        __atomic_fetch_sub(&c->ninvq, 1, __ATOMIC_SEQ_CST);   /* after the regions left: see above */
+    }
 }
 
 int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg,
@@ -1324,6 +1479,9 @@ int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
 void drc__cache_forked(drc_cache_t *c)
 {
     ST(c->inert, 1);
+    memset(c->invq, 0, sizeof(c->invq));    /* ranges queued by parent threads: the parent's business */
+    c->ninvq = 0;
+    c->qdead = NULL;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->pending_done, NULL);
 #ifdef DRC_DEBUG
