@@ -200,7 +200,12 @@ struct drc_stats {
     uint64_t hits, misses, merges, invalidated, evicted, regs, deregs;  /* events since create */
     uint64_t regions, bytes, in_use;  /* now: regions a lookup can find, their bytes, regions referenced */
 };
-/* A snapshot of the counters; each is exact, the set is not one instant. Thread-safe. */
+/*
+ * A snapshot of the counters: O(1), takes no lock. Each counter is exact
+ * and the set is not one instant; in_use is exact at rest and may be off
+ * by the threads in the middle of a get or put. @c NULL zeroes @s.
+ * Thread-safe.
+ */
 DRC_API void drc_cache_stats(drc_cache_t *c, struct drc_stats *s);
 
 /*
