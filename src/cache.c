@@ -978,15 +978,31 @@ static unsigned hint_want(const drc_cache_t *c)
 static void hint_grow(drc_cache_t *c, unsigned bits)
 {
     struct hint_tab *t = hint_new(bits, NULL);
+    uint64_t regions = LD(c->regions), bytes = LD(c->bytes);
+    struct drc__itree_node *n;
+    uintptr_t g, mask = ((uintptr_t)1 << bits) - 1;
+    int budget;
 
     if (!t)
         return;     /* without memory, hits only get slower */
+    /* the mean region size, rounded down to a power of two, at least a page */
+    t->grain = regions ? 63 - (unsigned)__builtin_clzll(bytes / regions | 1) : c->page_shift;
+    if (t->grain < c->page_shift)
+        t->grain = c->page_shift;
+    /*
+     * Fill the new table from the live tree before it is installed, so that
+     * lookups do not all miss it at once (a table grown at 65,536 regions
+     * has 128 Ki grains to learn). A lockless walk: a torn one only leaves
+     * slots empty or stale, which lookups check anyway; budget bounds it.
+     * The first grains of each region are enough for lookups near its start.
+     */
+    budget = (int)(regions < (1u << 24) ? 4 * regions + 64 : 1u << 26);
+    for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
+         n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+        for (g = LD(n->start) >> t->grain; g <= LD(n->last) >> t->grain && g - (LD(n->start) >> t->grain) < 4; g++)
+            __atomic_store_n(&t->slot[g & mask], region_of(n), __ATOMIC_RELEASE);
     lock(c);
     if (64 - c->hint->shift < bits) {
-        /* the mean region size, rounded down to a power of two, at least a page */
-        t->grain = c->regions ? 63 - (unsigned)__builtin_clzll(c->bytes / c->regions | 1) : c->page_shift;
-        if (t->grain < c->page_shift)
-            t->grain = c->page_shift;
         t->older = c->hint;
         __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
         t = NULL;
