@@ -304,11 +304,15 @@ static int freeing_overlaps(uintptr_t s, uintptr_t last)
 
 void drc__notify_wait_frees(uintptr_t s, uintptr_t last)
 {
-    unsigned g;
+    unsigned g, spins;
 
     __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* the pending registration before the entries are read */
-    if (!freeing_overlaps(s, last))
-        return;
+    /* a short free (a host munmap) is over in a few yields: sleep only on a long one (a cudaFree) */
+    for (spins = 0; spins < 64; spins++) {
+        if (!freeing_overlaps(s, last))
+            return;
+        sched_yield();
+    }
     __atomic_fetch_add(&freeing_sleepers, 1, __ATOMIC_SEQ_CST);
     for (;;) {
         g = __atomic_load_n(&freeing_gen, __ATOMIC_SEQ_CST);
