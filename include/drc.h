@@ -236,7 +236,12 @@ DRC_API int  drc_put(drc_cache_t *c, drc_region_t *r);
  * before it returns too with DRC_F_REVOKE. drc's shared dmabuf export of
  * that memory, if any, is closed too (an open dmabuf keeps freed GPU memory
  * taken); other caches re-export on their next miss there.
- * Call it before the memory is freed. Does not allocate.
+ * Call it before the memory is freed. Does not allocate. Where nothing is
+ * registered in the range it takes no lock. Where another thread holds the
+ * cache's lock (and the cache is not DRC_F_REVOKE), the range is handed to
+ * that thread instead of waiting for it: the guarantee above holds all the
+ * same, but the idle regions are then deregistered by that thread as it
+ * releases the lock, and 0 is returned.
  * Returns the number of valid regions it invalidated (>= 0), or -EINVAL
  * (NULL cache, overflow; len 0 invalidates nothing). Thread-safe, and safe to
  * call from a backend's reg() or dereg().
@@ -282,9 +287,12 @@ struct drc_stats {
 #define DRC_STATS_DETACHED (1u << 0)
 #define DRC_STATS_ALL      DRC_STATS_DETACHED   /* every later field this header has */
 /*
- * A snapshot of the counters; each is exact, the set is not one instant.
- * Set s->comp_mask first (DRC_STATS_ALL, or 0 for the 0.1 fields only): the
- * library writes nothing your struct does not have. Thread-safe.
+ * A snapshot of the counters: O(1), takes no lock (but for DRC_STATS_DETACHED,
+ * which takes it briefly). Each counter is exact and the set is not one
+ * instant; in_use is exact at rest and may be off by the threads in the middle
+ * of a get or put. @c NULL zeroes @s. Set s->comp_mask first (DRC_STATS_ALL,
+ * or 0 for the 0.1 fields only): the library writes nothing your struct does
+ * not have. Thread-safe.
  */
 DRC_API void drc_cache_stats(drc_cache_t *c, struct drc_stats *s);
 

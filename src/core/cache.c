@@ -108,6 +108,7 @@ enum {
                             * that a backend's own -EAGAIN is returned, not retried */
     HIT_SLOTS     = 64,    /* threads that count hits in a slot of their own; the rest share one */
     CHUNK_REGIONS = 63,
+    INVQ          = 32,    /* invalidations a contended free event may hand to the lock holder */
 };
 
 #define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE | DRC_F_REVOKE)
@@ -181,6 +182,14 @@ struct pending {
  */
 enum { ST_HITS, ST_USED, ST_IDLED, ST_N };
 
+/* A range handed to the holder of c->lock by a free event that found it taken (see queue_invalidation). */
+struct invq_ent {
+    unsigned state;                 /* atomic: Q_EMPTY, Q_CLAIMED (being written), Q_READY */
+    uintptr_t start, last;          /* atomic */
+};
+
+enum { Q_EMPTY, Q_CLAIMED, Q_READY };
+
 struct stat_slot {
     uint64_t n[ST_N];               /* atomic; written only by the slot's owner thread (see tally) */
 } __attribute__((aligned(64)));
@@ -209,6 +218,9 @@ struct drc_cache {
     struct drc_region *pool;
     struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
     uint64_t ndetached;             /* atomic: DETACHED_OFF regions, held and invalid (see retire) */
+    unsigned ninvq;                 /* atomic: queued invalidations not yet done (claimed or ready) */
+    struct drc_region *qdead;       /* c->lock: released by queued invalidations, deregistered after unlock */
+    struct invq_ent invq[INVQ];
     struct chunk *chunks;
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
@@ -242,19 +254,54 @@ static void check_trees(const drc_cache_t *c);
 #define ASSERT_WRITING(c) ((void)0)
 #endif
 
+static void invq_run(drc_cache_t *c);
+static int release_list(drc_cache_t *c, struct drc_region *dead);
+
+/*
+ * Is a queued invalidation over [s, last] (or one being written) not done
+ * yet? With @s > @last: is any ready? Reads every entry: called only while
+ * ninvq says some are queued.
+ */
+static int queued(const drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    unsigned i, st;
+
+    for (i = 0; i < INVQ; i++) {
+        st = __atomic_load_n(&c->invq[i].state, __ATOMIC_SEQ_CST);
+        if (st == Q_READY && (s > last || (LD(c->invq[i].start) <= last && s <= LD(c->invq[i].last))))
+            return 1;
+        if (st == Q_CLAIMED && s <= last)
+            return 1;   /* its range is being written: assume the worst */
+    }
+    return 0;
+}
+
+static void locked(drc_cache_t *c)
+{
+#ifdef DRC_DEBUG
+    drc__lock_depth++;
+    ST(c->owner, pthread_self());
+#endif
+    if (LD_SC(c->ninvq))
+        invq_run(c);    /* before anything this holder looks up (see queue_invalidation) */
+}
+
 static void lock(drc_cache_t *c)
 {
     /* never re-entered: an allocator or hook called under c->lock would deadlock here */
     DRC_ASSERT_NO_LOCK();
     pthread_mutex_lock(&c->lock);
-#ifdef DRC_DEBUG
-    drc__lock_depth++;
-    ST(c->owner, pthread_self());
-#endif
+    locked(c);
 }
 
-static void unlock(drc_cache_t *c)
+static void unlock_once(drc_cache_t *c)
 {
+    struct drc_region *dead;
+
+    if (LD_SC(c->ninvq))
+        invq_run(c);    /* what was handed to this holder */
+    dead = c->qdead;
+    c->qdead = NULL;
 #ifdef DRC_DEBUG
     ASSERT_LOCKED(c);
     DRC_ASSERT(!(c->seq & 1));
@@ -263,11 +310,29 @@ static void unlock(drc_cache_t *c)
     drc__lock_depth--;
 #endif
     pthread_mutex_unlock(&c->lock);
+    release_list(c, dead);
+}
+
+/*
+ * Unlock, then look at the queue again: a free event that found the lock
+ * taken queued its range and then tried the lock; if that try failed, this
+ * holder had not unlocked yet, so its load below (after the unlock) sees the
+ * range. One of the two runs it.
+ */
+static void unlock(drc_cache_t *c)
+{
+    unlock_once(c);
+    while (LD_SC(c->ninvq) && queued(c, 1, 0) && pthread_mutex_trylock(&c->lock) == 0) {
+        locked(c);
+        unlock_once(c);
+    }
 }
 
 /* Sleep on pending_done (c->lock held); the lock is not ours while we sleep. */
 static void wait_pending(drc_cache_t *c)
 {
+    if (LD_SC(c->ninvq))
+        invq_run(c);    /* nothing handed to this holder may wait for its sleep */
 #ifdef DRC_DEBUG
     ST(c->owner, (pthread_t)0);
     drc__lock_depth--;
@@ -275,10 +340,7 @@ static void wait_pending(drc_cache_t *c)
     c->pending_waiters++;
     pthread_cond_wait(&c->pending_done, &c->lock);
     c->pending_waiters--;
-#ifdef DRC_DEBUG
-    drc__lock_depth++;
-    ST(c->owner, pthread_self());
-#endif
+    locked(c);
 }
 
 /* The backend's calls: never under a cache lock (drc.h promises it). */
@@ -505,9 +567,9 @@ static void unlink_live(drc_cache_t *c, struct drc_region *r)
 {
     ASSERT_WRITING(c);
     if (r->pred)
-        ST(r->pred->succ, r->succ);
+        __atomic_store_n(&r->pred->succ, r->succ, __ATOMIC_RELEASE);
     if (r->succ)
-        ST(r->succ->pred, r->pred);
+        __atomic_store_n(&r->succ->pred, r->pred, __ATOMIC_RELEASE);
     drc__itree_remove(&c->tree, &r->node);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
@@ -682,7 +744,7 @@ static void revoke_take(drc_cache_t *c, struct drc_region *r, struct drc_region 
      * Idle regions too: a put that just idled a superseded one waits for
      * c->lock to release it, and would deregister it after we returned.
      */
-    if (!(c->flags & DRC_F_REVOKE) || !tryget(c, r))
+    if (!(c->flags & DRC_F_REVOKE) || !revoking || !tryget(c, r))
         return;
     ST_SC(r->revoked, 1);
     r->next = *revoking;    /* r->next is free: r is on no pool or release list while HELD */
@@ -733,7 +795,7 @@ static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
     if (LD(r->detached) == DETACHED_TREE) {
         if (try_release(r, &dead))
             drc__itree_remove(&c->detached, &r->node);
-    } else if (c->limited && (LD(r->word) & HELD)) {
+    } else if (c->limited && LD(r->detached) == LIVE && (LD(r->word) & HELD)) {
         /* live: it is now the most recently idle */
         lru_unlink(c, r);
         lru_append(c, r);
@@ -766,6 +828,18 @@ static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsig
     return LD(r->node.start) <= s && LD(r->node.last) >= last && serves(LD(r->access), access);
 }
 
+/*
+ * Is held region r over a range that a free event handed to the lock holder
+ * (queue_invalidation)? Then it must not be returned: the event has
+ * returned, and r leaves the tree when the holder runs the queue. Checked
+ * after r is otherwise validated and before the final detached check, so
+ * that a queue run in between is seen there.
+ */
+static int handed_over(const drc_cache_t *c, const struct drc_region *r)
+{
+    return LD_SC(c->ninvq) && queued(c, LD(r->node.start), LD(r->node.last));
+}
+
 static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access)
 {
     struct drc_region *r, **hs;
@@ -786,7 +860,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
     hs = hint_slot(c, s);
     r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
     if (r && covers(r, s, last, access) && tryget(c, r)) {
-        if (covers(r, s, last, access) && LD_SC(r->detached) == LIVE)
+        if (covers(r, s, last, access) && !handed_over(c, r) && LD_SC(r->detached) == LIVE)
             return r;
         unref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
     }
@@ -803,7 +877,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
             return NULL;
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
         /* seq unchanged: no writer ran since the first load, so r was live in the tree then */
-        if (LD(c->seq) == seq && !LD(r->detached)) {
+        if (LD(c->seq) == seq && !handed_over(c, r) && !LD_SC(r->detached)) {
             __atomic_store_n(hs, r, __ATOMIC_RELEASE);
             return r;
         }
@@ -968,15 +1042,31 @@ static unsigned hint_want(const drc_cache_t *c)
 static void hint_grow(drc_cache_t *c, unsigned bits)
 {
     struct hint_tab *t = hint_new(bits, NULL);
+    uint64_t regions = LD(c->regions), bytes = LD(c->bytes);
+    struct drc__itree_node *n;
+    uintptr_t g, mask = ((uintptr_t)1 << bits) - 1;
+    int budget;
 
     if (!t)
         return;     /* without memory, hits only get slower */
+    /* the mean region size, rounded down to a power of two, at least a page */
+    t->grain = regions ? 63 - (unsigned)__builtin_clzll(bytes / regions | 1) : c->page_shift;
+    if (t->grain < c->page_shift)
+        t->grain = c->page_shift;
+    /*
+     * Fill the new table from the live tree before it is installed, so that
+     * lookups do not all miss it at once (a table grown at 65,536 regions
+     * has 128 Ki grains to learn). A lockless walk: a torn one only leaves
+     * slots empty or stale, which lookups check anyway; budget bounds it.
+     * The first grains of each region are enough for lookups near its start.
+     */
+    budget = (int)(regions < (1u << 24) ? 4 * regions + 64 : 1u << 26);
+    for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
+         n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+        for (g = LD(n->start) >> t->grain; g <= LD(n->last) >> t->grain && g - (LD(n->start) >> t->grain) < 4; g++)
+            __atomic_store_n(&t->slot[g & mask], region_of(n), __ATOMIC_RELEASE);
     lock(c);
     if (64 - c->hint->shift < bits) {
-        /* the mean region size, rounded down to a power of two, at least a page */
-        t->grain = c->regions ? 63 - (unsigned)__builtin_clzll(c->bytes / c->regions | 1) : c->page_shift;
-        if (t->grain < c->page_shift)
-            t->grain = c->page_shift;
         t->older = c->hint;
         __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
         t = NULL;
@@ -1004,12 +1094,13 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
     drc__itree_insert_at(&c->tree, &r->node, &n, &nx);
-    ST(r->pred, n ? region_of(n) : NULL);
+    /* release: a probe that follows a link sees the region as published */
+    __atomic_store_n(&r->pred, n ? region_of(n) : NULL, __ATOMIC_RELEASE);
     if (n)
-        ST(region_of(n)->succ, r);
-    ST(r->succ, nx ? region_of(nx) : NULL);
+        __atomic_store_n(&region_of(n)->succ, r, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->succ, nx ? region_of(nx) : NULL, __ATOMIC_RELEASE);
     if (nx)
-        ST(region_of(nx)->pred, r);
+        __atomic_store_n(&region_of(nx)->pred, r, __ATOMIC_RELEASE);
     if (c->limited)
         lru_append(c, r);
     INC(c->regions, 1);
@@ -1234,9 +1325,9 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
             __atomic_store_n(hs, r, __ATOMIC_RELEASE);
         }
         if (LD(r->node.last) < s)
-            empty = !(n = LD(r->succ)) || LD(n->node.start) > last;
+            empty = !(n = __atomic_load_n(&r->succ, __ATOMIC_ACQUIRE)) || LD(n->node.start) > last;
         else
-            empty = !(n = LD(r->pred)) || LD(n->node.last) < s;
+            empty = !(n = __atomic_load_n(&r->pred, __ATOMIC_ACQUIRE)) || LD(n->node.last) < s;
         if (!empty)
             return 0;
     }
@@ -1244,6 +1335,10 @@ validate:
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
     return LD(c->seq) == seq;
 }
+
+static int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_region **dead,
+                             struct drc_region **revoking);
+static int queue_invalidation(drc_cache_t *c, uintptr_t s, uintptr_t last);
 
 /*
  * The memory is going away: what the device layer keeps for it (the shared
@@ -1260,12 +1355,9 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
 
 int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
 {
-    struct drc_region *r, *dead = NULL, *revoking = NULL;
-    struct drc__itree_node *n;
-    struct pending *p;
+    struct drc_region *dead = NULL, *revoking = NULL;
     uintptr_t s, last;
-    struct drc__itree_node *next;
-    int count = 0, budget;
+    int count;
 
     if (!c)
         return -EINVAL;
@@ -1280,7 +1372,35 @@ int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
         return 0;
     if (nothing_there(c, s, last))
         return 0;
-    lock(c);
+    if (pthread_mutex_trylock(&c->lock) != 0) {
+        /* DRC_F_REVOKE promises the deregistration before return: never handed to the holder */
+        if (!(c->flags & DRC_F_REVOKE) && queue_invalidation(c, s, last))
+            return 0;   /* the holder of the lock does it, before any get can see the range */
+        lock(c);        /* the queue is full */
+    } else {
+        locked(c);
+    }
+    count = invalidate_locked(c, s, last, &dead, &revoking);
+    unlock(c);
+    release_list(c, dead);
+    revoke_list(c, revoking);
+    return count;
+}
+
+/*
+ * The body of an invalidation (c->lock held): regions out, held ones detached, pending ones stale;
+ * with DRC_F_REVOKE, every region it invalidates also goes on @revoking (NULL only from the queue,
+ * which a revoking cache never uses).
+ */
+static int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_region **dead,
+                             struct drc_region **revoking)
+{
+    struct drc_region *r;
+    struct drc__itree_node *n, *next;
+    struct pending *p;
+    int count = 0, budget;
+
+    ASSERT_LOCKED(c);
     budget = DRC__ITREE_UNBOUNDED;
     n = drc__itree_first(&c->tree, s, last, &budget);
     if (n) {
@@ -1290,8 +1410,8 @@ int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
             next = drc__itree_next(n, s, last, &budget);
             r = region_of(n);
             ST_SC(r->valid, 0);
-            revoke_take(c, r, &revoking);   /* DRC_F_REVOKE: before retire, while r is live */
-            retire(c, r, &dead);
+            revoke_take(c, r, revoking);    /* DRC_F_REVOKE: before retire, while r is live */
+            retire(c, r, dead);
             count++;
         }
         seq_end(c);
@@ -1300,7 +1420,7 @@ int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
         r = region_of(n);
         if (LD(r->valid)) {
             ST_SC(r->valid, 0);
-            revoke_take(c, r, &revoking);
+            revoke_take(c, r, revoking);
             count++;
         }
     }
@@ -1312,10 +1432,69 @@ int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
         __atomic_store_n(&c->lo, UINTPTR_MAX, __ATOMIC_RELEASE);
         __atomic_store_n(&c->hi, 0, __ATOMIC_RELEASE);
     }
-    unlock(c);
-    release_list(c, dead);
-    revoke_list(c, revoking);
     return count;
+}
+
+/*
+ * A free event that finds c->lock taken hands its range to the holder
+ * instead of sleeping on the lock (as UCX's rcache queues unmap events),
+ * and drc_invalidate's guarantee still holds when it returns:
+ *   free event (lock taken)            holder                 later drc_get
+ *   claim an entry, write the range    ...                    takes r (hint or walk)
+ *   ninvq++ (SC); entry READY (SC)     (lock(): run queue)    ninvq != 0 and an entry
+ *   trylock: taken? return             unlock(): run queue,     over r READY or CLAIMED?
+ *                                        unlock, one READY ?    drop r, take the lock,
+ *                                        trylock and run it     whose lock() runs the
+ *                                                               queue; else r detached?
+ * A get that begins after the event returned reads ninvq after the
+ * increment and the entry after READY, so until the range is done it drops
+ * every region over it (the region, not the request: a region is
+ * invalidated whole) and goes to the lock, and every lock() runs the queue
+ * before looking anything up.
+ * The queue is run (regions retired inside the writer's window, pending
+ * registrations made stale) before the entry is emptied and ninvq
+ * decremented, so a get that reads either sees them
+ * retired. The holder's unlock and the event's trylock are ordered: if the
+ * try fails, the holder's load after its unlock sees the READY entry (or
+ * the event's own retry runs it). Idle regions are deregistered by the
+ * thread that ran the queue, after its unlock. Returns 0 if the queue was
+ * full (the caller takes the lock).
+ */
+static int queue_invalidation(drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    unsigned i, st;
+
+    for (i = 0; i < INVQ; i++) {
+        st = Q_EMPTY;
+        if (__atomic_load_n(&c->invq[i].state, __ATOMIC_RELAXED) != Q_EMPTY ||
+            !__atomic_compare_exchange_n(&c->invq[i].state, &st, Q_CLAIMED, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            continue;
+        ST(c->invq[i].start, s);
+        ST(c->invq[i].last, last);
+        __atomic_fetch_add(&c->ninvq, 1, __ATOMIC_SEQ_CST);   /* before we return: gets go to the lock */
+        __atomic_store_n(&c->invq[i].state, Q_READY, __ATOMIC_SEQ_CST);
+        if (pthread_mutex_trylock(&c->lock) == 0) {
+            locked(c);      /* runs it */
+            unlock(c);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Run every READY queued invalidation (c->lock held); their idle regions go to c->qdead. */
+static void invq_run(drc_cache_t *c)
+{
+    unsigned i;
+
+    ASSERT_LOCKED(c);
+    for (i = 0; i < INVQ; i++) {
+        if (__atomic_load_n(&c->invq[i].state, __ATOMIC_ACQUIRE) != Q_READY)
+            continue;
+        invalidate_locked(c, LD(c->invq[i].start), LD(c->invq[i].last), &c->qdead, NULL);
+        __atomic_store_n(&c->invq[i].state, Q_EMPTY, __ATOMIC_RELEASE);
+        __atomic_fetch_sub(&c->ninvq, 1, __ATOMIC_SEQ_CST);   /* after the regions left: see above */
+    }
 }
 
 int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg,
@@ -1411,6 +1590,9 @@ int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
 void drc__cache_forked(drc_cache_t *c)
 {
     ST(c->inert, 1);
+    memset(c->invq, 0, sizeof(c->invq));    /* ranges queued by parent threads: the parent's business */
+    c->ninvq = 0;
+    c->qdead = NULL;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->pending_done, NULL);
 #ifdef DRC_DEBUG

@@ -12,14 +12,21 @@
  *     moves down is recomputed.
  *
  * Pointers and subtree_last/start/last are written with ST() because a
- * lockless lookup may read them at any moment; `red` is read only by writers.
+ * lockless lookup may read them at any moment (see LD/ST below); `red` is
+ * read only by writers.
  */
 #include "core/itree.h"
 
 #include <stddef.h>
 
-#define LD(x)    __atomic_load_n(&(x), __ATOMIC_RELAXED)
-#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+/*
+ * Release stores and acquire loads (plain moves on x86): a lockless reader
+ * that loads a link to a node just inserted also sees the node's memory as
+ * its owner initialised it. The reader's sequence count decides whether
+ * what it read counts; these only make the reads themselves well-defined.
+ */
+#define LD(x)    __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
 
 typedef struct drc__itree_node node_t;
 

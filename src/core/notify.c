@@ -240,21 +240,23 @@ int drc_notify_free(const void *addr, size_t len)
  * (a cudaFree can synchronise the device for milliseconds). No lock: a
  * futex word and a sleeper count, all sequentially consistent.
  *   freer (end)                       getter (wait_frees)
- *   entry state = EMPTY               sleepers++
- *   gen++                             g = gen
- *   sleepers ? wake all : skip        overlaps ? futex_wait(gen, g) : done
- *                                     sleepers--
+ *   entry state = EMPTY                sleepers++
+ *   sleepers ? gen++, wake all : skip  g = gen
+ *                                      overlaps ? futex_wait(gen, g) : done
+ *                                      sleepers--
  * If the freer reads sleepers == 0, the getter's sleepers++ is later, so
  * its overlap check is later than the EMPTY store and sees it. Otherwise
  * the wake comes after gen++: either the getter read the old gen and
  * futex_wait returns at once (the word changed) or is woken, or it read the
- * new gen, and then its check sees EMPTY.
+ * new gen, and then its check sees EMPTY. With no sleeper a free pays one
+ * load for this.
  */
 static void freeing_changed(void)
 {
+    if (!__atomic_load_n(&freeing_sleepers, __ATOMIC_SEQ_CST))
+        return;
     __atomic_fetch_add(&freeing_gen, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&freeing_sleepers, __ATOMIC_SEQ_CST))
-        syscall(SYS_futex, &freeing_gen, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+    syscall(SYS_futex, &freeing_gen, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
 }
 
 int drc__notify_begin(const void *addr, size_t len)
@@ -317,11 +319,15 @@ static int freeing_overlaps(uintptr_t s, uintptr_t last)
 
 void drc__notify_wait_frees(uintptr_t s, uintptr_t last)
 {
-    unsigned g;
+    unsigned g, spins;
 
     __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* the pending registration before the entries are read */
-    if (!freeing_overlaps(s, last))
-        return;
+    /* a short free (a host munmap) is over in a few yields: sleep only on a long one (a cudaFree) */
+    for (spins = 0; spins < 64; spins++) {
+        if (!freeing_overlaps(s, last))
+            return;
+        sched_yield();
+    }
     __atomic_fetch_add(&freeing_sleepers, 1, __ATOMIC_SEQ_CST);
     for (;;) {
         g = __atomic_load_n(&freeing_gen, __ATOMIC_SEQ_CST);

@@ -814,6 +814,8 @@ int main(void)
                 u1[rep] = res[1][rep][j];
                 u2[rep] = res[1][rep][k];
             }
+            if (median(d1, REPS) == 0 || median(d2, REPS) == 0)
+                continue;   /* not measured (BENCH_ONLY) */
             printf("| 2-thread throughput / 1 thread | %u | %.2fx | %.2fx | |\n", rows[k].n,
                    2 * median(d1, REPS) / median(d2, REPS), 2 * median(u1, REPS) / median(u2, REPS));
         }
