@@ -314,6 +314,9 @@ $(foreach f,$B $B/asan $B/tsan,$f/tests/verbs/test_regmr_mt): $B/loopnic/libibve
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free
 bench_engine_LDFLAGS := -libverbs
+# bench_notify frees through the wrapper over THE CUDA double (the GPU build links it too: tests/gpu/hooks.mk)
+bench_notify_LDFLAGS = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../fakecuda'
+$B/bench/bench_notify: $B/fakecuda/libcuda.so.1
 $B/bench/bench_engine: $B/loopnic/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
 
 # ---- the demo and the doctor -----------------------------------------------
