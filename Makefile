@@ -262,13 +262,16 @@ $B/engine/fakecuda/libcuda.so.1: $B/fakecuda/libcuda.so.1
 	cp $< $@
 FAKECUDA_LINK = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../../fakecuda:$$ORIGIN/../../../fakecuda'
 FAKECUDA_TESTS := cuda/test_cuda cuda/test_free cuda/test_export_mt verbs/test_verbs verbs/test_regmr \
-                  verbs/test_regmr_mt cuda/test_multi_device cuda/test_multi_device_mt
+                  verbs/test_regmr_mt cuda/test_multi_device cuda/test_multi_device_mt cuda/test_hooks \
+                  cuda/test_hooks_mt
 $(foreach f,$B $B/asan $B/tsan,$(addprefix $f/tests/,$(FAKECUDA_TESTS))): $B/fakecuda/libcuda.so.1
 cuda/test_cuda_LDFLAGS = $(FAKECUDA_LINK)
 cuda/test_free_LDFLAGS = $(FAKECUDA_LINK)
 cuda/test_export_mt_LDFLAGS = $(FAKECUDA_LINK)
 cuda/test_multi_device_LDFLAGS = $(FAKECUDA_LINK)
 cuda/test_multi_device_mt_LDFLAGS = $(FAKECUDA_LINK)
+cuda/test_hooks_LDFLAGS = $(FAKECUDA_LINK)
+cuda/test_hooks_mt_LDFLAGS = $(FAKECUDA_LINK)
 $B/fakecuda/libcupti.so: tests/hooks/fake_cupti.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -ldl
@@ -311,6 +314,9 @@ $(foreach f,$B $B/asan $B/tsan,$f/tests/verbs/test_regmr_mt): $B/loopnic/libibve
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free
 bench_engine_LDFLAGS := -libverbs
+# bench_notify frees through the wrapper over THE CUDA double (the GPU build links it too: tests/gpu/hooks.mk)
+bench_notify_LDFLAGS = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../fakecuda'
+$B/bench/bench_notify: $B/fakecuda/libcuda.so.1
 $B/bench/bench_engine: $B/loopnic/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
 
 # ---- the demo and the doctor -----------------------------------------------

@@ -1,31 +1,34 @@
 /*
- * Tests of src/hooks.c (the explicit free wrappers), src/notify.c
- * (drc_notify_free) and src/torch.c (the PyTorch allocator entry points).
+ * Tests of src/cuda/wrappers.c (the explicit free wrappers), src/core/notify.c
+ * (drc_notify_free) and src/cuda/torch.c (the PyTorch allocator entry points).
  *
- * The CUDA driver is a DOUBLE: a table of fake functions installed with
- * drc__cuda_set_driver(). Its "allocations" are fake page ranges (the cache
- * never touches the memory). Each fake free looks, at the moment it is
- * called, at what drc did: a user checks that no region of the allocation
- * could still be returned once the memory is gone, so the fake records
- * whether the region a test holds was already invalid and whether the idle
- * one was already deregistered.
+ * The CUDA driver is THE double (tests/fake_cuda.h), installed with
+ * fc_reset(). The allocation the regions lie in is added to it at fake page
+ * addresses (fc_add: the cache never touches the memory); torch.c's segments
+ * are its own (cuMemCreate and cuMemMap, or cuMemAlloc). The double runs a
+ * callback inside each free, while the memory still exists, and the callback
+ * looks at what drc did: a user checks that no region of the allocation
+ * could still be returned once the memory is gone, so it records whether the
+ * region a test holds was already invalid and whether the idle one was
+ * already deregistered. fc.free_rc makes the double's frees return a result
+ * no driver returns on success, which the wrappers must hand back unchanged.
  */
 #include <infiniband/verbs.h>
+#include <string.h>
 
 #include "cachetest.h"
 #include "drc_cuda.h"
-#include "cuda/cuda.h"
+#include "fake_cuda.h"
 
-enum { ALLOC_PAGES = 8, FAKE_RESULT = 77 };
+enum { ALLOC_PAGES = 8, FAKE_RESULT = 77, NOT_FOUND = 500 };
 
 static struct {
     struct tb *b;
     drc_region_t *held;         /* a region the test holds across the free */
     unsigned long idle_id;      /* the backend id of an idle region of the allocation */
-    int calls, held_valid_at_free, idle_live_at_free, syncs;
+    int calls, held_valid_at_free, idle_live_at_free;
     drc__cuptr freed;
-    size_t unmapped;
-    int known;                  /* mem_get_address_range knows the allocation */
+    const char *entry;          /* the double's entry point that freed */
 } fk;
 
 static drc__cuptr alloc_base(void)
@@ -33,56 +36,49 @@ static drc__cuptr alloc_base(void)
     return (drc__cuptr)(uintptr_t)at(16, 0);
 }
 
-static int fake_range(drc__cuptr *base, size_t *size, drc__cuptr d)
+/* Inside each free of the double, before the memory goes. */
+static void look(uintptr_t ptr, size_t len, const char *entry, void *arg)
 {
-    drc__cuptr b = alloc_base();
-
-    if (!fk.known || d < b || d >= b + ALLOC_PAGES * pg())
-        return 500;     /* CUDA_ERROR_NOT_FOUND */
-    *base = b;
-    *size = ALLOC_PAGES * pg();
-    return 0;
-}
-
-static void look(drc__cuptr d)
-{
+    (void)len;
+    (void)arg;
     fk.calls++;
-    fk.freed = d;
+    fk.freed = ptr;
+    fk.entry = entry;
     fk.held_valid_at_free = drc_region_valid(fk.held);
     fk.idle_live_at_free = tb_is_live(fk.b, fk.idle_id);
 }
 
-static int fake_free(drc__cuptr d) { look(d); return FAKE_RESULT; }
-static int fake_free_async(drc__cuptr d, void *s) { (void)s; look(d); return FAKE_RESULT; }
-static int fake_unmap(drc__cuptr p, size_t n) { look(p); fk.unmapped = n; return FAKE_RESULT; }
-static int fake_release(unsigned long long h) { (void)h; look(0); return FAKE_RESULT; }
-static int fake_sync(void) { fk.syncs++; return 0; }
-static int fake_rt_free(void *p) { look((drc__cuptr)(uintptr_t)p); return FAKE_RESULT; }
-static int fake_rt_free_async(void *p, void *s) { (void)s; look((drc__cuptr)(uintptr_t)p); return FAKE_RESULT; }
+/*
+ * What the double knows at alloc_base(): one plain allocation of ALLOC_PAGES
+ * pages; the same pages as one-page VMM chunks (mapped separately, so each
+ * unmaps alone); nothing (host memory, unknown to the driver); or no driver
+ * at all (drc's table empty).
+ */
+enum mem { PLAIN, CHUNKS, UNKNOWN, NO_DRIVER };
 
-static struct drc__cuda_driver fake_driver(void)
-{
-    return (struct drc__cuda_driver){
-        .cuMemGetAddressRange = fake_range, .cuMemFree = fake_free, .cuMemFreeAsync = fake_free_async,
-        .cuMemUnmap = fake_unmap, .cuMemRelease = fake_release, .cuCtxSynchronize = fake_sync,
-    };
-}
-
-/* A cache with two regions inside the fake allocation: one held, one idle. */
-static drc_cache_t *setup_regions(struct drc__cuda_driver *d)
+/* A cache with two regions inside the allocation: one held, one idle. */
+static drc_cache_t *setup_regions(enum mem kind)
 {
     drc_cache_t *c;
     drc_region_t *idle;
+    size_t i;
 
     memset(&fk, 0, sizeof(fk));
     fk.b = tb_new();
-    fk.known = 1;
-    drc__cuda_set_driver(d);
+    fc_reset();
+    fake_cuda_on_free(look, NULL);
+    if (kind == PLAIN)
+        assert_non_null(fc_add(alloc_base(), ALLOC_PAGES * pg(), 0, 1));
+    for (i = 0; kind == CHUNKS && i < ALLOC_PAGES; i++)
+        assert_non_null(fc_add_vmm((uintptr_t)at(16 + i, 0), pg(), 0, 1 + i, 1));
+    if (kind == NO_DRIVER)
+        drc__cuda_set_driver(NULL);
     assert_int_equal(drc_cache_create(&fk.b->be, NULL, &c), 0);
     fk.held = get_ok(c, at(17, 0), pg(), IBV_ACCESS_LOCAL_WRITE);
     idle = get_ok(c, at(22, 0), pg(), IBV_ACCESS_LOCAL_WRITE);
     fk.idle_id = rid(idle);
     assert_int_equal(drc_put(c, idle), 0);
+    fc.free_rc = FAKE_RESULT;
     return c;
 }
 
@@ -92,158 +88,142 @@ static void teardown_regions(drc_cache_t *c)
     assert_int_equal(drc_cache_destroy(c), 0);
     assert_int_equal(tb_all_released_once(fk.b), 0);
     tb_free(fk.b);
+    fake_cuda_on_free(NULL, NULL);
     drc__cuda_set_driver(NULL);
 }
 
-/* The real function ran once, on the pointer given, after drc had dropped every region of the allocation. */
-static void expect_notified_then_freed(drc__cuptr d)
+/* The real function (@entry) ran once, on the pointer given, after drc had dropped every region of the allocation. */
+static void expect_notified_then_freed(drc__cuptr d, const char *entry)
 {
     assert_int_equal(fk.calls, 1);
     assert_true(fk.freed == d);
+    assert_string_equal(fk.entry, entry);
     assert_int_equal(fk.held_valid_at_free, 0);
     assert_int_equal(fk.idle_live_at_free, 0);
 }
 
 static void test_cuMemFree_notifies_the_whole_allocation_first(void **state)
 {
-    struct drc__cuda_driver d = fake_driver();
-    drc_cache_t *c = setup_regions(&d);
+    drc_cache_t *c = setup_regions(PLAIN);
 
     (void)state;
     /* the pointer names the allocation's base; the regions lie pages further in */
     assert_int_equal(drc_cuMemFree(alloc_base()), FAKE_RESULT);
-    expect_notified_then_freed(alloc_base());
+    expect_notified_then_freed(alloc_base(), "cuMemFree_v2");
     teardown_regions(c);
 }
 
 static void test_cuMemFreeAsync_notifies_first(void **state)
 {
-    struct drc__cuda_driver d = fake_driver();
-    drc_cache_t *c = setup_regions(&d);
+    drc_cache_t *c = setup_regions(PLAIN);
 
     (void)state;
     assert_int_equal(drc_cuMemFreeAsync(alloc_base(), NULL), FAKE_RESULT);
-    expect_notified_then_freed(alloc_base());
+    expect_notified_then_freed(alloc_base(), "cuMemFreeAsync");
     teardown_regions(c);
 }
 
 static void test_cuMemUnmap_notifies_exactly_the_range(void **state)
 {
-    struct drc__cuda_driver d = fake_driver();
-    drc_cache_t *c = setup_regions(&d);
+    drc_cache_t *c = setup_regions(CHUNKS);
 
     (void)state;
-    fk.known = 0;   /* an unmap needs no lookup: the range is given */
+    /* an unmap needs no lookup: the range is given (the double knows no bounds from here on) */
+    fc.range_rc = fc.attr_rc = NOT_FOUND;
     /* unmap only the pages of the held region: the idle one, elsewhere, stays */
     assert_int_equal(drc_cuMemUnmap((drc__cuptr)(uintptr_t)at(17, 0), pg()), FAKE_RESULT);
     assert_int_equal(fk.calls, 1);
+    assert_string_equal(fk.entry, "cuMemUnmap");
     assert_int_equal(fk.held_valid_at_free, 0);
     assert_int_equal(fk.idle_live_at_free, 1);
-    assert_int_equal(fk.unmapped, pg());
+    assert_int_equal(fc.unmap_size, pg());
     teardown_regions(c);
 }
 
 /* Documented: a handle's memory lives until its last mapping is unmapped, so release notifies nothing. */
 static void test_cuMemRelease_passes_through(void **state)
 {
-    struct drc__cuda_driver d = fake_driver();
-    drc_cache_t *c = setup_regions(&d);
+    struct drc__cuda_alloc_prop p = { .type = 1, .location = { .type = 1, .id = 0 } };
+    drc_cache_t *c = setup_regions(PLAIN);
+    unsigned long long h;
+    int releases;
 
     (void)state;
-    assert_int_equal(drc_cuMemRelease(42), FAKE_RESULT);
-    assert_int_equal(fk.calls, 1);
-    assert_int_equal(fk.held_valid_at_free, 1);
-    assert_int_equal(fk.idle_live_at_free, 1);
+    assert_int_equal(drc__cuda_driver()->cuMemCreate(&h, FC_GRANULARITY, &p, 0), 0);
+    releases = fc.releases;
+    assert_int_equal(drc_cuMemRelease(h), FAKE_RESULT);
+    assert_int_equal(fc.releases, releases + 1);        /* the real function ran, once */
+    /* nothing was notified: both regions are as they were, during the call and after */
+    assert_int_equal(drc_region_valid(fk.held), 1);
+    assert_int_equal(tb_is_live(fk.b, fk.idle_id), 1);
+    assert_int_equal(fk.calls, 0);
     teardown_regions(c);
 }
 
 static void test_cudaFree_through_the_runtime(void **state)
 {
-    struct drc__cuda_driver d = fake_driver();
     drc_cache_t *c;
 
     (void)state;
-    d.cudaFree = fake_rt_free;
-    d.cudaFreeAsync = fake_rt_free_async;
-    c = setup_regions(&d);
+    c = setup_regions(PLAIN);
+    fc_shared_runtime();
     assert_int_equal(drc_cudaFree((void *)(uintptr_t)alloc_base()), FAKE_RESULT);
-    expect_notified_then_freed(alloc_base());
-    assert_int_equal(fk.syncs, 0);      /* the runtime's own cudaFree synchronizes */
+    expect_notified_then_freed(alloc_base(), "cudaFree");
+    assert_int_equal(fc.syncs, 0);      /* the runtime's own cudaFree synchronizes */
     teardown_regions(c);
 
-    c = setup_regions(&d);
+    c = setup_regions(PLAIN);
+    fc_shared_runtime();
     assert_int_equal(drc_cudaFreeAsync((void *)(uintptr_t)alloc_base(), NULL), FAKE_RESULT);
-    expect_notified_then_freed(alloc_base());
+    expect_notified_then_freed(alloc_base(), "cudaFreeAsync");
     teardown_regions(c);
-}
-
-/* The fake's contexts: the allocation's, and what the calling thread has current (none at first). */
-#define ALLOC_CTX ((void *)0xc7)
-static void *current_ctx;
-static void *synced_in;
-static int fake_get_current(void **ctx) { *ctx = current_ctx; return 0; }
-static int fake_set_current(void *ctx) { current_ctx = ctx; return 0; }
-/* as the driver: with no current context, CUDA_ERROR_INVALID_CONTEXT */
-static int fake_sync_needs_ctx(void) { fk.syncs++; synced_in = current_ctx; return current_ctx ? 0 : 201; }
-static int fake_ctx_attr(unsigned n, const int *attrs, void **data, drc__cuptr p)
-{
-    unsigned i;
-
-    for (i = 0; i < n; i++) {
-        if (attrs[i] != DRC__CU_POINTER_ATTRIBUTE_CONTEXT)
-            return 1;
-        *(void **)data[i] = fk.known && p >= alloc_base() && p < alloc_base() + ALLOC_PAGES * pg() ? ALLOC_CTX : NULL;
-    }
-    return 0;
 }
 
 /*
  * A static runtime hides cudaFree: the wrapper synchronizes the allocation's
  * own context and frees through the driver, from a thread that never used
  * the runtime (issue 9 item 8: it used to sync the thread's missing context,
- * get CUDA_ERROR_INVALID_CONTEXT, return 999 and free nothing).
+ * get CUDA_ERROR_INVALID_CONTEXT, return 999 and free nothing). The double's
+ * cuCtxSynchronize fails as the driver's does with no current context.
  */
 static void test_cudaFree_without_a_visible_runtime(void **state)
 {
-    struct drc__cuda_driver d = fake_driver();
-    drc_cache_t *c;
+    drc_cache_t *c = setup_regions(PLAIN);     /* fc_reset: no runtime visible, no current context */
 
     (void)state;
-    d.cuCtxSynchronize = fake_sync_needs_ctx;
-    d.cuCtxGetCurrent = fake_get_current;
-    d.cuCtxSetCurrent = fake_set_current;
-    d.cuPointerGetAttributes = fake_ctx_attr;
-    current_ctx = NULL;
-    c = setup_regions(&d);
+    assert_null(fc_current);
     /* FAKE_RESULT is no CUresult the wrapper knows: cudaErrorUnknown, from the free itself */
     assert_int_equal(drc_cudaFree((void *)(uintptr_t)alloc_base()), 999);
-    expect_notified_then_freed(alloc_base());
-    assert_int_equal(fk.syncs, 1);
-    assert_ptr_equal(synced_in, ALLOC_CTX);     /* the allocation's context, made current for the wait */
-    assert_null(current_ctx);                   /* and the thread's (none) restored */
+    expect_notified_then_freed(alloc_base(), "cuMemFree_v2");
+    assert_int_equal(fc.syncs, 1);
+    assert_ptr_equal(fc.sync_ctx, FC_CTX0);     /* the allocation's context, made current for the wait */
+    assert_null(fc_current);                    /* and the thread's (none) restored */
     assert_int_equal(drc_cudaFree(NULL), 0);    /* the runtime's "initialise" idiom frees nothing */
     assert_int_equal(fk.calls, 1);
     teardown_regions(c);
 }
 
-/* Without bounds (the driver does not know the pointer) the first byte is notified. */
+/*
+ * Without bounds (the driver does not know the pointer) the first byte is
+ * notified. The double's free of a pointer it does not know fails, as the
+ * driver's does, and frees nothing: the regions are looked at when the
+ * wrapper returns, the double's answer handed back.
+ */
 static void test_unknown_bounds_notify_the_first_byte(void **state)
 {
-    struct drc__cuda_driver d = fake_driver();
-    drc_cache_t *c = setup_regions(&d);
+    drc_cache_t *c = setup_regions(UNKNOWN);
 
     (void)state;
-    fk.known = 0;
-    assert_int_equal(drc_cuMemFree((drc__cuptr)(uintptr_t)at(17, 8)), FAKE_RESULT);
-    assert_int_equal(fk.held_valid_at_free, 0);     /* contains the byte */
-    assert_int_equal(fk.idle_live_at_free, 1);      /* does not */
+    assert_int_equal(drc_cuMemFree((drc__cuptr)(uintptr_t)at(17, 8)), 1);  /* CUDA_ERROR_INVALID_VALUE */
+    assert_int_equal(fk.calls, 0);
+    assert_int_equal(drc_region_valid(fk.held), 0);             /* contains the byte */
+    assert_int_equal(tb_is_live(fk.b, fk.idle_id), 1);          /* does not */
     teardown_regions(c);
 }
 
 static void test_no_driver_frees_nothing(void **state)
 {
-    struct drc__cuda_driver none = { 0 };
-    drc_cache_t *c = setup_regions(&none);
+    drc_cache_t *c = setup_regions(NO_DRIVER);
 
     (void)state;
     assert_int_equal(drc_cuMemFree(alloc_base()), 3);       /* CUDA_ERROR_NOT_INITIALIZED */
@@ -252,6 +232,7 @@ static void test_no_driver_frees_nothing(void **state)
     assert_int_equal(drc_cuMemRelease(1), 3);
     assert_int_equal(drc_cudaFree((void *)(uintptr_t)alloc_base()), 3);    /* cudaErrorInitializationError */
     assert_int_equal(fk.calls, 0);
+    assert_int_equal(fc.releases, 0);
     teardown_regions(c);
 }
 
@@ -351,135 +332,75 @@ static void test_slots_run_out_and_come_back(void **state)
 
 /* ---- the PyTorch allocator -------------------------------------------------- */
 
-static struct {
-    int vmm_attr, created, mapped, unmapped, reserved_freed, released, allocs, frees;
-    int rdma_flag;
-    size_t len;
-    int held_valid_at_free;
-} tk;
+/* The double's allocation that starts at @p, or NULL. */
+static const struct fc_alloc *segment(const void *p)
+{
+    int i;
 
-static int t_get_current(void **ctx) { *ctx = (void *)1; return 0; }
-static int t_set_current(void *ctx) { (void)ctx; return 0; }
-static int t_device_get(int *dev, int ord) { *dev = ord; return 0; }
-static int t_attr(int *v, int attr, int dev)
-{
-    (void)attr;
-    *v = dev == 0 ? tk.vmm_attr : 0;    /* device 0 has VMM with RDMA, device 1 has not */
-    return 0;
-}
-static int t_gran(size_t *g, const struct drc__cuda_alloc_prop *p, int opt)
-{
-    (void)p;
-    (void)opt;
-    *g = 2 * pg();
-    return 0;
-}
-static int t_create(unsigned long long *h, size_t size, const struct drc__cuda_alloc_prop *p, unsigned long long f)
-{
-    (void)f;
-    tk.created++;
-    tk.rdma_flag = p->gpu_direct_rdma_capable && p->location.type == 1 && p->type == 1;
-    tk.len = size;
-    *h = 7;
-    return 0;
-}
-static int t_reserve(drc__cuptr *p, size_t size, size_t align, drc__cuptr addr, unsigned long long f)
-{
-    (void)size; (void)align; (void)addr; (void)f;
-    *p = (drc__cuptr)(uintptr_t)at(40, 0);
-    return 0;
-}
-static int t_addr_free(drc__cuptr p, size_t size) { (void)p; (void)size; tk.reserved_freed++; return 0; }
-static int t_map(drc__cuptr p, size_t s, size_t o, unsigned long long h, unsigned long long f)
-{
-    (void)p; (void)s; (void)o; (void)h; (void)f;
-    tk.mapped++;
-    return 0;
-}
-static int t_access(drc__cuptr p, size_t s, const struct drc__cuda_access_desc *d, size_t n)
-{
-    (void)p; (void)s; (void)d; (void)n;
-    return 0;
-}
-static int t_unmap(drc__cuptr p, size_t s)
-{
-    (void)p;
-    tk.unmapped++;
-    tk.len = s;
-    tk.held_valid_at_free = drc_region_valid(fk.held);
-    return 0;
-}
-static int t_release(unsigned long long h) { (void)h; tk.released++; return 0; }
-static int t_retain(unsigned long long *h, void *addr)
-{
-    *h = 7;
-    return addr == at(40, 0) ? 0 : 1;   /* only the VMM segment has a handle */
-}
-static int t_alloc(drc__cuptr *d, size_t s) { (void)s; tk.allocs++; *d = alloc_base(); return 0; }
-static int t_free(drc__cuptr d)
-{
-    (void)d;
-    tk.frees++;
-    tk.held_valid_at_free = drc_region_valid(fk.held);
-    return 0;
-}
-
-static struct drc__cuda_driver torch_driver(void)
-{
-    return (struct drc__cuda_driver){
-        .cuMemGetAddressRange = fake_range, .cuCtxSynchronize = fake_sync, .cuCtxGetCurrent = t_get_current,
-        .cuCtxSetCurrent = t_set_current, .cuDeviceGet = t_device_get, .cuDeviceGetAttribute = t_attr,
-        .cuDevicePrimaryCtxRetain = NULL, .cuMemAlloc = t_alloc, .cuMemFree = t_free, .cuMemGetAllocationGranularity = t_gran,
-        .cuMemCreate = t_create, .cuMemAddressReserve = t_reserve, .cuMemAddressFree = t_addr_free,
-        .cuMemMap = t_map, .cuMemSetAccess = t_access, .cuMemUnmap = t_unmap, .cuMemRelease = t_release,
-        .cuMemRetainAllocationHandle = t_retain,
-    };
+    for (i = 0; i < fc.n; i++)
+        if (fc.a[i].base == (uintptr_t)p)
+            return &fc.a[i];
+    return NULL;
 }
 
 static void test_torch_vmm_segment(void **state)
 {
-    struct drc__cuda_driver d = torch_driver();
+    const struct fc_alloc *a;
     drc_cache_t *c;
     void *p;
 
     (void)state;
-    memset(&tk, 0, sizeof(tk));
-    tk.vmm_attr = 1;
-    c = setup_regions(&d);
-    p = drc_torch_malloc((ssize_t)(3 * pg()), 0, NULL);
-    assert_ptr_equal(p, at(40, 0));
-    assert_int_equal(tk.created, 1);
-    assert_int_equal(tk.rdma_flag, 1);          /* exportable for RDMA */
-    assert_int_equal(tk.len, 4 * pg());         /* rounded up to the granularity */
-    assert_int_equal(tk.released, 1);           /* the mapping alone keeps the memory */
+    c = setup_regions(PLAIN);
+    fc.free_rc = 0;
+    p = drc_torch_malloc((ssize_t)(3 * pg()), 0, NULL);   /* device 0: VMM with RDMA */
+    a = segment(p);
+    assert_non_null(a);
+    assert_int_equal(a->vmm, 1);                /* mapped in the range reserved for it */
+    assert_int_equal(fc.reserves, 1);
+    assert_int_equal(fc.creates, 1);
+    /* exportable for RDMA: pinned device memory of device 0, gpuDirectRDMACapable */
+    assert_int_equal(a->gdr, 1);
+    assert_int_equal(a->prop_type, 1);
+    assert_int_equal(a->device, 0);
+    assert_int_equal(a->size, FC_GRANULARITY);  /* rounded up to the granularity */
+    assert_int_equal(fc.releases, 1);           /* the mapping alone keeps the memory */
     /* a region inside the segment, held across its free */
     assert_int_equal(drc_put(c, fk.held), 0);
-    fk.held = get_ok(c, at(41, 0), pg(), 1);
+    fk.held = get_ok(c, (const char *)p + pg(), pg(), 1);
     drc_torch_free(p, (ssize_t)(3 * pg()), 0, NULL);
-    assert_int_equal(tk.unmapped, 1);
-    assert_int_equal(tk.len, 4 * pg());
-    assert_int_equal(tk.held_valid_at_free, 0); /* invalidated before the unmap */
-    assert_int_equal(tk.reserved_freed, 1);
-    assert_int_equal(tk.allocs + tk.frees, 0);
+    assert_int_equal(fk.calls, 1);
+    assert_string_equal(fk.entry, "cuMemUnmap");
+    assert_int_equal(fc.unmap_size, FC_GRANULARITY);
+    assert_int_equal(fk.held_valid_at_free, 0); /* invalidated before the unmap */
+    assert_int_equal(fc.address_frees, 1);
+    assert_int_equal(fc.allocs, 0);             /* no cuMemAlloc, and (calls, entry) no cuMemFree */
     teardown_regions(c);
 }
 
 static void test_torch_plain_segment(void **state)
 {
-    struct drc__cuda_driver d = torch_driver();
+    const struct fc_alloc *a;
     drc_cache_t *c;
     void *p;
 
     (void)state;
-    memset(&tk, 0, sizeof(tk));
-    c = setup_regions(&d);
+    c = setup_regions(PLAIN);
+    fc.free_rc = 0;
+    fc.no_vmm[1] = 1;
     p = drc_torch_malloc((ssize_t)(ALLOC_PAGES * pg()), 1, NULL);   /* device 1: no VMM RDMA */
-    assert_ptr_equal(p, (void *)(uintptr_t)alloc_base());
-    assert_int_equal(tk.allocs, 1);
-    assert_int_equal(tk.created, 0);
+    a = segment(p);
+    assert_non_null(a);                         /* what cuMemAlloc gave */
+    assert_int_equal(a->vmm, 0);
+    assert_int_equal(a->device, 1);
+    assert_int_equal(fc.allocs, 1);
+    assert_int_equal(fc.creates, 0);
+    /* a region inside the segment, held across its free */
+    assert_int_equal(drc_put(c, fk.held), 0);
+    fk.held = get_ok(c, (const char *)p + pg(), pg(), 1);
     drc_torch_free(p, (ssize_t)(ALLOC_PAGES * pg()), 1, NULL);
-    assert_int_equal(tk.frees, 1);
-    assert_int_equal(tk.held_valid_at_free, 0);
+    assert_int_equal(fk.calls, 1);
+    assert_string_equal(fk.entry, "cuMemFree_v2");
+    assert_int_equal(fk.held_valid_at_free, 0);
     assert_null(drc_torch_malloc(0, 1, NULL));
     assert_null(drc_torch_malloc(4096, -1, NULL));
     teardown_regions(c);

@@ -6,10 +6,14 @@
  * wrapper has notified), no drc_get() on that range that starts afterwards
  * returns the region registered on the old memory; it returns a region
  * registered after the free, or misses. The backend is the recording DOUBLE
- * of backend.h; the driver is a DOUBLE table whose free bumps a "memory
- * generation". The backend stamps each registration with the generation it
- * saw when reg() began, so a stale region is one whose stamp is older than
- * the generation a getter saw before its drc_get.
+ * of backend.h; the driver is THE CUDA double (tests/fake_cuda.h): each
+ * round frees its allocation through the wrapper and allocates it again at
+ * the same address (the double, as the driver, gives a freed gap of the same
+ * size back), and the double's free callback bumps a "memory generation"
+ * inside the free, after drc was notified. The backend stamps each
+ * registration with the generation it saw when reg() began, so a stale
+ * region is one whose stamp is older than the generation a getter saw
+ * before its drc_get.
  */
 #include <infiniband/verbs.h>
 #include <pthread.h>
@@ -17,36 +21,26 @@
 
 #include "cachetest.h"
 #include "drc_cuda.h"
-#include "cuda/cuda.h"
+#include "fake_cuda.h"
 
 enum { ROUNDS = 3000, GETTERS = 2, PAGES = 4 };
 
-static unsigned long gen = 1;           /* atomic: bumped by every fake free, after drc was notified */
+static unsigned long gen = 1;           /* atomic: bumped inside every free of the double, after drc was notified */
 static unsigned long stamp[TB_MAX + 1]; /* atomic: stamp[id] = generation when reg of id began */
 static int stop;                        /* atomic */
 static drc_cache_t *cache;
 static struct tb *backend;
 
-static drc__cuptr base(void)
-{
-    return (drc__cuptr)(uintptr_t)at(64, 0);
-}
+static drc__cuptr alloc;                /* the allocation, at the same address every round */
 
-static int fake_range(drc__cuptr *b, size_t *size, drc__cuptr d)
+static void bump(uintptr_t ptr, size_t len, const char *entry, void *arg)
 {
-    if (d < base() || d >= base() + PAGES * pg())
-        return 500;
-    *b = base();
-    *size = PAGES * pg();
-    return 0;
-}
-
-static int fake_free(drc__cuptr d)
-{
-    (void)d;
-    /* the memory is gone (and, for the next round, the same VA holds new memory) */
+    (void)ptr;
+    (void)len;
+    (void)entry;
+    (void)arg;
+    /* the memory is going (and, for the next round, the same VA holds new memory) */
     __atomic_fetch_add(&gen, 1, __ATOMIC_SEQ_CST);
-    return 0;
 }
 
 static int stamp_reg(struct tb *b, unsigned long id, void *arg)
@@ -67,7 +61,8 @@ static void *getter(void *arg)
         unsigned long seen = __atomic_load_n(&gen, __ATOMIC_SEQ_CST);
 
         /* different sub-ranges of the allocation, so misses, merges and hits all happen */
-        if (drc_get(cache, at(64 + (size_t)(k++ % PAGES), 0), pg(), IBV_ACCESS_LOCAL_WRITE, &r) == 0) {
+        if (drc_get(cache, (const void *)(uintptr_t)(alloc + (k++ % PAGES) * pg()), pg(), IBV_ACCESS_LOCAL_WRITE,
+                    &r) == 0) {
             if (__atomic_load_n(&stamp[rid(r)], __ATOMIC_SEQ_CST) < seen)
                 bad++;
             drc_put(cache, r);
@@ -79,7 +74,6 @@ static void *getter(void *arg)
 
 static void test_free_racing_get_never_returns_the_old_region(void **state)
 {
-    struct drc__cuda_driver d = { .cuMemGetAddressRange = fake_range, .cuMemFree = fake_free };
     pthread_t t[GETTERS];
     unsigned long stale[GETTERS];
     struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
@@ -88,14 +82,20 @@ static void test_free_racing_get_never_returns_the_old_region(void **state)
     (void)state;
     backend = tb_new();
     backend->reg_hook = stamp_reg;
-    drc__cuda_set_driver(&d);
+    fc_reset();
+    assert_int_equal(cuMemAlloc_v2(&alloc, PAGES * pg()), 0);
+    fake_cuda_on_free(bump, NULL);
     assert_int_equal(drc_cache_create(&backend->be, NULL, &cache), 0);
     for (i = 0; i < GETTERS; i++)
         assert_int_equal(pthread_create(&t[i], NULL, getter, &stale[i]), 0);
     /* at least ROUNDS frees, and on until some of them found a live region to invalidate (bounded) */
     for (i = 0; i < 100 * ROUNDS; i++, frees++) {
-        /* the wrapper looks the allocation up from an interior pointer, notifies, then frees */
-        assert_int_equal(drc_cuMemFree(base() + pg()), 0);
+        drc__cuptr again = 0;
+
+        /* the wrapper looks the allocation up, notifies, then frees; the next round's memory takes its place */
+        assert_int_equal(drc_cuMemFree(alloc), 0);
+        assert_int_equal(cuMemAlloc_v2(&again, PAGES * pg()), 0);
+        assert_true(again == alloc);
         if (i % 64 == 0) {
             sched_yield();
             drc_cache_stats(cache, &s);
@@ -115,6 +115,8 @@ static void test_free_racing_get_never_returns_the_old_region(void **state)
     assert_int_equal(drc_cache_destroy(cache), 0);
     assert_int_equal(tb_all_released_once(backend), 0);
     tb_free(backend);
+    fake_cuda_on_free(NULL, NULL);
+    assert_int_equal(cuMemFree_v2(alloc), 0);
     drc__cuda_set_driver(NULL);
 }
 

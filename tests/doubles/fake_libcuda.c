@@ -11,7 +11,8 @@ enum {
     OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, INVALID_DEVICE = 101, INVALID_CONTEXT = 201, NOT_FOUND = 500,
     NOT_SUPPORTED = 801, PER_THREAD_STREAM = 2,
     MEMORYTYPE_HOST = 1, MEMORYTYPE_DEVICE = 2,
-    DMA_BUF_FD = 1, PCIE_FLAG = 1, DMA_BUF_SUPPORTED = 124,
+    DMA_BUF_FD = 1, PCIE_FLAG = 1, DMA_BUF_SUPPORTED = 124, VMM_SUPPORTED = 102, RDMA_WITH_VMM_SUPPORTED = 110,
+    ALLOCATION_PINNED = 1, LOCATION_DEVICE = 1,
 };
 #define ALIGN   (2ull << 20)
 #define RESERVE (64ull << 30)
@@ -27,6 +28,12 @@ static unsigned exports;
 static fake_cuda_free_cb *free_cb;
 static void *free_arg;
 
+/* VMM (cuMemCreate, cuMemAddressReserve, cuMemMap): physical handles and reserved ranges */
+#define CREATED 0x100000ull     /* a cuMemCreate handle is CREATED + slot; a retained one, a chunk's index + 1 */
+static struct { size_t size; int type, device, gdr, live; } handles[FC_MAX_ALLOCS];
+static struct { uintptr_t base; size_t size; } reserved[FC_MAX_ALLOCS];
+static int nreserved;
+
 void fake_cuda_reset(void)
 {
     int i;
@@ -34,6 +41,8 @@ void fake_cuda_reset(void)
     pthread_mutex_lock(&lock);
     memset(&fc, 0, sizeof(fc));
     memset(primary_refs, 0, sizeof(primary_refs));
+    memset(handles, 0, sizeof(handles));
+    nreserved = 0;
     for (i = 0; i < FC_DEVICES; i++)
         fc.dmabuf_attr[i] = 1;
     fc_current = NULL;
@@ -115,29 +124,26 @@ static int ctx_device(const void *ctx)
     return -1;
 }
 
-/* First fit in the reserved range: a freed gap of the same size gives the same address again. */
-static int alloc(unsigned long long *out, size_t size, unsigned type)
+/* The arena every allocation and reservation of the double lies in (lock held): 0 or OUT_OF_MEMORY. */
+static int arena_ready(void)
 {
-    size_t len = (size + ALIGN - 1) & ~(ALIGN - 1);
-    void *ctx = fc_current ? fc_current : FAKE_CUDA_CTX;
-    uintptr_t base;
+    void *p;
+
+    if (arena)
+        return OK;
+    p = mmap(NULL, RESERVE + ALIGN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return OUT_OF_MEMORY;
+    arena = ((uintptr_t)p + ALIGN - 1) & ~(ALIGN - 1);
+    return OK;
+}
+
+/* First fit in the arena, clear of allocations and reservations (lock held): the address, or 0. */
+static uintptr_t place(size_t len)
+{
+    uintptr_t base = arena;
     int i, moved;
 
-    if (!size)
-        return INVALID_VALUE;
-    if (fc.strict_ctx && !fc_current)
-        return INVALID_CONTEXT;
-    pthread_mutex_lock(&lock);
-    if (!arena) {
-        void *p = mmap(NULL, RESERVE + ALIGN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-
-        if (p == MAP_FAILED) {
-            pthread_mutex_unlock(&lock);
-            return OUT_OF_MEMORY;
-        }
-        arena = ((uintptr_t)p + ALIGN - 1) & ~(ALIGN - 1);
-    }
-    base = arena;
     do {
         moved = 0;
         for (i = 0; i < fc.n; i++) {
@@ -146,8 +152,29 @@ static int alloc(unsigned long long *out, size_t size, unsigned type)
                 moved = 1;
             }
         }
+        for (i = 0; i < nreserved; i++) {
+            if (reserved[i].base < base + len && base < reserved[i].base + reserved[i].size) {
+                base = (reserved[i].base + reserved[i].size + ALIGN - 1) & ~(ALIGN - 1);
+                moved = 1;
+            }
+        }
     } while (moved);
-    if (base + len > arena + RESERVE ||
+    return base + len > arena + RESERVE ? 0 : base;
+}
+
+/* First fit in the reserved range: a freed gap of the same size gives the same address again. */
+static int alloc(unsigned long long *out, size_t size, unsigned type)
+{
+    size_t len = (size + ALIGN - 1) & ~(ALIGN - 1);
+    void *ctx = fc_current ? fc_current : FAKE_CUDA_CTX;
+    uintptr_t base;
+
+    if (!size)
+        return INVALID_VALUE;
+    if (fc.strict_ctx && !fc_current)
+        return INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    if (arena_ready() != OK || !(base = place(len)) ||
         !add(base, len, type, type == MEMORYTYPE_HOST ? -1 : ctx_device(ctx), next_id++,
              type == MEMORYTYPE_HOST ? NULL : ctx)) {
         pthread_mutex_unlock(&lock);
@@ -161,6 +188,7 @@ static int alloc(unsigned long long *out, size_t size, unsigned type)
 
 int cuMemAlloc_v2(unsigned long long *dptr, size_t size)
 {
+    __atomic_fetch_add(&fc.allocs, 1, __ATOMIC_RELAXED);
     return alloc(dptr, size, MEMORYTYPE_DEVICE);
 }
 
@@ -198,7 +226,7 @@ static int release(unsigned long long p, const char *entry)
     }
     __atomic_fetch_add(&fc.frees, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&lock);
-    return OK;
+    return fc.free_rc ? fc.free_rc : OK;
 }
 
 /* A teardown: every allocation of @device (-1: all) goes, each through the callback. */
@@ -263,6 +291,7 @@ int cuMemUnmap(unsigned long long ptr, size_t size)
     struct fc_alloc *a = find(ptr);
 
     /* the double maps whole allocations only (cuMemAlloc_v2 rounds them up to 2 MiB) */
+    fc.unmap_size = size;
     if (!a || a->base != ptr || !size || size > a->size)
         return INVALID_VALUE;
     REPORTED("cuMemUnmap", &params, release(ptr, "cuMemUnmap"));
@@ -282,6 +311,22 @@ int cuMemHostUnregister(void *p)
 int cuIpcCloseMemHandle(unsigned long long dptr)
 {
     REPORTED("cuIpcCloseMemHandle", &dptr, release(dptr, "cuIpcCloseMemHandle"));
+}
+
+/*
+ * The frees of a shared libcudart, for the in-process table (fc_shared_runtime): the runtime
+ * waits for the device in a context of its own and frees, through no entry point of this table.
+ * They return a cudaError_t (cudaErrorInvalidValue, 1, for a pointer that is no allocation).
+ */
+int fc_cudaFree(void *p)
+{
+    return p ? release((uintptr_t)p, "cudaFree") : OK;     /* NULL: the runtime's "initialise" idiom */
+}
+
+int fc_cudaFreeAsync(void *p, void *stream)
+{
+    (void)stream;
+    return release((uintptr_t)p, "cudaFreeAsync");
 }
 
 int cuDevicePrimaryCtxReset_v2(int dev)
@@ -354,7 +399,10 @@ int cuDeviceGetAttribute(int *v, int attr, int dev)
 {
     if (dev < 0 || dev >= FC_DEVICES)
         return INVALID_DEVICE;
-    *v = attr == DMA_BUF_SUPPORTED ? fc.dmabuf_attr[dev] : 1;
+    if (fc.no_vmm[dev] && (attr == VMM_SUPPORTED || attr == RDMA_WITH_VMM_SUPPORTED))
+        *v = 0;
+    else
+        *v = attr == DMA_BUF_SUPPORTED ? fc.dmabuf_attr[dev] : 1;
     return OK;
 }
 
@@ -414,9 +462,10 @@ int cuCtxGetDevice(int *dev)
     return OK;
 }
 
-int cuCtxSynchronize(void);
 int cuCtxSynchronize(void)
 {
+    __atomic_fetch_add(&fc.syncs, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&fc.sync_ctx, fc_current, __ATOMIC_RELAXED);
     return fc_current ? OK : INVALID_CONTEXT;
 }
 
@@ -493,6 +542,8 @@ int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned lon
     __atomic_store_n(&fc.range_ctx, fc_current, __ATOMIC_RELAXED);
     if ((fc.range_needs_ctx || fc.strict_ctx) && !fc_current)
         return INVALID_CONTEXT;
+    if (fc.range_rc)
+        return fc.range_rc;
     pthread_mutex_lock(&lock);
     a = find(ptr);
     if (a && !a->managed) {     /* device memory and pinned host memory have bounds */
@@ -586,6 +637,15 @@ int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t s
 
 /* ---- VMM: the allocation handle behind a mapped chunk ------------------------------- */
 
+struct prop {                   /* CUmemAllocationProp, as drc's cuda.h lays it out */
+    int type, requested_handle_types;
+    struct { int type, id; } location;
+    void *win32_metadata;
+    unsigned char compression_type, gpu_direct_rdma_capable;
+    unsigned short usage;
+    unsigned char reserved[4];
+};
+
 int cuMemRetainAllocationHandle(unsigned long long *h, void *addr);
 int cuMemRetainAllocationHandle(unsigned long long *h, void *addr)
 {
@@ -603,25 +663,22 @@ int cuMemRetainAllocationHandle(unsigned long long *h, void *addr)
     return rc;
 }
 
-struct prop {                   /* CUmemAllocationProp, as drc's cuda.h lays it out */
-    int type, requested_handle_types;
-    struct { int type, id; } location;
-    void *win32_metadata;
-    unsigned char compression_type, gpu_direct_rdma_capable;
-    unsigned short usage;
-    unsigned char reserved[4];
-};
-
 int cuMemGetAllocationPropertiesFromHandle(struct prop *p, unsigned long long h);
 int cuMemGetAllocationPropertiesFromHandle(struct prop *p, unsigned long long h)
 {
-    const struct fc_alloc *a = &fc.a[h - 1];
-
     memset(p, 0, sizeof(*p));
-    p->type = a->prop_type;
-    p->location.type = 1;
-    p->location.id = a->device;
-    p->gpu_direct_rdma_capable = (unsigned char)a->gdr;
+    p->location.type = LOCATION_DEVICE;
+    if (h >= CREATED) {         /* a cuMemCreate handle */
+        if (h - CREATED >= FC_MAX_ALLOCS || !handles[h - CREATED].live)
+            return INVALID_VALUE;
+        p->type = handles[h - CREATED].type;
+        p->location.id = handles[h - CREATED].device;
+        p->gpu_direct_rdma_capable = (unsigned char)handles[h - CREATED].gdr;
+        return OK;
+    }
+    p->type = fc.a[h - 1].prop_type;
+    p->location.id = fc.a[h - 1].device;
+    p->gpu_direct_rdma_capable = (unsigned char)fc.a[h - 1].gdr;
     return OK;
 }
 
@@ -656,12 +713,139 @@ int cuMemSetAccess(unsigned long long ptr, size_t size, const void *desc, size_t
     return rc;
 }
 
-int cuMemRelease(unsigned long long h);
+/* A retained handle's reference, or a cuMemCreate handle: its mapping, if any, keeps the memory. */
 int cuMemRelease(unsigned long long h)
 {
-    (void)h;
+    int rc = OK;
+
+    pthread_mutex_lock(&lock);
     fc.releases++;
+    if (h >= CREATED) {
+        if (h - CREATED < FC_MAX_ALLOCS && handles[h - CREATED].live)
+            handles[h - CREATED].live = 0;
+        else
+            rc = INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc ? rc : fc.free_rc ? fc.free_rc : OK;
+}
+
+/* ---- VMM: what torch.c builds a segment with ------------------------------------------ */
+
+int cuMemGetAllocationGranularity(size_t *g, const struct prop *p, int option)
+{
+    (void)option;
+    if (!p || p->location.id < 0 || p->location.id >= FC_DEVICES)
+        return INVALID_DEVICE;
+    *g = FC_GRANULARITY;
     return OK;
+}
+
+/* Physical memory of @size on the prop's device: pinned device memory only, in whole granules. */
+int cuMemCreate(unsigned long long *h, size_t size, const struct prop *p, unsigned long long flags)
+{
+    int i;
+
+    (void)flags;
+    if (!size || size % FC_GRANULARITY || p->type != ALLOCATION_PINNED || p->location.type != LOCATION_DEVICE)
+        return INVALID_VALUE;
+    if (p->location.id < 0 || p->location.id >= FC_DEVICES)
+        return INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < FC_MAX_ALLOCS && handles[i].live; i++)
+        ;
+    if (i == FC_MAX_ALLOCS) {
+        pthread_mutex_unlock(&lock);
+        return OUT_OF_MEMORY;
+    }
+    handles[i].size = size;
+    handles[i].type = p->type;
+    handles[i].device = p->location.id;
+    handles[i].gdr = p->gpu_direct_rdma_capable;
+    handles[i].live = 1;
+    fc.creates++;
+    *h = CREATED + (unsigned)i;
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+/* A range of addresses in the arena, nothing mapped (the hint @addr is ignored; 2 MiB aligned). */
+int cuMemAddressReserve(unsigned long long *ptr, size_t size, size_t align, unsigned long long addr,
+                        unsigned long long flags)
+{
+    uintptr_t base;
+
+    (void)addr;
+    (void)flags;
+    if (!size || size % FC_GRANULARITY || (align && (ALIGN % align)))
+        return INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    if (nreserved == FC_MAX_ALLOCS || arena_ready() != OK || !(base = place(size))) {
+        pthread_mutex_unlock(&lock);
+        return OUT_OF_MEMORY;
+    }
+    reserved[nreserved].base = base;
+    reserved[nreserved++].size = size;
+    fc.reserves++;
+    *ptr = base;
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+/* The whole of a reservation, as it was made. */
+int cuMemAddressFree(unsigned long long ptr, size_t size)
+{
+    int i, rc = INVALID_VALUE;
+
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < nreserved; i++) {
+        if (reserved[i].base == ptr && reserved[i].size == size) {
+            reserved[i] = reserved[--nreserved];
+            fc.address_frees++;
+            rc = OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/*
+ * Map the whole of cuMemCreate handle @h at @ptr, inside a reservation: a VMM chunk of the
+ * double (fc.a), with a new buffer id, host memory behind it, until cuMemUnmap.
+ */
+int cuMemMap(unsigned long long ptr, size_t size, size_t offset, unsigned long long h, unsigned long long flags)
+{
+    struct fc_alloc *a;
+    unsigned long long k = h - CREATED;
+    int i, rc = INVALID_VALUE;
+
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    if (h < CREATED || k >= FC_MAX_ALLOCS || !handles[k].live || offset || size != handles[k].size)
+        goto out;
+    for (i = 0; i < nreserved; i++)
+        if (reserved[i].base <= ptr && ptr + size <= reserved[i].base + reserved[i].size)
+            break;
+    if (i == nreserved)
+        goto out;
+    for (i = 0; i < fc.n; i++)
+        if (fc.a[i].base < ptr + size && ptr < fc.a[i].base + fc.a[i].size)
+            goto out;   /* something is mapped there already */
+    a = add((uintptr_t)ptr, size, MEMORYTYPE_DEVICE, handles[k].device, next_id++, NULL);
+    if (!a) {
+        rc = OUT_OF_MEMORY;
+        goto out;
+    }
+    a->vmm = 1;
+    a->gdr = handles[k].gdr;
+    a->prop_type = handles[k].type;
+    if (arena && ptr >= arena && ptr < arena + RESERVE)
+        mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE);
+    rc = OK;
+out:
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 /* ---- cuGetProcAddress, as the runtime uses it ---------------------------------------- */

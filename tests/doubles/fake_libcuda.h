@@ -24,7 +24,10 @@
  * drc's CUDA layer asks (pointer attributes, ranges, contexts, VMM handles
  * and properties, device attributes), exports a dmabuf as a memfd of the
  * range's size ("fake-dmabuf"), frees, pinned host frees and teardowns, and
- * cuGetProcAddress(_v2) the way the runtime uses it. It records what was
+ * cuGetProcAddress(_v2) the way the runtime uses it; VMM segments as torch.c
+ * builds them (cuMemCreate, cuMemAddressReserve, cuMemMap: a mapping is a VMM
+ * chunk of fc.a); and, for in-process tests, the frees of a shared libcudart
+ * (fc_shared_runtime). It records what was
  * asked, fails on request, calls a test's callback inside each free while the
  * memory still exists, and reports each free to the CUPTI double
  * (fake_cupti.c) when one subscribed. Thread-safe for allocation and free;
@@ -40,6 +43,8 @@
 #include <unistd.h>
 
 enum { FC_MAX_ALLOCS = 256, FC_MAX_CALLS = 64, FC_DEVICES = 2 };
+
+#define FC_GRANULARITY (2ul << 20)     /* cuMemGetAllocationGranularity, as on the H200 machine */
 
 #define FC_PAGE 4096u
 #define FC_CTX(dev) ((void *)(uintptr_t)(0xc0 + (dev)))
@@ -70,6 +75,7 @@ struct fake_cuda {
     struct fc_alloc a[FC_MAX_ALLOCS];
     int n;
     int attr_rc;                /* cuPointerGetAttributes returns this when set */
+    int range_rc;               /* cuMemGetAddressRange_v2 returns this when set (with attr_rc: no bounds known) */
     int export_rc;              /* next exports return this (0 = succeed) */
     int pcie_unsupported;       /* the PCIe mapping flag gives CUDA_ERROR_NOT_SUPPORTED (1 until fc_reset) */
     int range_needs_ctx;        /* cuMemGetAddressRange gives INVALID_CONTEXT with no current context */
@@ -90,6 +96,19 @@ struct fake_cuda {
     int frees, resets, destroys;/* frees of any kind; cuDevicePrimaryCtxReset; cuCtxDestroy */
     int reset_dev;              /* the device last reset */
     int pcie_rc;                /* the PCIe mapping flag gives this CUresult (0: as pcie_unsupported says) */
+    /*
+     * Frees that freed (cuMemFree_v2 and the other free entry points, the runtime's frees of
+     * fc_shared_runtime) and cuMemRelease return this once done (0: success): a result no
+     * driver function returns on success, which the wrappers must hand back unchanged.
+     */
+    int free_rc;
+    int no_vmm[FC_DEVICES];     /* the device answers 0 for VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and
+                                   GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (no VMM segments for torch.c) */
+    int syncs;                  /* cuCtxSynchronize calls */
+    void *sync_ctx;             /* the current context at the last cuCtxSynchronize */
+    int allocs;                 /* cuMemAlloc_v2 calls */
+    int creates, reserves, address_frees;   /* cuMemCreate, cuMemAddressReserve, cuMemAddressFree done */
+    size_t unmap_size;          /* the size the last cuMemUnmap was given */
 };
 
 extern struct fake_cuda fc;
@@ -140,6 +159,12 @@ int cuDevicePrimaryCtxReset_v2(int dev);
 int cuDevicePrimaryCtxRetain(void **ctx, int dev);
 int cuDevicePrimaryCtxRelease_v2(int dev);
 int cuCtxDestroy_v2(void *ctx);
+int cuMemRelease(unsigned long long h);
+int cuCtxSynchronize(void);
+
+/* The frees of a shared libcudart, under names of the double's own (fc_shared_runtime). */
+int fc_cudaFree(void *p);
+int fc_cudaFreeAsync(void *p, void *stream);
 int cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);
 int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
 
@@ -155,19 +180,41 @@ static inline int fd_is_open(int fd)
  * In-process tests: reset the double and install it in drc's one driver
  * table, filled from the loaded library as drc fills it from the driver.
  */
-static inline void fc_reset(void)
+static inline struct drc__cuda_driver *fc_table_(void)
 {
     static struct drc__cuda_driver table;
     static int filled;
 
-    fake_cuda_reset();
     if (!filled) {
         void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
 
         drc__cuda_fill(h, &table);
         filled = 1;
     }
-    drc__cuda_set_driver(&table);
+    return &table;
+}
+
+/* ... with no shared runtime visible (as a static libcudart): drc emulates cudaFree. */
+static inline void fc_reset(void)
+{
+    struct drc__cuda_driver *t = fc_table_();
+
+    fake_cuda_reset();
+    t->cudaFree = NULL;
+    t->cudaFreeAsync = NULL;
+    drc__cuda_set_driver(t);
+}
+
+/*
+ * After fc_reset(): a shared libcudart is visible, as drc__cuda_runtime() finds one for the
+ * real driver; its cudaFree and cudaFreeAsync are the double's (fc_cudaFree ...).
+ */
+static inline void fc_shared_runtime(void)
+{
+    struct drc__cuda_driver *t = fc_table_();
+
+    t->cudaFree = fc_cudaFree;
+    t->cudaFreeAsync = fc_cudaFreeAsync;
 }
 #endif
 
