@@ -20,12 +20,13 @@ $(O)/libdrc_torch.so: $(HOOK_PIC_OBJS) $(TOP)/src/drc.map
 	$(CC) -shared -Wl,--version-script=$(TOP)/src/drc.map -o $@ $(HOOK_PIC_OBJS) $(LIBS)
 
 # bench_notify times drc over THE CUDA double (tests/doubles), not over a driver, here as on the
-# CPU: the double is built as $(O)/fakecuda/libcuda.so.1 and linked in place of -lcuda.
+# CPU: the double is built as $(O)/fakecuda/libcuda.so.1 and linked in place of -lcuda, found through
+# DT_RPATH (searched before LD_LIBRARY_PATH, which on a GPU machine names the real driver's folder).
 $(O)/fakecuda/libcuda.so.1: $(TOP)/tests/doubles/fake_libcuda.c $(TOP)/tests/doubles/fake_libcuda.h
 	@mkdir -p $(@D)
 	$(CC) -D_GNU_SOURCE -I$(TOP)/tests/doubles $(CFLAGS) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 $(O)/bench_notify: ../bench/bench_notify.c $(HOOK_DRC_OBJS) $(O)/fakecuda/libcuda.so.1
-	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(HOOK_DRC_OBJS) -L$(O)/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/fakecuda' $(LIBS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(HOOK_DRC_OBJS) -L$(O)/fakecuda -l:libcuda.so.1 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/fakecuda' $(LIBS)
 
 .PHONY: hooks
 hooks: $(O)/test_hooks_gpu_static $(O)/test_hooks_gpu_shared $(O)/libdrc_torch.so $(O)/bench_notify $(O)/test_multi_rt_gpu
