@@ -317,6 +317,11 @@ static int freeing_overlaps(uintptr_t s, uintptr_t last)
     return 0;
 }
 
+int drc__notify_freeing(uintptr_t s, uintptr_t last)
+{
+    return freeing_overlaps(s, last);
+}
+
 void drc__notify_wait_frees(uintptr_t s, uintptr_t last)
 {
     unsigned g, spins;

@@ -35,6 +35,15 @@ void drc__notify_end(int ticket);
 void drc__notify_wait_frees(uintptr_t s, uintptr_t last);
 
 /*
+ * 1 if a free overlapping [s, last] is in flight (published by begin, not yet
+ * ended; or claimed, or one that found no entry: those overlap everything).
+ * Sequentially consistent loads: the CUDA layer's export table asks it, so
+ * that it never keeps an export of memory whose free has begun
+ * (src/cuda/export.c). Lock-free.
+ */
+int  drc__notify_freeing(uintptr_t s, uintptr_t last);
+
+/*
  * The hook ABI: what drc hands the preload library (src/preload/) through
  * its exported drc_hook_attach(), on the first subscribe. The preload may sit
  * in front of several copies of drc (libdrc.so and a static libdrc.a in the

@@ -248,9 +248,13 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
  * [lo, hi): the allocation is about to be freed, unmapped or torn down, and
  * an open dmabuf fd would keep its memory taken. free.c calls it before the
  * real free. drc__cuda_exports_live(): how many exports the table holds.
+ * drc__cuda_exports_busy(): 0 only when the table holds none and no export is
+ * being made, so that a free may skip the drop (export.c: a free must count
+ * as a drop while an export is in flight, even with the table empty).
  */
 void drc__cuda_exports_drop(int device, uintptr_t lo, uintptr_t hi);
 int drc__cuda_exports_live(void);
+int drc__cuda_exports_busy(void);
 
 /*
  * The CUDA allocations drc has classified, by device (memory.c records the

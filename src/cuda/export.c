@@ -40,8 +40,8 @@
  * allocations wait for each other: 20-35 us each on the H200); `lock`, which
  * protects the table and is never held across a driver call. Neither is a
  * cache lock (no cache calls this with its lock held), and a free (drop)
- * takes `lock` only, so it never waits for an export. The race that leaves
- * open and how it is closed:
+ * takes `lock` only, so it never waits for an export. The races that leave
+ * open and how they are closed. First, a drop after the lookup:
  *
  *   registering thread                       freeing thread
  *   lookup: no entry; gen = drops
@@ -50,12 +50,42 @@
  *                                            cuMemFree
  *   insert: gen != drops -> not kept
  *
- * An export begun before any drop that completed meanwhile is handed out
- * unshared (the caller closes it after its registration), never kept: the
- * table cannot keep an fd of memory whose free it did not see. (The cache's
- * own invalidation protocol then deregisters that registration.)
+ * Second, a drop before the lookup, the real free after the export (the
+ * stale regions of tests/cuda/test_multi_device_mt.c, since this table):
+ *
+ *   getter G1 (pending before the free)      freeing thread (notify.c's bracket)
+ *                                            begin: publish the free in flight,
+ *                                            drop(range): drops++, invalidate
+ *                                            (G1's registration marked raced)
+ *   lookup: no entry; gen = drops
+ *   cuMemGetHandleForAddressRange: the memory is still there
+ *   insert: gen == drops -> was KEPT         cuMemFree; end
+ *   getter G2, classified before the free, registers after it: a table hit,
+ *   the dmabuf of the freed memory, no driver call. Its MR maps what the
+ *   free gave back, not the VA (freed, or a new buffer at the same address).
+ *
+ * So the second lookup also reads the frees in flight (notify.c,
+ * drc__notify_freeing): a free of the hull published then (before its drop,
+ * which this lookup follows under `lock`) and not yet ended means the
+ * export may be of memory on its way out: not kept. One that ended before
+ * the lookup freed the memory before the export, which then sees the new
+ * memory or fails. Third, a free that skips the drop because the table is
+ * empty (cuda_released, free.c) while a miss is between its lookup and its
+ * insert: it would leave gen == drops. `exporting` is raised before that
+ * lookup reads the frees, and a free reads it (drc__cuda_exports_busy)
+ * after publishing itself, both sequentially consistent: either the free
+ * sees the miss and drops (drops++), or the miss sees the free.
+ *
+ * An export begun before a drop that completed meanwhile, or while a free
+ * of its memory was in flight, is handed out unshared (the caller closes it
+ * after its registration), never kept: the table cannot keep an fd of
+ * memory whose free it did not see. (The cache's own invalidation protocol
+ * then deregisters that registration: its pending registration predates the
+ * free's publication, else it would have waited for the free to end.)
  */
 #include "cuda/cuda.h"
+
+#include "core/notify.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -77,6 +107,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t export_lock = PTHREAD_MUTEX_INITIALIZER;   /* one driver export at a time; before lock */
 static uint64_t tick, drops;    /* lock */
 static int live;                /* atomic, written under lock: entries in use */
+static int exporting;           /* atomic: misses between their second lookup and their decision (export_lock) */
 static int pcie_unsupported[DRC__CUDA_MAX_DEVICES];   /* atomic: the driver refused the PCIe type */
 
 /*
@@ -167,7 +198,7 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo, hi;
     struct entry *e, *slot = NULL;
     uint64_t ident, gen;
-    int err, out = -1;
+    int err, out = -1, busy;
 
     *fd = -1;
     *offset = 0;
@@ -200,28 +231,33 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
      * export it once, not once per thread that missed together.
      */
     pthread_mutex_lock(&export_lock);
+    __atomic_fetch_add(&exporting, 1, __ATOMIC_SEQ_CST);   /* before the frees are read: see the timeline above */
     pcie = pcie && !__atomic_load_n(&pcie_unsupported[m->device], __ATOMIC_RELAXED);
     pthread_mutex_lock(&lock);
     e = find_locked(m->device, m->lo, m->hi, ident, pcie);
     if (e) {
         err = hand_out(e, start, fd, offset);
         pthread_mutex_unlock(&lock);
+        __atomic_fetch_sub(&exporting, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&export_lock);
         return err;
     }
     gen = drops;
+    busy = drc__notify_freeing(lo, hi - 1);     /* a free of this memory has begun and not ended */
     pthread_mutex_unlock(&lock);
 
     err = export_range(d, m, lo, hi, &pcie, &out);
     if (err) {
+        __atomic_fetch_sub(&exporting, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&export_lock);
         return err;
     }
 
     pthread_mutex_lock(&lock);
-    if (gen != drops) {
-        /* a free ran since the lookup (the timeline above): hand this export out, unshared */
+    if (gen != drops || busy) {
+        /* a free ran since the lookup, or was running at it (the timeline above): hand this export out, unshared */
         pthread_mutex_unlock(&lock);
+        __atomic_fetch_sub(&exporting, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&export_lock);
         *fd = out;
         *offset = start - lo;
@@ -248,6 +284,7 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
     }
     err = hand_out(e, start, fd, offset);
     pthread_mutex_unlock(&lock);
+    __atomic_fetch_sub(&exporting, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&export_lock);
     return err;
 }
@@ -267,6 +304,11 @@ void drc__cuda_exports_drop(int device, uintptr_t lo, uintptr_t hi)
 int drc__cuda_exports_live(void)
 {
     return __atomic_load_n(&live, __ATOMIC_RELAXED);
+}
+
+int drc__cuda_exports_busy(void)
+{
+    return __atomic_load_n(&live, __ATOMIC_SEQ_CST) || __atomic_load_n(&exporting, __ATOMIC_SEQ_CST);
 }
 
 /* memory.c's drc__cuda_forget (a new driver installed): every export closed, nothing learnt kept. */

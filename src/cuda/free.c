@@ -38,7 +38,7 @@ int drc__cuda_begin_free(drc__cuptr ptr)
     uintptr_t base;
     size_t len;
 
-    if (!ptr || (!active && !drc__cuda_exports_live()))
+    if (!ptr || (!active && !drc__cuda_exports_busy()))
         return -1;
     if (drc__cuda_alloc_range((uintptr_t)ptr, &base, &len) == 0) {
         if (!active) {
@@ -59,7 +59,7 @@ int drc__cuda_begin_unmap(drc__cuptr ptr, size_t size)
     if (!ptr || !size)
         return -1;
     if (!drc__notify_active()) {
-        if (drc__cuda_exports_live())
+        if (drc__cuda_exports_busy())
             drc__cuda_exports_drop(-1, (uintptr_t)ptr, (uintptr_t)ptr + size);
         return -1;
     }
@@ -70,7 +70,7 @@ int drc__cuda_begin_teardown(int device)
 {
     uintptr_t lo, hi;
 
-    if (drc__cuda_exports_live())
+    if (drc__cuda_exports_busy())
         drc__cuda_exports_drop(device, 0, UINTPTR_MAX);     /* every export of the device's memory */
     if (!drc__notify_active() || drc__cuda_tracked_hull(device, &lo, &hi))
         return -1;

@@ -351,7 +351,7 @@ static void cuda_released(uintptr_t addr, size_t len)
 {
     uintptr_t end = addr + len;
 
-    if (drc__cuda_exports_live())
+    if (drc__cuda_exports_busy())
         drc__cuda_exports_drop(-1, addr, end < addr ? UINTPTR_MAX : end);
 }
 

@@ -452,6 +452,57 @@ static void cache_hands_fd_and_closes_it(void **state)
     assert_int_equal(s.deregs, 2);
 }
 
+/*
+ * An export made while a free of its allocation is in flight is never kept
+ * in the shared table (src/cuda/export.c). The timeline it replays, the
+ * two-device stress test's stale regions (tests/cuda/test_multi_device_mt.c):
+ *
+ *   getter G1 (pending before the free)      freer
+ *                                            begin: publish, drop the entry, invalidate
+ *   export: no entry, no drop since lookup;
+ *   the memory is still there: exported     (G1's registration raced: never inserted)
+ *                                            cuMemFree; end
+ *   getter G2, classified before the free
+ *   (its get began before it), registers     the same VA: freed, or another buffer
+ *   after it: a table hit on the kept fd
+ *
+ * G2 got the dmabuf of the freed memory: its MR maps what the free gave
+ * back, not what the VA holds now. Kept, the export must be seen by no
+ * later registration; here the table must be empty once the free is over.
+ */
+static void export_during_free_not_kept(void **state)
+{
+    struct seen s;
+    drc_cache_t *c = seen_cache(&s, 0);     /* a cache: the free is bracketed */
+    struct drc__mem m;
+    uint64_t off;
+    int fd, t;
+
+    (void)state;
+    fc_add(GPU, 8 * MiB, 0, 9);
+    assert_int_equal(drc__mem_classify(GPU + MiB, 4096, &m), 0);
+    t = drc__cuda_begin_free(GPU);
+    assert_true(t >= 0);
+    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, 0, &fd, &off), 0);   /* the memory is still there */
+    close(fd);
+    assert_int_equal(cuMemFree_v2(GPU), 0);
+    drc__notify_end(t);
+    assert_int_equal(drc__cuda_exports_live(), 0);
+    /* a registration classified before the free: the driver is asked, and finds nothing there */
+    fd = 7;
+    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, 0, &fd, &off), -EINVAL);
+    assert_int_equal(fd, -1);
+    assert_int_equal(fc.nexports, 2);
+    /* other memory at the same VA: the driver exports that */
+    fc_add(GPU, 8 * MiB, 0, 10);
+    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, 0, &fd, &off), 0);
+    close(fd);
+    assert_int_equal(fc.nexports, 3);
+    drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
+    assert_int_equal(drc_cache_destroy(c), 0);
+    assert_int_equal(s.calls, 0);
+}
+
 /* DRC_F_VALIDATE: a hit on a reallocated buffer is an invalidation, then a new registration. */
 static void validate_catches_realloc(void **state)
 {
@@ -536,6 +587,7 @@ int main(void)
         cmocka_unit_test_setup(unchanged_compares_buffer_ids, setup),
         cmocka_unit_test_setup(alloc_range_for_the_hooks, setup),
         cmocka_unit_test_setup(cache_hands_fd_and_closes_it, setup),
+        cmocka_unit_test_setup(export_during_free_not_kept, setup),
         cmocka_unit_test_setup(validate_catches_realloc, setup),
         cmocka_unit_test_setup(no_coalescing_across_allocations, setup),
     };

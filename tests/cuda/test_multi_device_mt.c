@@ -8,7 +8,9 @@
  * freer (the main thread, until the getters are done) frees each slot from either device's context and allocates it again
  * at the same address (the double's first fit: a new buffer id there). A
  * getter checks every region it got against the buffer id of the memory at
- * that address now, but only for gets no free overlapped: gen[i] is odd while
+ * that address now (a region's memory is that of its dmabuf, as a NIC maps
+ * it, when it has one: what the VA held at reg() may differ, see rec_reg),
+ * but only for gets no free overlapped: gen[i] is odd while
  * slot i is being freed and reallocated, and a get is checked only if it saw
  * the same even generation before and after. What a user checks: no stale
  * region, regs == deregs once the cache is gone, the fds back to what they
@@ -36,7 +38,7 @@
 enum { SLOTS = 4, GETTERS = 4, GETS = 20000 };
 
 struct mr {
-    unsigned long long buffer_id;   /* of the memory at the region's start when it was registered */
+    unsigned long long buffer_id;   /* of the memory registered: the dmabuf's, else the region's start's at reg() */
 };
 
 static int regs, deregs;            /* atomic */
@@ -64,7 +66,15 @@ static int rec_reg(void *ctx, const struct drc_reg_args *a, void **h, uint32_t *
         return -EFAULT;
     if (!(m = calloc(1, sizeof(*m))))
         return -ENOMEM;
-    cuPointerGetAttribute(&m->buffer_id, DRC__CU_POINTER_ATTRIBUTE_BUFFER_ID, a->start);
+    /*
+     * A NIC maps the dmabuf it is handed, not the VA: a dmabuf of a freed
+     * allocation (a stale shared export, src/cuda/export.c) registered while
+     * a new buffer sits at the same VA is stale although the VA's buffer id
+     * is right. So the dmabuf's buffer id (the double remembers it) when
+     * there is one; the VA's only without (peermem, host).
+     */
+    if (a->dmabuf_fd < 0 || fakecu_dmabuf_id(a->dmabuf_fd, &m->buffer_id) != 0)
+        cuPointerGetAttribute(&m->buffer_id, DRC__CU_POINTER_ATTRIBUTE_BUFFER_ID, a->start);
     __atomic_fetch_add(&regs, 1, __ATOMIC_RELAXED);
     *h = m;
     *lkey = *rkey = 1;

@@ -563,22 +563,22 @@ int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned lon
  * wrong bytes there, as it would on a real NIC (UCX issue 11417). Test-only.
  */
 enum { MAX_EXPORTED = 1024 };
-static struct { unsigned long long dev, ino, base; } exported[MAX_EXPORTED];
+static struct { unsigned long long dev, ino, base, id; } exported[MAX_EXPORTED];
 static unsigned nexported;
 
-static void remember_export(int fd, unsigned long long base)
+static void remember_export(int fd, unsigned long long base, unsigned long long id)
 {
     struct stat st;
 
     if (fstat(fd, &st) != 0)
         return;
     pthread_mutex_lock(&lock);
-    exported[nexported++ % MAX_EXPORTED] = (typeof(exported[0])){ st.st_dev, st.st_ino, base };
+    exported[nexported++ % MAX_EXPORTED] = (typeof(exported[0])){ st.st_dev, st.st_ino, base, id };
     pthread_mutex_unlock(&lock);
 }
 
-int fakecu_dmabuf_base(int fd, unsigned long long *base);
-int fakecu_dmabuf_base(int fd, unsigned long long *base)
+/* The export behind @fd (a dup of it too): its base and the buffer id of the memory it exported. */
+static int exported_as(int fd, unsigned long long *base, unsigned long long *id)
 {
     struct stat st;
     unsigned i;
@@ -590,10 +590,26 @@ int fakecu_dmabuf_base(int fd, unsigned long long *base)
     for (i = 0; i < nexported && i < MAX_EXPORTED; i++)
         if (exported[i].dev == st.st_dev && exported[i].ino == st.st_ino) {
             *base = exported[i].base;
+            *id = exported[i].id;
             rc = 0;
         }
     pthread_mutex_unlock(&lock);
     return rc;
+}
+
+int fakecu_dmabuf_base(int fd, unsigned long long *base);
+int fakecu_dmabuf_base(int fd, unsigned long long *base)
+{
+    unsigned long long id;
+
+    return exported_as(fd, base, &id);
+}
+
+int fakecu_dmabuf_id(int fd, unsigned long long *id)
+{
+    unsigned long long base;
+
+    return exported_as(fd, &base, id);
 }
 
 /* The dmabuf: a memfd of the range's size. */
@@ -604,6 +620,7 @@ int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t s
 {
     struct fc_export *e;
     struct fc_alloc *a;
+    unsigned long long id;
     int fd, device;
 
     pthread_mutex_lock(&lock);
@@ -611,6 +628,7 @@ int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t s
     *e = (struct fc_export){ ptr, size, flags, fc_current, -1 };
     a = find(ptr);
     device = a ? a->device : -1;
+    id = a ? a->buffer_id : 0;
     pthread_mutex_unlock(&lock);
     if (fc.strict_ctx && (!fc_current || (device >= 0 && ctx_device(fc_current) != device)))
         return INVALID_CONTEXT; /* no context, or one of another device */
@@ -629,7 +647,7 @@ int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t s
         return OUT_OF_MEMORY;
     }
     e->fd = fd;
-    remember_export(fd, ptr);
+    remember_export(fd, ptr, id);
     *(int *)handle = fd;
     __atomic_fetch_add(&exports, 1, __ATOMIC_RELAXED);
     return OK;

@@ -139,6 +139,13 @@ void fake_cuda_needs_context(int on);
 /* dmabuf exports made so far (the engine test tells the double from a real driver by it). */
 unsigned fakecu_exports(void);
 
+/*
+ * The buffer id of the memory a dmabuf of this double (or a dup of it) was
+ * exported from, as the driver saw it at the export: 0, or -1 if @fd is not
+ * one. What a NIC would map, whatever the VA holds now.
+ */
+int fakecu_dmabuf_id(int fd, unsigned long long *id);
+
 /* The driver entry points programs call directly. */
 int cuMemAlloc_v2(unsigned long long *dptr, size_t size);
 int cuMemAllocHost_v2(void **p, size_t size);
