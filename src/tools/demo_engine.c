@@ -20,6 +20,7 @@
 #include <infiniband/verbs.h>
 
 #include "loopnic.h"   /* tests/loopnic: the provider's counters, looked up with dlsym */
+#include "rcqp.h"    /* tests/loopnic: one RC QP brought up, as the tests do it */
 
 #define ACC (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 enum { BUFS = 4, BUF_LEN = 1 << 20, TENSORS = 16, TENSOR = BUF_LEN / TENSORS, ROUNDS = 3, REALLOC_BEFORE = 2 };
@@ -50,36 +51,10 @@ static struct ibv_qp *make_qp(void)
 
 static void connect_qp(struct ibv_qp *qp, uint32_t dest)
 {
-    struct ibv_qp_attr a;
+    struct rcqp_peer peer = { .qpn = dest };
 
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RESET;
-    ibv_modify_qp(qp, &a, IBV_QP_STATE);
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = ACC;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        die("INIT");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_4096;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        die("RTR");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                  IBV_QP_MAX_QP_RD_ATOMIC))
-        die("RTS");
+    if (rcqp_connect(qp, &peer, ACC, 0))
+        die("ibv_modify_qp");
 }
 
 /* Send one tensor: register it, WRITE src into it, check it, deregister it. */

@@ -41,6 +41,7 @@
 #include "drc.h"
 #include "drc_verbs.h"
 #include "../loopnic/loopnic.h"
+#include "../loopnic/rcqp.h"
 
 #define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 #define MiB (1ul << 20)
@@ -154,30 +155,10 @@ static char *gpu_alloc(size_t size)
 
 static void qp_up(struct ibv_qp *qp, uint32_t dest)
 {
-    struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = ACCESS };
+    struct rcqp_peer peer = { .qpn = dest };
 
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        die("INIT");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_4096;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        die("RTR");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                  IBV_QP_MAX_QP_RD_ATOMIC))
-        die("RTS");
+    if (rcqp_connect(qp, &peer, ACCESS, 0))
+        die("ibv_modify_qp");
 }
 
 static void nics_open(void)

@@ -45,6 +45,7 @@
 #include <cmocka.h>
 #include <infiniband/verbs.h>
 
+#include "rcqp.h"
 #include "loopnic.h"
 #ifdef E2E_API
 #include "drc.h"
@@ -143,42 +144,11 @@ static int side_open(struct side *s)
 /* RESET -> INIT -> RTR -> RTS towards s->peer */
 static int side_connect(struct side *s)
 {
-    struct ibv_qp_attr a;
+    struct rcqp_peer peer = { .qpn = s->peer.qp_num, .psn = s->peer.psn, .lid = s->peer.lid,
+                              .sgid_index = (uint8_t)s->gid_index };
 
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RESET;
-    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE))
-        return -1;
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = ACC;
-    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        return -1;
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = s->peer.qp_num;
-    a.rq_psn = s->peer.psn;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 12;
-    a.ah_attr.dlid = s->peer.lid;
-    a.ah_attr.port_num = 1;
-    a.ah_attr.is_global = 1;
-    memcpy(a.ah_attr.grh.dgid.raw, s->peer.gid, 16);
-    a.ah_attr.grh.sgid_index = (uint8_t)s->gid_index;
-    a.ah_attr.grh.hop_limit = 1;
-    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        return -1;
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.sq_psn = s->me.psn;
-    a.max_rd_atomic = 4;
-    return ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    memcpy(peer.gid.raw, s->peer.gid, 16);
+    return rcqp_connect(s->qp, &peer, ACC, s->me.psn) ? -1 : 0;
 }
 
 static void side_close(struct side *s)

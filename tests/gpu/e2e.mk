@@ -1,7 +1,7 @@
 # ---- the end-to-end suite on real GPU memory (issue 10): included by tests/gpu/Makefile ----
 # e2e_gpu links the system's libibverbs and runs on the loopback provider (LD_LIBRARY_PATH, e2e.sh);
 # -cudart shared, so that drc's cudaFree wrappers find the runtime's.
-$(O)/e2e_gpu: e2e_gpu.c gpu.h $(TOP)/tests/loopnic/loopnic.h $(HOOK_DRC_OBJS)
+$(O)/e2e_gpu: e2e_gpu.c gpu.h $(TOP)/tests/loopnic/loopnic.h $(TOP)/tests/loopnic/rcqp.h $(HOOK_DRC_OBJS)
 	$(NVCC) -cudart shared -I$(CUDA)/include -I$(TOP)/include -I$(TOP)/src -I$(TOP)/tests/loopnic -I. -Xcompiler -Wall,-Wextra \
 	  -o $@ $< $(HOOK_DRC_OBJS) -lcuda $(LIBS)
 .PHONY: e2e

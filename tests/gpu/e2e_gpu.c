@@ -39,6 +39,7 @@
 #include "drc.h"
 #include "drc_cuda.h"
 #include "drc_verbs.h"
+#include "rcqp.h"
 #include "gpu.h"
 #include "loopnic.h"
 
@@ -69,43 +70,16 @@ static unsigned long long stale_uses(void)
 
 static void connect_qp(struct ibv_qp *qp, uint32_t dest)
 {
-    struct ibv_qp_attr a;
+    /* a real NIC (make test-hw): this port's own GID and LID, loopback through the NIC */
+    struct rcqp_peer peer = { .qpn = dest };
+    struct ibv_port_attr pa;
+    int gid_index = getenv("E2E_GID_INDEX") ? atoi(getenv("E2E_GID_INDEX")) : 0;
 
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RESET;
-    ibv_modify_qp(qp, &a, IBV_QP_STATE);
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = ACC;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0, "INIT");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = 1;
-    {   /* a real NIC: this port's own GID and LID (loopback through the NIC) */
-        struct ibv_port_attr pa;
-        union ibv_gid gid;
-        if (ibv_query_port(ctx, 1, &pa) == 0)
-            a.ah_attr.dlid = pa.lid;
-        if (ibv_query_gid(ctx, 1, getenv("E2E_GID_INDEX") ? atoi(getenv("E2E_GID_INDEX")) : 0, &gid) == 0)
-            a.ah_attr.grh.dgid = gid;
-        a.ah_attr.grh.sgid_index = (uint8_t)(getenv("E2E_GID_INDEX") ? atoi(getenv("E2E_GID_INDEX")) : 0);
-        a.ah_attr.grh.hop_limit = 1;
-    }
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0, "RTR");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0, "RTS");
+    if (ibv_query_port(ctx, 1, &pa) == 0)
+        peer.lid = pa.lid;
+    ibv_query_gid(ctx, 1, gid_index, &peer.gid);
+    peer.sgid_index = (uint8_t)gid_index;
+    CHECK(rcqp_connect(qp, &peer, ACC, 0) == 0, "ibv_modify_qp: %s", strerror(errno));
 }
 
 /* One signalled WRITE (src -> gpu) or READ (gpu -> src) of n bytes; the completion's status. */
