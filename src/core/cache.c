@@ -80,6 +80,28 @@
 #include "core/notify.h"
 
 /*
+ * The VMM chunk records of a region's memory (struct drc__mem's chunk[]), kept
+ * out of struct drc_region so that only regions of multi-chunk VMM memory pay
+ * for them. A region slot gets one the first time it is published with
+ * chunks (allocated before the lock, attached under it) and keeps it until the
+ * cache is destroyed, so a reader holding a reference never sees it freed.
+ */
+struct region_chunks {
+    unsigned n;
+    struct drc__mem_chunk chunk[DRC__MEM_CHUNKS];
+};
+
+/* struct drc__mem without the chunk records: those are in *chunks (n == 0, or no chunks, for none) */
+struct region_mem {
+    enum drc_mem_type type;
+    int device;
+    uintptr_t lo, hi;
+    uint64_t buffer_id;
+    void *ctx;
+    struct region_chunks *chunks;
+};
+
+/*
  * gcc refuses atomic_thread_fence under -fsanitize=thread (-Wtsan: TSan does
  * not model fences). Keep the TSan build the same code: the fences only order
  * the sequence count against the tree's atomic stores and loads, and every
@@ -126,7 +148,7 @@ struct drc_region {
     drc_cache_t *cache;             /* set once, when the pool chunk is made */
     struct drc__itree_node node;    /* atomic fields, see itree.h */
     /* set before publication (release store of word) and constant while referenced */
-    struct drc__mem mem;
+    struct region_mem mem;
     void *handle;
     uint32_t lkey, rkey;
     int valid;                      /* atomic */
@@ -1088,7 +1110,14 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     ST(r->access, p->access);
     ST(r->valid, 1);
     ST(r->detached, 0);
-    r->mem = *m;
+    /* r->mem.chunks is the slot's own (get_slow attached one if m has chunks) */
+    DRC_ASSERT(!m->nchunks || r->mem.chunks);
+    r->mem = (struct region_mem){ .type = m->type, .device = m->device, .lo = m->lo, .hi = m->hi,
+                                  .buffer_id = m->buffer_id, .ctx = m->ctx, .chunks = r->mem.chunks };
+    if (r->mem.chunks) {
+        r->mem.chunks->n = m->nchunks;
+        memcpy(r->mem.chunks->chunk, m->chunk, m->nchunks * sizeof(m->chunk[0]));
+    }
     r->handle = handle;
     r->lkey = lkey;
     r->rkey = rkey;
@@ -1117,6 +1146,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
 {
     struct drc_region *r, *dead = NULL;
     struct chunk *spare = NULL;
+    struct region_chunks *ext = NULL;     /* chunk records for r, if m has them and r has none */
     struct drc__mem m;
     struct pending pend;
     struct plan p;
@@ -1159,6 +1189,8 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     drc__notify_wait_frees(p.start, p.last);    /* never export memory a hook is freeing (notify.c) */
     err = register_plan(c, &p, &m, &handle, &lkey, &rkey);
     registered = !err;
+    if (!err && m.nchunks && !(ext = mem_alloc(sizeof(*ext))))     /* multi-chunk VMM memory only */
+        err = -ENOMEM;
 
     lock(c);
     r = NULL;
@@ -1178,9 +1210,14 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
         __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);
         unlock(c);
         mem_free(spare);
+        mem_free(ext);
         if (registered)
             be_dereg(c, handle);
         return err;
+    }
+    if (m.nchunks && !r->mem.chunks) {
+        r->mem.chunks = ext;    /* the slot keeps it until drc_cache_destroy() */
+        ext = NULL;
     }
     seq_begin(c);
     if (p.merging)
@@ -1197,6 +1234,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     unlock(c);
     release_list(c, dead);
     mem_free(spare);        /* a chunk another thread's made unneeded */
+    mem_free(ext);          /* r had chunk records of its own */
     if (grow)
         hint_grow(c, grow);
     *out = r;
@@ -1206,9 +1244,18 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
 /* DRC_F_VALIDATE: is a CUDA hit still the buffer it was registered on? */
 static int stale_hit(drc_cache_t *c, const struct drc_region *r, uintptr_t s, uintptr_t last)
 {
+    struct drc__mem m;
+
     DRC_ASSERT_NO_LOCK();
-    return (c->flags & DRC_F_VALIDATE) && r->mem.type == DRC_MEM_CUDA &&
-           !drc__mem_unchanged(&r->mem, s, last - s + 1);
+    if (!(c->flags & DRC_F_VALIDATE) || r->mem.type != DRC_MEM_CUDA)
+        return 0;
+    /* the region's struct drc__mem again: constant while the hit holds its reference */
+    m = (struct drc__mem){ .type = r->mem.type, .device = r->mem.device, .lo = r->mem.lo, .hi = r->mem.hi,
+                           .buffer_id = r->mem.buffer_id, .ctx = r->mem.ctx,
+                           .nchunks = r->mem.chunks ? r->mem.chunks->n : 0 };
+    if (m.nchunks)
+        memcpy(m.chunk, r->mem.chunks->chunk, m.nchunks * sizeof(m.chunk[0]));
+    return !drc__mem_unchanged(&m, s, last - s + 1);
 }
 
 int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
@@ -1653,7 +1700,7 @@ int drc_cache_destroy(drc_cache_t *c)
     struct drc__itree_node *n;
     struct hint_tab *t;
     struct chunk *ch;
-    int budget;
+    int budget, i;
 
     if (!c)
         return -EINVAL;
@@ -1674,6 +1721,8 @@ int drc_cache_destroy(drc_cache_t *c)
     }   /* else a fork child's copy: free drc's own memory only, the registrations are the parent's */
     while ((ch = c->chunks)) {
         c->chunks = ch->next;
+        for (i = 0; i < CHUNK_REGIONS; i++)
+            mem_free(ch->r[i].mem.chunks);
         mem_free(ch);
     }
     while ((t = c->hint)) {
