@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "backend.h"
 #include "drc.h"
 #include "drc_cuda.h"
 #include "fake_cuda.h"
@@ -23,48 +24,28 @@
 #define GPU1 0x7f8000000000ul
 #define HOSTP 0x7e0000000000ul
 
-struct rec {
-    int regs, deregs;
-};
-
-static int rec_reg(void *ctx, const struct drc_reg_args *a, void **h, uint32_t *lkey, uint32_t *rkey)
-{
-    struct rec *r = ctx;
-
-    if (a->dmabuf_fd >= 0)
-        close(a->dmabuf_fd);    /* the fake's memfd: the cache closes its own copy */
-    *h = (void *)(uintptr_t)++r->regs;
-    *lkey = *rkey = 1;
-    return 0;
-}
-
-static int rec_dereg(void *ctx, void *h)
-{
-    (void)h;
-    ((struct rec *)ctx)->deregs++;
-    return 0;
-}
-
-static struct rec rec;
+static struct tb *b;                /* the recording backend (tests/backend.h) */
 static drc_cache_t *cache;
 
 static int setup(void **state)
 {
-    struct drc_backend be = { .reg = rec_reg, .dereg = rec_dereg, .ctx = &rec };
     struct drc_config cfg = { .policy = DRC_DMABUF_THEN_PEERMEM };
 
     fc_reset();
-    memset(&rec, 0, sizeof(rec));
+    b = tb_new();
     cfg.flags = *state ? DRC_F_VALIDATE : 0;
-    return drc_cache_create(&be, &cfg, &cache);
+    return drc_cache_create(&b->be, &cfg, &cache);
 }
 
 static int teardown(void **state)
 {
+    int err;
+
     (void)state;
-    drc_cache_destroy(cache);
+    err = drc_cache_destroy(cache) || tb_all_released_once(b);
+    tb_free(b);
     drc__cuda_set_driver(NULL);
-    return 0;
+    return err ? -1 : 0;
 }
 
 /* Register [p, p+len) and leave it idle in the cache. */
@@ -87,13 +68,13 @@ static void free_without_a_context_drops_the_whole_allocation(void **state)
     fc_current = NULL;              /* the freeing thread has none */
     assert_int_equal(drc_cuMemFree(GPU), 0);
     assert_int_equal(fc.frees, 1);
-    assert_int_equal(rec.deregs, 1);    /* the sub-range at +32 MiB went with it */
+    assert_int_equal((int)tb_dereg_calls(b), 1);    /* the sub-range at +32 MiB went with it */
     assert_null(fc_current);            /* and the thread still has no context */
     /* the same through the runtime's free (no shared runtime: the driver's) */
     fc_add(GPU, 64 * MiB, 0, 10);
     reg_idle(GPU + 32 * MiB, 4096);
     assert_int_equal(drc_cudaFree((void *)GPU), 0);
-    assert_int_equal(rec.deregs, 2);
+    assert_int_equal((int)tb_dereg_calls(b), 2);
 }
 
 /* Issue 9 item 3: pinned host memory goes through cuMemFreeHost & co.; its registration goes first. */
@@ -108,7 +89,7 @@ static void pinned_host_frees_drop_the_range(void **state)
         fc_add_host(HOSTP, 8 * MiB, 0);
         reg_idle(HOSTP + 4 * MiB, 4096);
         assert_int_equal(fns[i]((void *)HOSTP), 0);
-        assert_int_equal(rec.deregs, (int)i + 1);
+        assert_int_equal((int)tb_dereg_calls(b), (int)i + 1);
         assert_int_equal(fc.frees, (int)i + 1);
     }
 }
@@ -120,11 +101,11 @@ static void ipc_close_drops_the_mapping(void **state)
     fc_add(GPU, 32 * MiB, 0, 7);    /* as cuIpcOpenMemHandle maps it */
     reg_idle(GPU + 16 * MiB, 4096);
     assert_int_equal(drc_cuIpcCloseMemHandle(GPU), 0);
-    assert_int_equal(rec.deregs, 1);
+    assert_int_equal((int)tb_dereg_calls(b), 1);
     fc_add(GPU, 32 * MiB, 0, 8);
     reg_idle(GPU + 16 * MiB, 4096);
     assert_int_equal(drc_cudaIpcCloseMemHandle((void *)GPU), 0);
-    assert_int_equal(rec.deregs, 2);
+    assert_int_equal((int)tb_dereg_calls(b), 2);
 }
 
 /* Issue 9 item 2: a teardown frees every allocation of the device without a free call. */
@@ -139,18 +120,18 @@ static void teardowns_drop_the_device(void **state)
     reg_idle(GPU1 + MiB, 4096);
     assert_int_equal(drc_cuDevicePrimaryCtxReset(0), 0);
     assert_int_equal(fc.resets, 1);
-    assert_int_equal(rec.deregs, 2);    /* both of device 0, not device 1's */
+    assert_int_equal((int)tb_dereg_calls(b), 2);    /* both of device 0, not device 1's */
     /* cuCtxDestroy of device 0's context (the reset freed device 0's memory: allocate again) */
     fc_add(GPU, 8 * MiB, 0, 4);
     reg_idle(GPU + MiB, 4096);
     assert_int_equal(drc_cuCtxDestroy(FC_CTX0), 0);
     assert_int_equal(fc.destroys, 1);
-    assert_int_equal(rec.deregs, 3);
+    assert_int_equal((int)tb_dereg_calls(b), 3);
     /* cudaDeviceReset (no shared runtime: the current device's primary context is reset) */
     fc_current = FC_PRIMARY(1);
     assert_int_equal(drc_cudaDeviceReset(), 0);
     assert_int_equal(fc.reset_dev, 1);
-    assert_int_equal(rec.deregs, 4);    /* device 1's */
+    assert_int_equal((int)tb_dereg_calls(b), 4);    /* device 1's */
 }
 
 /* The last cuDevicePrimaryCtxRelease resets the context: its memory is invalidated (after the call). */
@@ -164,9 +145,9 @@ static void last_primary_release_drops_the_device(void **state)
     fc_add(GPU1, 8 * MiB, 1, 3);
     reg_idle(GPU1 + MiB, 4096);
     assert_int_equal(drc_cuDevicePrimaryCtxRelease(1), 0);
-    assert_int_equal(rec.deregs, 0);    /* a reference is left: nothing went */
+    assert_int_equal((int)tb_dereg_calls(b), 0);    /* a reference is left: nothing went */
     assert_int_equal(drc_cuDevicePrimaryCtxRelease(1), 0);
-    assert_int_equal(rec.deregs, 1);
+    assert_int_equal((int)tb_dereg_calls(b), 1);
 }
 
 /* Issue 9 item 9: DRC_F_VALIDATE checks each chunk a hit touches against its own recorded id. */
@@ -183,16 +164,16 @@ static void validate_per_vmm_chunk(void **state)
     reg_idle(GPU, 3 * g);
     for (i = 0; i < 100; i++)
         reg_idle(GPU + (size_t)(i % 3) * g + 4096, 4096);
-    assert_int_equal(rec.regs, 1);      /* 101 gets, one registration */
+    assert_int_equal((int)tb_nreg(b), 1);      /* 101 gets, one registration */
     /* chunk 1 remapped (a new buffer id at the same VA): hits there register again, once */
     fc.a[1].buffer_id = 21;
     assert_int_equal(drc_get(cache, (void *)(GPU + g + 4096), 4096, 1, &r), 0);
     assert_int_equal(drc_put(cache, r), 0);
-    assert_int_equal(rec.regs, 2);
+    assert_int_equal((int)tb_nreg(b), 2);
     /* the new registration recorded the new id: hits on it stay hits */
     for (i = 0; i < 10; i++)
         reg_idle(GPU + g + 4096, 4096);
-    assert_int_equal(rec.regs, 2);
+    assert_int_equal((int)tb_nreg(b), 2);
 }
 
 int main(void)
