@@ -7,3 +7,10 @@ $(O)/e2e_gpu: e2e_gpu.c gpu.h $(TOP)/tests/loopnic/loopnic.h $(TOP)/tests/loopni
 .PHONY: e2e
 e2e: $(O)/e2e_gpu
 hooks: $(O)/e2e_gpu
+# the NIC side of the PyTorch end to end (test_torch_e2e_gpu.py, loaded with ctypes): QPs and a staging buffer
+$(O)/libe2e_nic.so: e2e_nic.c $(TOP)/tests/loopnic/loopnic.h $(TOP)/tests/loopnic/rcqp.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -I$(TOP)/tests/loopnic $(CFLAGS) -fPIC -shared -o $@ $< $(LIBS)
+.PHONY: torch-e2e
+torch-e2e: $(O)/libe2e_nic.so $(O)/libdrc_torch.so
+e2e: $(O)/libe2e_nic.so
