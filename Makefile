@@ -279,6 +279,14 @@ $B/hooktest/hook_child: tests/hooks/hook_child.c tests/doubles/fake_libcuda.h $B
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/doubles -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/fakecuda -l:libcuda.so.1 \
 	  -Wl,-rpath,'$$ORIGIN/../fakecuda' $(LDLIBS)
+# hook_child's "rtld-default" mode: a library it loads RTLD_LOCAL, which looks up a symbol of its own
+# dependency with dlsym(RTLD_DEFAULT) (tests/hooks/rtld_local.c)
+$B/hooktest/librtld_dep.so: tests/hooks/rtld_local.c tests/hooks/rtld_dep.map
+	@mkdir -p $(@D)
+	$(CC) -DRTLD_LOCAL_DEP -O1 -g $(WARN) -fPIC -shared -Wl,--version-script=tests/hooks/rtld_dep.map -o $@ $<
+$B/hooktest/librtld_user.so: tests/hooks/rtld_local.c $B/hooktest/librtld_dep.so
+	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -L$(@D) -l:librtld_dep.so -Wl,-rpath,'$$ORIGIN' -ldl
+$B/hooktest/hook_child: $B/hooktest/librtld_user.so
 # The verbs front's seam (drc__preload_verbs_symbol), stood in for: the preload without
 # verbs_preload.c, plus tests/hooks/verbs_standin.c, which serves ibv_dereg_mr.
 $B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/verbs_preload.c,$(PRELOAD_SRCS))) \

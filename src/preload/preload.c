@@ -40,6 +40,9 @@
  * dladdr1(RTLD_DL_LINKMAP), and the objects after it in the link map are
  * asked in turn, each through a handle of its own; the first that defines
  * the name wins. This holds at -O0 and on every architecture.
+ *
+ * RTLD_DEFAULT is the caller's too: libc searches the global scope and then
+ * the caller's local one (default_for).
  */
 #include <dlfcn.h>
 #include <elf.h>
@@ -329,6 +332,32 @@ static void *next_after(const void *ra, const char *name, const char *version)
     return NULL;
 }
 
+/*
+ * RTLD_DEFAULT for the code at @ra. libc searches the global scope, then the
+ * caller's own local scope: an object loaded RTLD_LOCAL (every ctypes.CDLL,
+ * most plugins) sees its own dependencies. Forwarded from here, the caller
+ * would be this library, whose local scope is not the caller's, and such a
+ * lookup of a symbol of the caller's own dependency would answer NULL. So when
+ * the global scope has no answer, the caller's object is asked through a
+ * handle of its own, which searches it and its dependencies.
+ */
+static void *default_for(const void *ra, const char *name, const char *version)
+{
+    void *p = version ? drc__hook_real_dlvsym(RTLD_DEFAULT, name, version) : drc__hook_real_dlsym(RTLD_DEFAULT, name);
+    struct link_map *self = NULL;
+    Dl_info info;
+    void *h;
+
+    if (p || !dladdr1(ra, &info, (void **)&self, RTLD_DL_LINKMAP) || !self || !self->l_name || !self->l_name[0])
+        return p;       /* found, or the caller is the executable: its scope is the global one */
+    h = dlopen(self->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (h) {
+        p = version ? drc__hook_real_dlvsym(h, name, version) : drc__hook_real_dlsym(h, name);
+        dlclose(h);     /* drops the reference NOLOAD took */
+    }
+    return p;
+}
+
 /* 1 if the code at @ra belongs to a drc (an object that exports drc_notify_free). */
 static int from_drc(const void *ra)
 {
@@ -374,7 +403,8 @@ EXPORT void *dlsym(void *handle, const char *name)
 
     if (handle == RTLD_NEXT)
         return next_after(ra, name, NULL);
-    return answer(name, NULL, drc__hook_real_dlsym(handle, name), ra);
+    return answer(name, NULL, handle == RTLD_DEFAULT ? default_for(ra, name, NULL) : drc__hook_real_dlsym(handle, name),
+                  ra);
 }
 
 EXPORT void *dlvsym(void *handle, const char *name, const char *version)
@@ -383,5 +413,6 @@ EXPORT void *dlvsym(void *handle, const char *name, const char *version)
 
     if (handle == RTLD_NEXT)
         return next_after(ra, name, version);
-    return answer(name, version, drc__hook_real_dlvsym(handle, name, version), ra);
+    return answer(name, version, handle == RTLD_DEFAULT ? default_for(ra, name, version) :
+                  drc__hook_real_dlvsym(handle, name, version), ra);
 }

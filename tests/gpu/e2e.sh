@@ -17,7 +17,7 @@ LN="$B/loopnic${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fail=0
 run() {
     echo "== $*"
-    env LD_LIBRARY_PATH="$LN" PYTHONUNBUFFERED=1 "$@"
+    env LD_LIBRARY_PATH="$LN" PYTHONUNBUFFERED=1 E2E_EXPECT_LOOPNIC=1 "$@"
     rc=$?
     [ "$rc" -eq 0 ] || { fail=$((fail + 1)); echo "== FAILED (exit $rc): $*"; }
 }

@@ -109,16 +109,17 @@ int e2e_nic_xfer(int write, uint64_t remote, uint32_t rkey, size_t n)
     return got == 1 ? (int)wc.status : -1;
 }
 
-/* loopnic's stale uses and live MRs of every device, or -1 each on another provider. */
-void e2e_nic_counters(long long *stale, long long *live_mrs)
+/* loopnic's stale uses, live MRs and refused registrations, all devices; -1 each on another provider. */
+void e2e_nic_counters(long long *stale, long long *live_mrs, long long *reg_failures)
 {
     loopnic_get_counters_fn *get = (loopnic_get_counters_fn *)dlsym(RTLD_DEFAULT, "loopnic_get_counters");
     struct loopnic_counters c;
 
-    *stale = *live_mrs = -1;
+    *stale = *live_mrs = *reg_failures = -1;
     if (get && get(-1, &c) == 0) {
         *stale = (long long)c.stale_uses;
         *live_mrs = (long long)c.live_mrs;
+        *reg_failures = (long long)c.reg_failures;
     }
 }
 

@@ -18,6 +18,8 @@
  *       unmap     dlsym(libcuda, "cuMemUnmap") on the whole allocation
  *       wrapper   drc_cuMemFree (no preload needed)
  *       rtld-next check that dlsym(RTLD_NEXT) still means "after the caller"
+ *       rtld-default  a library loaded RTLD_LOCAL finds its own dependency's symbol with
+ *                 dlsym/dlvsym(RTLD_DEFAULT) (librtld_user.so beside this program)
  *       nocache   free through every path with no cache created: all succeed
  *       noctx     64 MiB, regions at +32 MiB, freed as "runtime" from a thread with no
  *                 current context (cuMemGetAddressRange then fails with 201)
@@ -178,6 +180,22 @@ static int nocache(void)
     return fake_cuda_frees() == i ? 0 : 1;
 }
 
+/* dlsym(RTLD_DEFAULT) from a library loaded RTLD_LOCAL, of a symbol of its own dependency. */
+static int rtld_default(const char *self)
+{
+    char path[4096];
+    const char *slash = strrchr(self, '/');
+    int (*lookup)(void), rc;
+    void *h;
+
+    snprintf(path, sizeof(path), "%.*slibrtld_user.so", slash ? (int)(slash - self + 1) : 0, self);
+    if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) || !(lookup = (int (*)(void))dlsym(h, "drc_test_rtld_default_lookup")))
+        return 1;
+    rc = lookup();
+    printf("rtld-default: dlsym %s, dlvsym %s\n", rc & 1 ? "NOT found" : "found", rc & 2 ? "NOT found" : "found");
+    return rc ? 2 : 0;
+}
+
 /* Whose ibv_dereg_mr does a private handle of libibverbs give? */
 static int ibv_dlsym(void)
 {
@@ -217,6 +235,8 @@ int main(int argc, char **argv)
         printf("rtld-next: %s\n", next == (void *)cuMemFree_v2 ? "relative to the caller" : "WRONG object");
         return next == (void *)cuMemFree_v2 ? 0 : 2;
     }
+    if (!strcmp(mode, "rtld-default"))
+        return rtld_default(argv[0]);
     if (!strcmp(mode, "nocache"))
         return nocache();
     if (!strcmp(mode, "ibv-dlsym"))

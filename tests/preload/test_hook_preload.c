@@ -191,6 +191,22 @@ static void test_rtld_next_keeps_its_meaning(void **state)
     assert_int_equal(run_child("rtld-next", 1, NULL, out, sizeof(out)), 0);
 }
 
+/*
+ * dlsym(RTLD_DEFAULT) answers in the caller's scope: a library loaded RTLD_LOCAL (ctypes, plugins)
+ * finds its own dependency's symbols. The preload forwards the call, which made it the caller:
+ * before default_for(), the lookup answered NULL under the preload only. The control is the same
+ * program without the preload, which must find it (else the check proves nothing).
+ */
+static void test_rtld_default_keeps_its_meaning(void **state)
+{
+    char out[512];
+
+    (void)state;
+    assert_int_equal(run_child("rtld-default", NO_HOOK, NULL, out, sizeof(out)), 0);
+    assert_int_equal(run_child("rtld-default", 1, NULL, out, sizeof(out)), 0);
+    assert_int_equal(run_child("rtld-default", BOTH_NAMES, NULL, out, sizeof(out)), 0);
+}
+
 /* A program that never creates a cache: every free path still frees, through the hook. */
 static void test_no_cache_every_path_still_frees(void **state)
 {
@@ -295,6 +311,7 @@ int main(void)
         cmocka_unit_test(test_through_dlsym_like_the_runtime),
         cmocka_unit_test(test_dlsym_of_the_free_itself),
         cmocka_unit_test(test_rtld_next_keeps_its_meaning),
+        cmocka_unit_test(test_rtld_default_keeps_its_meaning),
         cmocka_unit_test(test_no_cache_every_path_still_frees),
         cmocka_unit_test(test_free_without_a_context),
     };
@@ -314,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_wrapper_with_and_without_preload),
         cmocka_unit_test(test_monitor_none_passes_through),
         cmocka_unit_test(test_rtld_next_keeps_its_meaning),
+        cmocka_unit_test(test_rtld_default_keeps_its_meaning),
         cmocka_unit_test(test_no_cache_every_path_still_frees),
     };
 
