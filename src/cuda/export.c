@@ -247,6 +247,23 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
     pthread_mutex_unlock(&lock);
 
     err = export_range(d, m, lo, hi, &pcie, &out);
+    if (err == -EINVAL) {
+        /*
+         * A stream-ordered pool (cudaMallocAsync) packs allocations into one mapping, so
+         * an allocation's pages may start inside another allocation; the driver refuses
+         * such a range (INVALID_VALUE: measured on the H200, CUDA 13) but exports one
+         * that starts at the mapping's base, across the allocations. The region's offset
+         * is then counted from there.
+         */
+        drc__cuptr mbase = 0;
+
+        if (d->cuPointerGetAttribute &&
+            d->cuPointerGetAttribute(&mbase, DRC__CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, m->lo) == 0 &&
+            mbase < lo && !(mbase & (page - 1)) && !(err = export_range(d, m, (uintptr_t)mbase, hi, &pcie, &out)))
+            lo = (uintptr_t)mbase;
+        else
+            err = -EINVAL;
+    }
     if (err) {
         __atomic_fetch_sub(&exporting, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&export_lock);

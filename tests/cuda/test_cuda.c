@@ -571,6 +571,44 @@ static void no_coalescing_across_allocations(void **state)
     assert_int_equal(drc_cache_destroy(c), 0);
 }
 
+/*
+ * PyTorch's cudaMallocAsync backend packs tensors into a pool's mapping, so a tensor's pages start
+ * inside its neighbour. The driver refuses to export such a range (the double as the H200 does:
+ * INVALID_VALUE, the control below), and exports from the mapping's base: the registration gets
+ * that export, its offset counted from the mapping, and every other tensor still registers.
+ */
+static void pool_allocations_export_from_their_mapping(void **state)
+{
+    struct seen s;
+    drc_cache_t *c = seen_cache(&s, 0);
+    struct fc_alloc *a[3];
+    drc_region_t *r[3];
+    int fd = -1, i;
+
+    (void)state;
+    a[0] = fc_add(GPU, 1000, 0, 1);
+    a[1] = fc_add(GPU + 1024, 4096, 0, 2);
+    a[2] = fc_add(GPU + 5120, 5000, 0, 3);
+    for (i = 0; i < 3; i++) {
+        a[i]->map_base = GPU;
+        a[i]->map_size = 2 * MiB;
+    }
+    /* the control: the third tensor's own pages do not export */
+    assert_int_equal(cuMemGetHandleForAddressRange(&fd, GPU + 4096, 8192, 1, 0), DRC__CUDA_ERROR_INVALID_VALUE);
+    for (i = 0; i < 3; i++)
+        assert_int_equal(drc_get(c, (void *)a[i]->base, a[i]->size, 3, &r[i]), 0);
+    assert_int_equal(s.calls, 3);
+    /* the third: its pages [GPU+4K, GPU+12K) at offset 4K of an export from the mapping's base */
+    assert_true(s.a[2].start == GPU + 4096 && s.a[2].len == 8192);
+    assert_int_equal(s.a[2].dmabuf_offset, 4096);
+    assert_true(fc.exports[fc.nexports - 1].ptr == GPU && fc.exports[fc.nexports - 1].size >= 12288);
+    assert_true(s.fd_open[2]);
+    for (i = 0; i < 3; i++)
+        assert_int_equal(drc_put(c, r[i]), 0);
+    drc_invalidate(c, (void *)GPU, 2 * MiB);
+    assert_int_equal(drc_cache_destroy(c), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -590,6 +628,7 @@ int main(void)
         cmocka_unit_test_setup(export_during_free_not_kept, setup),
         cmocka_unit_test_setup(validate_catches_realloc, setup),
         cmocka_unit_test_setup(no_coalescing_across_allocations, setup),
+        cmocka_unit_test_setup(pool_allocations_export_from_their_mapping, setup),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

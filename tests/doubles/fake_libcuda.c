@@ -79,7 +79,7 @@ static struct fc_alloc *add(uintptr_t base, size_t size, unsigned type, int devi
     if (fc.n == FC_MAX_ALLOCS)
         return NULL;
     a = &fc.a[fc.n++];
-    *a = (struct fc_alloc){ base, size, type, 0, device, 0, 1, id, ctx, 0, 0 };
+    *a = (struct fc_alloc){ .base = base, .size = size, .type = type, .device = device, .gdr = 1, .buffer_id = id, .ctx = ctx };
     return a;
 }
 
@@ -500,6 +500,16 @@ static int attr(const struct fc_alloc *a, int which, void *data)
             return INVALID_VALUE;
         *(size_t *)data = a->size;
         return OK;
+    case 18: /* MAPPING_SIZE */
+        if (!a)
+            return INVALID_VALUE;
+        *(size_t *)data = a->map_size ? a->map_size : a->size;
+        return OK;
+    case 19: /* MAPPING_BASE_ADDR */
+        if (!a)
+            return INVALID_VALUE;
+        *(unsigned long long *)data = a->map_size ? a->map_base : a->base;
+        return OK;
     case 15: /* IS_GPU_DIRECT_RDMA_CAPABLE */
         *(unsigned *)data = a ? (unsigned)a->gdr : 0;
         return OK;
@@ -634,6 +644,13 @@ int cuMemGetHandleForAddressRange(void *handle, unsigned long long ptr, size_t s
         return INVALID_CONTEXT; /* no context, or one of another device */
     if (type != DMA_BUF_FD || !size || ptr % FC_PAGE || size % FC_PAGE || !a)
         return INVALID_VALUE;   /* as the real driver: host-page alignment */
+    /* An allocation packed into a pool's mapping (cudaMallocAsync): as the H200 does (CUDA 13), a range
+     * from the mapping's base may span its allocations; one from elsewhere must end in the pages of
+     * the allocation it starts in. */
+    if (a->map_size && ptr != a->map_base && ptr + size > ((a->base + a->size + FC_PAGE - 1) & ~(FC_PAGE - 1)))
+        return INVALID_VALUE;
+    if (a->map_size && ptr == a->map_base && ptr + size > a->map_base + a->map_size)
+        return INVALID_VALUE;
     if ((flags & PCIE_FLAG) && fc.pcie_rc)
         return fc.pcie_rc;      /* e.g. INVALID_VALUE: a driver older than the flag */
     if ((flags & PCIE_FLAG) && fc.pcie_unsupported)

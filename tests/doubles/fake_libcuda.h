@@ -61,6 +61,8 @@ struct fc_alloc {
     void *ctx;                  /* CONTEXT attribute (NULL for VMM) */
     int prop_type;              /* VMM: allocation type, compared by the chunk walk */
     unsigned access;            /* VMM: bit d set when cuMemSetAccess gave device d read-write access */
+    uintptr_t map_base;         /* a stream-ordered pool's mapping the allocation is packed into, or 0: */
+    size_t map_size;            /* its own mapping (MAPPING_BASE_ADDR/SIZE; the export rule, see there) */
 };
 
 struct fc_export {

@@ -117,6 +117,9 @@ def explain(t, nic_refused):
     print("    tensor [0x%x, +%d); cuMemGetAddressRange %d: [0x%x, +%d); NIC refusals %d" %
           (ptr, n, rc, base.value, size.value, nic_refused))
     ranges = [("its pages", ptr & ~(pg - 1), (ptr + n + pg - 1) & ~(pg - 1))]
+    mb = ctypes.c_uint64()
+    if cuda.cuPointerGetAttribute(ctypes.byref(mb), 19, ctypes.c_uint64(ptr)) == 0:     # MAPPING_BASE_ADDR
+        ranges.append(("its mapping's base to its end", mb.value, (ptr + n + pg - 1) & ~(pg - 1)))
     if rc == 0:
         ranges.append(("its allocation's pages", base.value & ~(pg - 1), (base.value + size.value + pg - 1) & ~(pg - 1)))
     for what, lo, hi in ranges:
