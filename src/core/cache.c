@@ -142,20 +142,22 @@ struct drc_region {
      * First cache line: all a hit reads and writes (word, access, detached,
      * cache, node.start/last) and all a floor descent reads (node.left,
      * node.right); node.parent and node.red, which only writers and the
-     * overlap walk read, spill into the second.
+     * overlap walk read, spill into the second, with the neighbour links
+     * (a free-event probe reads line one and them; a removal writes them in
+     * the neighbours, whose parent it often reads too).
      */
     uint64_t word;                  /* HELD | users, atomic */
     unsigned access;                /* atomic: a stale lookup may read it during reuse */
     int detached;                   /* atomic, written under c->lock */
     drc_cache_t *cache;             /* set once, when the pool chunk is carved */
     struct drc__itree_node node;    /* atomic fields, see itree.h */
+    struct drc_region *pred, *succ; /* atomic, written in a writer's window: live neighbours in start order */
     /* set before publication (release store of word) and constant while referenced */
     struct region_mem mem;
     void *handle;
     uint32_t lkey, rkey;
     int valid;                      /* atomic */
     int revoked;                    /* atomic, DRC_F_REVOKE: set under c->lock by revoke_take, cleared on release */
-    struct drc_region *pred, *succ; /* atomic, written in a writer's window: live neighbours in start order */
     struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
 } __attribute__((aligned(64)));
@@ -925,7 +927,11 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
      */
     hs = hint_slot(c, s);
     r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
-    if (r && covers(r, s, last, access) && tryget(c, r)) {
+    if (r && covers(r, s, last, access)) {
+        if (!tryget(c, r))
+            return NULL;        /* released since it was left here: most likely a miss, and the locked
+                                 * path (which any miss takes) finds a region that replaced it, and
+                                 * leaves it here; no descent for nothing */
         if (covers(r, s, last, access) && !handed_over(c, r) && LD_SC(r->detached) == LIVE)
             return r;
         unref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
