@@ -11,7 +11,9 @@
  * Live regions are also linked to their neighbours in start order (pred,
  * succ), changed in the writers' windows, for the free-event probe.
  * Region memory is never returned while the cache lives (it is type-stable,
- * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it.
+ * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it: it
+ * comes from the cache's arena (arena.c), with the hint tables, and goes
+ * back only in drc_cache_destroy().
  *
  * The reference word, r->word = HELD | DEAD? | users:
  *   HELD is set while the region is live or detached. It is cleared only
@@ -59,9 +61,9 @@
  * region.
  *
  * Lock order: a notify slot (notify.c), then c->lock. No backend or CUDA call
- * is made with c->lock held, and nothing is allocated or freed under it: an
- * allocator may give memory back and so re-enter drc_invalidate on this
- * thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
+ * is made with c->lock held, and nothing is allocated, freed, mapped or
+ * unmapped under it: an allocator may give memory back (and drc's own hooks
+ * see munmap and madvise) and so re-enter drc_invalidate on this thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
  * lock a function needs, and check both trees and the neighbour links
  * whenever c->lock is released. In a fork() child every inherited cache is
  * inert (drc__cache_forked).
