@@ -1753,17 +1753,41 @@ static uint64_t held_in(const struct drc__itree *t)
     return held;
 }
 
+/* The first live region in start order (c->lock, or no other thread): then follow succ. */
+static struct drc_region *first_live(const drc_cache_t *c)
+{
+    int budget = DRC__ITREE_UNBOUNDED;
+    struct drc__itree_node *n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget);
+
+    return n ? region_of(n) : NULL;
+}
+
+/*
+ * Is a live region held? Through the neighbour links, which are the tree's
+ * order under c->lock (check_trees asserts it): one line per region in
+ * allocation order, where an in-order walk of the tree climbs to parents,
+ * dependent cache misses (about 90 ns a region at 65,536).
+ */
+static int live_held(const drc_cache_t *c)
+{
+    const struct drc_region *r;
+
+    for (r = first_live(c); r; r = r->succ)
+        if (USERS(LD(r->word)))
+            return 1;
+    return 0;
+}
+
 static int busy(const drc_cache_t *c)
 {
-    return c->pending || c->detached.root || LD_SC(c->ndetached) || held_in(&c->tree);
+    return c->pending || c->detached.root || LD_SC(c->ndetached) || live_held(c);
 }
 
 int drc_cache_destroy(drc_cache_t *c)
 {
-    struct drc__itree_node *n;
+    struct drc_region *r;
     struct chunk *ch;
     unsigned i;
-    int budget;
 
     if (!c)
         return -EINVAL;
@@ -1775,10 +1799,8 @@ int drc_cache_destroy(drc_cache_t *c)
         }
         unlock(c);
         drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
-        budget = DRC__ITREE_UNBOUNDED;
-        for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
-             n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
-            be_dereg(c, region_of(n)->handle);
+        for (r = first_live(c); r; r = r->succ)
+            be_dereg(c, r->handle);
         if (c->release)
             c->release(c->be.ctx);
     }   /* else a fork child's copy: free drc's own memory only, the registrations are the parent's */
