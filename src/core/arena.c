@@ -172,7 +172,7 @@ void drc__arena_init(struct drc__arena *a)
     a->next = FIRST;
 }
 
-void *drc__arena_alloc(struct drc__arena *a, size_t size)
+static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
 {
     struct drc__arena_map *m;
     size_t want, n;
@@ -189,7 +189,7 @@ void *drc__arena_alloc(struct drc__arena *a, size_t size)
         a->cur += size;
         dirty = a->dirty;
         pthread_mutex_unlock(&a->lock);
-        if (dirty)
+        if (dirty && zero)
             memset(p, 0, size);
         return p;
     }
@@ -219,8 +219,24 @@ void *drc__arena_alloc(struct drc__arena *a, size_t size)
     if (n > a->next)
         a->next = n;
     pthread_mutex_unlock(&a->lock);
-    if (dirty)
+    if (dirty && zero)
         memset(p, 0, size);
+    return p;
+}
+
+void *drc__arena_alloc(struct drc__arena *a, size_t size)
+{
+    return arena_alloc(a, size, 1);
+}
+
+void *drc__arena_alloc_raw(struct drc__arena *a, size_t size)
+{
+    void *p = arena_alloc(a, size, 0);
+
+#ifdef DRC_DEBUG
+    if (p)
+        memset(p, 0xa5, size);  /* whatever a destroyed arena left: a caller must not count on zero */
+#endif
     return p;
 }
 

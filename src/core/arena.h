@@ -29,6 +29,15 @@ void drc__arena_init(struct drc__arena *a);
  */
 void *drc__arena_alloc(struct drc__arena *a, size_t size);
 
+/*
+ * The same without the zeroing: the contents are whatever a destroyed arena
+ * left (zero in a fresh mapping). For memory the caller initialises anyway
+ * (pool chunks: pool_get sets every field a free region must have).
+ * DRC_DEBUG builds fill it with 0xa5, so that the tests catch a caller that
+ * counts on zero.
+ */
+void *drc__arena_alloc_raw(struct drc__arena *a, size_t size);
+
 /* Give every mapping back: kept for the next arena (within the process-wide bound) or unmapped. */
 void drc__arena_fini(struct drc__arena *a);
 

@@ -698,6 +698,10 @@ static struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
         c->chunks = ch;
         ST(c->nslots, c->nslots + ch->n);
         for (i = (int)ch->n - 1; i >= 0; i--) {
+            /* what a free region must have (chunk_new does not zero): publish sets the rest */
+            ch->r[i].word = 0;
+            ch->r[i].revoked = 0;
+            ch->r[i].mem.chunks = NULL;
             ch->r[i].cache = c;
             pool_put(c, &ch->r[i]);     /* the lowest address first out */
         }
@@ -731,7 +735,7 @@ static struct chunk *chunk_new(drc_cache_t *c)
         return ch;
     }
     n = n < CHUNK_MIN ? CHUNK_MIN : n > CHUNK_MAX ? CHUNK_MAX : n;
-    ch = drc__arena_alloc(&c->arena, sizeof(*ch) + n * sizeof(ch->r[0]));
+    ch = drc__arena_alloc_raw(&c->arena, sizeof(*ch) + n * sizeof(ch->r[0]));
     if (ch)
         ch->n = n;
     return ch;
