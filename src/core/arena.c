@@ -21,10 +21,12 @@
  *     up to DRC__ARENA_KEEP bytes (64 MiB: glibc's own dynamic trim threshold
  *     lets a malloc arena keep as much at its top), and mappings of 2 MiB or
  *     more are marked MADV_FREE when kept, so that under memory pressure the
- *     kernel takes their pages back without swapping (they then read zero,
- *     and are zeroed anyway when reused). Smaller ones are kept as they are:
- *     on this kernel a 4 KiB page marked MADV_FREE faults again when it is
- *     next written, which is the cost this file avoids. The rest is unmapped.
+ *     kernel takes their pages back without swapping (they then read zero;
+ *     either way drc__arena_alloc zeroes what it carves from a reused
+ *     mapping, and drc__arena_alloc_raw leaves it to its caller). Smaller
+ *     ones are kept as they are: on the development machine's kernel a 4 KiB
+ *     page marked MADV_FREE faulted again when next written, which is the
+ *     cost this file avoids. The rest is unmapped.
  *     DRC_DEBUG builds keep nothing by default, so that a use after destroy
  *     faults instead of reading a later cache's memory.
  *
