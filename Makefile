@@ -320,7 +320,9 @@ $B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
 $(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/loopnic/libibverbs.so.1
 $(foreach f,$B $B/asan $B/tsan,$f/tests/verbs/test_regmr_mt): $B/loopnic/libibverbs.so.1
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
-core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free
+core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free,--wrap=mmap,--wrap=munmap,--wrap=madvise
+# test_arena: madvise refuses MADV_HUGEPAGE on demand, as where THP is compiled out.
+core/test_arena_LDFLAGS := -Wl,--wrap=madvise
 bench_engine_LDFLAGS := -libverbs
 # bench_notify frees through the wrapper over THE CUDA double (the GPU build links it too: tests/gpu/hooks.mk)
 bench_notify_LDFLAGS = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../fakecuda'

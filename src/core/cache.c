@@ -11,7 +11,9 @@
  * Live regions are also linked to their neighbours in start order (pred,
  * succ), changed in the writers' windows, for the free-event probe.
  * Region memory is never returned while the cache lives (it is type-stable,
- * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it.
+ * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it: it
+ * comes from the cache's arena (arena.c), with the hint tables, and goes
+ * back only in drc_cache_destroy().
  *
  * The reference word, r->word = HELD | DEAD? | users:
  *   HELD is set while the region is live or detached. It is cleared only
@@ -59,9 +61,9 @@
  * region.
  *
  * Lock order: a notify slot (notify.c), then c->lock. No backend or CUDA call
- * is made with c->lock held, and nothing is allocated or freed under it: an
- * allocator may give memory back and so re-enter drc_invalidate on this
- * thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
+ * is made with c->lock held, and nothing is allocated, freed, mapped or
+ * unmapped under it: an allocator may give memory back (and drc's own hooks
+ * see munmap and madvise) and so re-enter drc_invalidate on this thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
  * lock a function needs, and check both trees and the neighbour links
  * whenever c->lock is released. In a fork() child every inherited cache is
  * inert (drc__cache_forked).
@@ -75,6 +77,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/arena.h"
 #include "core/itree.h"
 #include "core/mem.h"
 #include "core/notify.h"
@@ -129,7 +132,8 @@ enum {
     RACED         = 2,     /* get_slow: an invalidation raced the registration; not an errno, so
                             * that a backend's own -EAGAIN is returned, not retried */
     HIT_SLOTS     = 64,    /* threads that count hits in a slot of their own; the rest share one */
-    CHUNK_REGIONS = 63,
+    CHUNK_MIN     = 64,    /* regions of the first pool chunk; each next one has as many as the cache */
+    CHUNK_MAX     = 1024,  /* has already (doubling), up to this (192 KiB) */
     INVQ          = 32,    /* invalidations a contended free event may hand to the lock holder */
 };
 
@@ -140,20 +144,22 @@ struct drc_region {
      * First cache line: all a hit reads and writes (word, access, detached,
      * cache, node.start/last) and all a floor descent reads (node.left,
      * node.right); node.parent and node.red, which only writers and the
-     * overlap walk read, spill into the second.
+     * overlap walk read, spill into the second, with the neighbour links
+     * (a free-event probe reads line one and them; a removal writes them in
+     * the neighbours, whose parent it often reads too).
      */
     uint64_t word;                  /* HELD | users, atomic */
     unsigned access;                /* atomic: a stale lookup may read it during reuse */
     int detached;                   /* atomic, written under c->lock */
-    drc_cache_t *cache;             /* set once, when the pool chunk is made */
+    drc_cache_t *cache;             /* set once, when the pool chunk is carved */
     struct drc__itree_node node;    /* atomic fields, see itree.h */
+    struct drc_region *pred, *succ; /* atomic, written in a writer's window: live neighbours in start order */
     /* set before publication (release store of word) and constant while referenced */
     struct region_mem mem;
     void *handle;
     uint32_t lkey, rkey;
     int valid;                      /* atomic */
     int revoked;                    /* atomic, DRC_F_REVOKE: set under c->lock by revoke_take, cleared on release */
-    struct drc_region *pred, *succ; /* atomic, written in a writer's window: live neighbours in start order */
     struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
 } __attribute__((aligned(64)));
@@ -168,16 +174,16 @@ struct drc_region {
  * each a coin-toss branch on random addresses). The slot is the grain number
  * modulo the table size, not a hash: neighbouring grains sit in neighbouring
  * slots, so lookups in address order share slot lines, and one contiguous
- * arena of regions fills the table without collisions. The table is calloc'd:
- * fresh pages are not written until a slot is. Lookups (and free-event
+ * arena of regions fills the table without collisions. The table comes from
+ * the cache's arena (arena.c): fresh pages are not written until a slot is. Lookups (and free-event
  * probes, with a region beside a gap) fill it with release stores (a slot
  * is read with acquire: it hands over the region's memory, chunk included),
  * without the lock; nothing else writes it, and nothing clears it: a slot
  * may point to a region that has since been detached, released or reused,
  * so a lookup checks what it finds: bounds, tryget, bounds again (now they
  * cannot change), then !detached (lookup_lockless). Tables are replaced by
- * larger ones under c->lock as the cache grows; a replaced table stays
- * allocated (a lockless lookup may still read it) until drc_cache_destroy.
+ * larger ones under c->lock as the cache grows; a replaced table stays in
+ * the arena (a lockless lookup may still read it) until drc_cache_destroy.
  */
 struct hint_tab {
     struct hint_tab *older;         /* the table this one replaced */
@@ -186,9 +192,11 @@ struct hint_tab {
     struct drc_region *slot[];      /* atomic */
 };
 
+/* Pool memory: n regions carved from the cache's arena, never returned while the cache lives. */
 struct chunk {
     struct chunk *next;
-    struct drc_region r[CHUNK_REGIONS];
+    unsigned n;
+    struct drc_region r[];
 };
 
 struct pending {
@@ -244,6 +252,9 @@ struct drc_cache {
     struct drc_region *qdead;       /* c->lock: released by queued invalidations, deregistered after unlock */
     struct invq_ent invq[INVQ];
     struct chunk *chunks;
+    struct chunk *unused;           /* atomic: chunks carved for a pool that another thread refilled first */
+    unsigned nslots;                /* atomic, written under c->lock: regions in c->chunks */
+    struct drc__arena arena;        /* chunks and hint tables; its own lock, never taken under c->lock */
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
     unsigned (*export_flags)(void *ctx, int device);    /* drc__cache_opts; NULL: flags decide */
@@ -382,7 +393,10 @@ static int be_dereg(drc_cache_t *c, void *handle)
     return err;
 }
 
-/* Every allocation and free of drc's own memory goes through these two: never under c->lock. */
+/*
+ * Every allocation and free of drc's own memory goes through these (and
+ * drc__arena_alloc, for pool chunks and hint tables): never under c->lock.
+ */
 static void *mem_alloc(size_t size)
 {
     void *p;
@@ -392,13 +406,6 @@ static void *mem_alloc(size_t size)
     if (p)
         memset(p, 0, size);
     return p;
-}
-
-/* Zeroed memory without the 64-byte alignment: calloc skips the memset of fresh pages (the hint tables). */
-static void *mem_zalloc(size_t size)
-{
-    DRC_ASSERT_NO_LOCK();
-    return calloc(1, size);
 }
 
 static void mem_free(void *p)
@@ -689,14 +696,59 @@ static struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
         *spare = NULL;
         ch->next = c->chunks;
         c->chunks = ch;
-        for (i = 0; i < CHUNK_REGIONS; i++) {
+        ST(c->nslots, c->nslots + ch->n);
+        for (i = (int)ch->n - 1; i >= 0; i--) {
+            /* what a free region must have (chunk_new does not zero): publish sets the rest */
+            ch->r[i].word = 0;
+            ch->r[i].revoked = 0;
+            ch->r[i].mem.chunks = NULL;
             ch->r[i].cache = c;
-            pool_put(c, &ch->r[i]);
+            pool_put(c, &ch->r[i]);     /* the lowest address first out */
         }
     }
     r = c->pool;
     c->pool = r->next;
     return r;
+}
+
+/*
+ * A pool chunk for pool_get (no lock held): one another thread carved and did
+ * not need, else a new one from the arena with as many regions as the cache
+ * has (CHUNK_MIN to CHUNK_MAX), so that a growing cache takes few trips here.
+ * NULL without memory.
+ */
+static struct chunk *chunk_new(drc_cache_t *c)
+{
+    struct chunk *ch, *rest, *head;
+    unsigned n = LD(c->nslots);
+
+    /* c->unused is only pushed to and emptied whole, so no pop can meet a reused head (ABA) */
+    if ((ch = __atomic_exchange_n(&c->unused, NULL, __ATOMIC_ACQUIRE))) {
+        for (rest = ch->next; rest; rest = head) {
+            head = rest->next;
+            rest->next = __atomic_load_n(&c->unused, __ATOMIC_RELAXED);
+            while (!__atomic_compare_exchange_n(&c->unused, &rest->next, rest, 1, __ATOMIC_RELEASE,
+                                                __ATOMIC_RELAXED))
+                ;
+        }
+        ch->next = NULL;
+        return ch;
+    }
+    n = n < CHUNK_MIN ? CHUNK_MIN : n > CHUNK_MAX ? CHUNK_MAX : n;
+    ch = drc__arena_alloc_raw(&c->arena, sizeof(*ch) + n * sizeof(ch->r[0]));
+    if (ch)
+        ch->n = n;
+    return ch;
+}
+
+/* A chunk from chunk_new that pool_get did not take: kept for the next chunk_new (arena memory is not freed). */
+static void chunk_drop(drc_cache_t *c, struct chunk *ch)
+{
+    if (!ch)
+        return;
+    ch->next = __atomic_load_n(&c->unused, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(&c->unused, &ch->next, ch, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
 }
 
 /* Deregister every region on @dead (no lock held) and return them to the pool. */
@@ -881,7 +933,11 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
      */
     hs = hint_slot(c, s);
     r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
-    if (r && covers(r, s, last, access) && tryget(c, r)) {
+    if (r && covers(r, s, last, access)) {
+        if (!tryget(c, r))
+            return NULL;        /* released since it was left here: most likely a miss, and the locked
+                                 * path (which any miss takes) finds a region that replaced it, and
+                                 * leaves it here; no descent for nothing */
         if (covers(r, s, last, access) && !handed_over(c, r) && LD_SC(r->detached) == LIVE)
             return r;
         unref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
@@ -1037,9 +1093,10 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
     return err;
 }
 
-static struct hint_tab *hint_new(unsigned bits, struct hint_tab *older)
+/* A zeroed table of 2^bits slots from the cache's arena (no lock held), or NULL. */
+static struct hint_tab *hint_new(drc_cache_t *c, unsigned bits, struct hint_tab *older)
 {
-    struct hint_tab *t = mem_zalloc(sizeof(*t) + (sizeof(t->slot[0]) << bits));
+    struct hint_tab *t = drc__arena_alloc(&c->arena, sizeof(*t) + (sizeof(t->slot[0]) << bits));
 
     if (t) {
         t->shift = 64 - bits;
@@ -1063,10 +1120,11 @@ static unsigned hint_want(const drc_cache_t *c)
 /* Grow the hint table to 2^bits slots: allocated without the lock, installed under it. */
 static void hint_grow(drc_cache_t *c, unsigned bits)
 {
-    struct hint_tab *t = hint_new(bits, NULL);
+    struct hint_tab *t = hint_new(c, bits, NULL);
     uint64_t regions = LD(c->regions), bytes = LD(c->bytes);
     struct drc__itree_node *n;
-    uintptr_t g, mask = ((uintptr_t)1 << bits) - 1;
+    struct drc_region *r;
+    uintptr_t g, start, last, mask = ((uintptr_t)1 << bits) - 1;
     int budget;
 
     if (!t)
@@ -1081,12 +1139,19 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
      * has 128 Ki grains to learn). A lockless walk: a torn one only leaves
      * slots empty or stale, which lookups check anyway; budget bounds it.
      * The first grains of each region are enough for lookups near its start.
+     * The walk follows the neighbour links (one line per region, in address
+     * order, which is usually allocation order) rather than the tree, whose
+     * in-order climbs to parents are dependent cache misses (at 65,536
+     * regions the tree walk cost about 90 ns per region).
      */
     budget = (int)(regions < (1u << 24) ? 4 * regions + 64 : 1u << 26);
-    for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
-         n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
-        for (g = LD(n->start) >> t->grain; g <= LD(n->last) >> t->grain && g - (LD(n->start) >> t->grain) < 4; g++)
-            __atomic_store_n(&t->slot[g & mask], region_of(n), __ATOMIC_RELEASE);
+    n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget);
+    for (r = n ? region_of(n) : NULL; r && --budget > 0; r = __atomic_load_n(&r->succ, __ATOMIC_ACQUIRE)) {
+        start = LD(r->node.start);
+        last = LD(r->node.last);
+        for (g = start >> t->grain; g <= last >> t->grain && g - (start >> t->grain) < 4; g++)
+            __atomic_store_n(&t->slot[g & mask], r, __ATOMIC_RELEASE);
+    }
     lock(c);
     if (64 - c->hint->shift < bits) {
         t->older = c->hint;
@@ -1094,7 +1159,7 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
         t = NULL;
     }
     unlock(c);
-    mem_free(t);    /* another thread grew it first */
+    (void)t;        /* if another thread grew it first: unused, in the arena until destroy */
 }
 
 /* Fill a pooled region and put it in the tree (c->lock, seq odd). */
@@ -1197,7 +1262,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     while (!err && !pend.stale && !(r = pool_get(c, &spare))) {
         /* the pool is empty: allocate without the lock (an allocator may re-enter drc), still pending */
         unlock(c);
-        spare = mem_alloc(sizeof(*spare));
+        spare = chunk_new(c);
         lock(c);
         if (!spare)
             err = -ENOMEM;
@@ -1209,7 +1274,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     if (err) {
         __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);
         unlock(c);
-        mem_free(spare);
+        chunk_drop(c, spare);
         mem_free(ext);
         if (registered)
             be_dereg(c, handle);
@@ -1233,7 +1298,7 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     grow = hint_want(c);
     unlock(c);
     release_list(c, dead);
-    mem_free(spare);        /* a chunk another thread's made unneeded */
+    chunk_drop(c, spare);   /* a chunk another thread's made unneeded */
     mem_free(ext);          /* r had chunk records of its own */
     if (grow)
         hint_grow(c, grow);
@@ -1563,7 +1628,8 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     c->page = (size_t)sysconf(_SC_PAGESIZE);
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
-    c->hint = hint_new(HINT_MIN_BITS, NULL);
+    drc__arena_init(&c->arena);
+    c->hint = hint_new(c, HINT_MIN_BITS, NULL);
     if (c->hint)
         c->hint->grain = c->page_shift;
     if (!c->hint) {
@@ -1592,8 +1658,8 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
 err_subscribe:
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
-    mem_free(c->hint);
 err_hint:
+    drc__arena_fini(&c->arena);
     mem_free(c);
     return err;
 }
@@ -1642,6 +1708,7 @@ void drc__cache_forked(drc_cache_t *c)
     c->qdead = NULL;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->pending_done, NULL);
+    drc__arena_forked(&c->arena);
 #ifdef DRC_DEBUG
     c->owner = (pthread_t)0;
     drc__lock_depth = 0;
@@ -1690,17 +1757,41 @@ static uint64_t held_in(const struct drc__itree *t)
     return held;
 }
 
+/* The first live region in start order (c->lock, or no other thread): then follow succ. */
+static struct drc_region *first_live(const drc_cache_t *c)
+{
+    int budget = DRC__ITREE_UNBOUNDED;
+    struct drc__itree_node *n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget);
+
+    return n ? region_of(n) : NULL;
+}
+
+/*
+ * Is a live region held? Through the neighbour links, which are the tree's
+ * order under c->lock (check_trees asserts it): one line per region in
+ * allocation order, where an in-order walk of the tree climbs to parents,
+ * dependent cache misses (about 90 ns a region at 65,536).
+ */
+static int live_held(const drc_cache_t *c)
+{
+    const struct drc_region *r;
+
+    for (r = first_live(c); r; r = r->succ)
+        if (USERS(LD(r->word)))
+            return 1;
+    return 0;
+}
+
 static int busy(const drc_cache_t *c)
 {
-    return c->pending || c->detached.root || LD_SC(c->ndetached) || held_in(&c->tree);
+    return c->pending || c->detached.root || LD_SC(c->ndetached) || live_held(c);
 }
 
 int drc_cache_destroy(drc_cache_t *c)
 {
-    struct drc__itree_node *n;
-    struct hint_tab *t;
+    struct drc_region *r;
     struct chunk *ch;
-    int budget, i;
+    unsigned i;
 
     if (!c)
         return -EINVAL;
@@ -1712,23 +1803,15 @@ int drc_cache_destroy(drc_cache_t *c)
         }
         unlock(c);
         drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
-        budget = DRC__ITREE_UNBOUNDED;
-        for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
-             n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
-            be_dereg(c, region_of(n)->handle);
+        for (r = first_live(c); r; r = r->succ)
+            be_dereg(c, r->handle);
         if (c->release)
             c->release(c->be.ctx);
     }   /* else a fork child's copy: free drc's own memory only, the registrations are the parent's */
-    while ((ch = c->chunks)) {
-        c->chunks = ch->next;
-        for (i = 0; i < CHUNK_REGIONS; i++)
+    for (ch = c->chunks; ch; ch = ch->next)
+        for (i = 0; i < ch->n; i++)
             mem_free(ch->r[i].mem.chunks);
-        mem_free(ch);
-    }
-    while ((t = c->hint)) {
-        c->hint = t->older;
-        mem_free(t);
-    }
+    drc__arena_fini(&c->arena);     /* every chunk and hint table */
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
     mem_free(c);

@@ -19,7 +19,14 @@ int drc__mem_classify(uintptr_t addr, size_t len, struct drc__mem *m)
 
     if (ops)
         return ops->classify(addr, len, m);
-    *m = (struct drc__mem){ .type = DRC_MEM_HOST, .device = -1, .lo = 0, .hi = UINTPTR_MAX };
+    /* every field but chunk[], read only below nchunks (the whole struct is 240 bytes) */
+    m->type = DRC_MEM_HOST;
+    m->device = -1;
+    m->lo = 0;
+    m->hi = UINTPTR_MAX;
+    m->buffer_id = 0;
+    m->ctx = NULL;
+    m->nchunks = 0;
     return 0;
 }
 

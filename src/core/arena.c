@@ -1,0 +1,278 @@
+/*
+ * A cache's own memory: region chunks and hint tables (cache.c), carved from
+ * anonymous mappings that the arena owns until drc_cache_destroy().
+ *
+ * Why not malloc: a cache's memory is never returned while the cache lives
+ * (regions are type-stable, hint tables are read by lockless lookups), and
+ * all of it goes at once when it is destroyed. From malloc that is many small
+ * blocks that glibc gives back to the kernel (heap trim) at the destroy, so the
+ * next cache takes a page fault on every 4 KiB it touches again: about 10-20 us
+ * each on a virtual machine, more than the miss itself. Here:
+ *   - mappings grow geometrically with the cache (256 KiB, doubling, at most
+ *     32 MiB each, or as large as one request needs), so a cache of a few
+ *     regions maps little and touches less;
+ *   - mappings of 2 MiB or more are 2 MiB-aligned and advised MADV_HUGEPAGE:
+ *     where transparent huge pages are on (`always`, or `madvise` as Debian
+ *     and most distributions ship), a fresh cache takes one fault per 2 MiB,
+ *     and the regions and hint table of a large cache are reached through few
+ *     TLB entries (256 Ki regions are 48 MiB). Where THP is off, or madvise
+ *     refuses, the same mapping works with 4 KiB pages: nothing else changes;
+ *   - a destroyed arena's mappings are kept for the next arena, process-wide,
+ *     up to DRC__ARENA_KEEP bytes (64 MiB: glibc's own dynamic trim threshold
+ *     lets a malloc arena keep as much at its top), and mappings of 2 MiB or
+ *     more are marked MADV_FREE when kept, so that under memory pressure the
+ *     kernel takes their pages back without swapping (they then read zero;
+ *     either way drc__arena_alloc zeroes what it carves from a reused
+ *     mapping, and drc__arena_alloc_raw leaves it to its caller). Smaller
+ *     ones are kept as they are: on the development machine's kernel a 4 KiB
+ *     page marked MADV_FREE faulted again when next written, which is the
+ *     cost this file avoids. The rest is unmapped.
+ *     DRC_DEBUG builds keep nothing by default, so that a use after destroy
+ *     faults instead of reading a later cache's memory.
+ *
+ * Nothing here may run with a cache's c->lock held (DRC_ASSERT_NO_LOCK):
+ * mmap, munmap and madvise may be intercepted (drc's own host hooks turn
+ * munmap and madvise into free events, which take cache locks). The arena's
+ * lock guards only its pointers: no call is made while it is held. The kept
+ * set is a few atomic slots, so a fork() child never inherits a held lock of
+ * it; an arena's own lock is made anew in the child (drc__arena_forked).
+ */
+#include "core/arena.h"
+
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "core/cache.h"
+
+struct drc__arena_map {
+    struct drc__arena_map *next;    /* in the arena's list */
+    size_t size;                    /* a power of two; the mapping starts here */
+} __attribute__((aligned(64)));
+
+enum {
+    FIRST      = 256 << 10,         /* the first mapping of an arena */
+    MAX_MAP    = 32 << 20,          /* mappings double up to this (larger only for a larger request) */
+    KEEP_SLOTS = 16,
+};
+
+/* Kept mappings: address | log2(size) (mappings are page-aligned), 0 for an empty slot. Atomic. */
+static uintptr_t kept[KEEP_SLOTS];
+static size_t kept_bytes;           /* atomic: reserved before a slot is filled, released after it is emptied */
+#ifdef DRC_DEBUG
+static size_t keep_max = 0;         /* atomic */
+#else
+static size_t keep_max = DRC__ARENA_KEEP;
+#endif
+
+#define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+
+static size_t tag_size(uintptr_t t)
+{
+    return (size_t)1 << (t & 63);
+}
+
+static struct drc__arena_map *tag_map(uintptr_t t)
+{
+    return (struct drc__arena_map *)(t & ~(uintptr_t)63);
+}
+
+/* A new mapping of @size bytes (a power of two), huge-page aligned and advised from DRC__ARENA_HUGE up. */
+static struct drc__arena_map *map_new(size_t size)
+{
+    size_t extra = size >= DRC__ARENA_HUGE ? DRC__ARENA_HUGE : 0;
+    char *p = mmap(NULL, size + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), *q;
+
+    if (p == MAP_FAILED)
+        return NULL;
+    if (extra) {
+        q = (char *)(((uintptr_t)p + DRC__ARENA_HUGE - 1) & ~(uintptr_t)(DRC__ARENA_HUGE - 1));
+        if (q > p)
+            munmap(p, (size_t)(q - p));
+        if (p + extra > q)
+            munmap(q + size, (size_t)(p + extra - q));
+#ifdef MADV_HUGEPAGE
+        (void)madvise(q, size, MADV_HUGEPAGE);  /* refused where THP is compiled out: 4 KiB pages then */
+#endif
+        p = q;
+    }
+    return (struct drc__arena_map *)(void *)p;
+}
+
+/* Put tag @t in an empty slot (its bytes already counted in kept_bytes); 0 if every slot is full. */
+static int slot_put(uintptr_t t)
+{
+    uintptr_t z;
+    int i;
+
+    for (i = 0; i < KEEP_SLOTS; i++) {
+        z = 0;
+        if (__atomic_compare_exchange_n(&kept[i], &z, t, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+            return 1;
+    }
+    return 0;
+}
+
+/* Keep @m for a later arena if the bound allows; 0 if the caller must unmap it. */
+static int keep_put(struct drc__arena_map *m)
+{
+    size_t size = m->size, b = __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED);
+
+    do {
+        if (size > LD(keep_max) || b > LD(keep_max) - size)
+            return 0;
+    } while (!__atomic_compare_exchange_n(&kept_bytes, &b, b + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+#if defined(MADV_FREE) && !defined(NO_MADV_FREE)
+    if (size >= DRC__ARENA_HUGE)
+        (void)madvise(m, size, MADV_FREE);      /* the kernel may take the pages back under pressure */
+#endif
+    if (slot_put((uintptr_t)m | (uintptr_t)__builtin_ctzll(size)))
+        return 1;
+    __atomic_fetch_sub(&kept_bytes, size, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* The smallest kept mapping of at least @size bytes, or NULL. Its contents are stale: the caller zeroes. */
+static struct drc__arena_map *keep_take(size_t size)
+{
+    struct drc__arena_map *m;
+    uintptr_t t;
+    int i, best, tries;
+
+    for (tries = 0; tries < 4; tries++) {
+        best = -1;
+        for (i = 0; i < KEEP_SLOTS; i++) {
+            t = LD(kept[i]);
+            if (t && tag_size(t) >= size && (best < 0 || tag_size(t) < tag_size(LD(kept[best]))))
+                best = i;
+        }
+        if (best < 0)
+            return NULL;
+        t = __atomic_exchange_n(&kept[best], 0, __ATOMIC_ACQUIRE);
+        if (!t)
+            continue;   /* another arena took it */
+        if (tag_size(t) < size) {
+            /* another arena swapped in a smaller one meanwhile: back it goes */
+            if (!slot_put(t)) {
+                __atomic_fetch_sub(&kept_bytes, tag_size(t), __ATOMIC_RELAXED);
+                munmap(tag_map(t), tag_size(t));
+            }
+            continue;
+        }
+        __atomic_fetch_sub(&kept_bytes, tag_size(t), __ATOMIC_RELAXED);
+        m = tag_map(t);
+        m->size = tag_size(t);  /* MADV_FREE may have taken the header's page: it reads zero then */
+        return m;
+    }
+    return NULL;
+}
+
+void drc__arena_init(struct drc__arena *a)
+{
+    memset(a, 0, sizeof(*a));
+    pthread_mutex_init(&a->lock, NULL);
+    a->next = FIRST;
+}
+
+static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
+{
+    struct drc__arena_map *m;
+    size_t want, n;
+    char *p;
+    int dirty;
+
+    DRC_ASSERT_NO_LOCK();
+    size = (size + 63) & ~(size_t)63;
+    if (size > SIZE_MAX / 4)
+        return NULL;
+    pthread_mutex_lock(&a->lock);
+    if ((size_t)(a->end - a->cur) >= size) {
+        p = a->cur;
+        a->cur += size;
+        dirty = a->dirty;
+        pthread_mutex_unlock(&a->lock);
+        if (dirty && zero)
+            memset(p, 0, size);
+        return p;
+    }
+    want = a->next;
+    pthread_mutex_unlock(&a->lock);
+    while (want < size + sizeof(*m))
+        want *= 2;
+    dirty = 1;
+    if (!(m = keep_take(want))) {
+        dirty = 0;      /* fresh anonymous memory reads zero: not touched until used */
+        if (!(m = map_new(want)))
+            return NULL;
+        m->size = want;
+    }
+    p = (char *)(m + 1);
+    pthread_mutex_lock(&a->lock);
+    m->next = a->maps;
+    a->maps = m;
+    a->mapped += m->size;
+    /* carve from whichever has more left: the new mapping or what the current one still has */
+    if ((size_t)((char *)m + m->size - (p + size)) > (size_t)(a->end - a->cur)) {
+        a->cur = p + size;
+        a->end = (char *)m + m->size;
+        a->dirty = dirty;
+    }
+    n = m->size < MAX_MAP ? 2 * m->size : MAX_MAP;
+    if (n > a->next)
+        a->next = n;
+    pthread_mutex_unlock(&a->lock);
+    if (dirty && zero)
+        memset(p, 0, size);
+    return p;
+}
+
+void *drc__arena_alloc(struct drc__arena *a, size_t size)
+{
+    return arena_alloc(a, size, 1);
+}
+
+void *drc__arena_alloc_raw(struct drc__arena *a, size_t size)
+{
+    void *p = arena_alloc(a, size, 0);
+
+#ifdef DRC_DEBUG
+    if (p)
+        memset(p, 0xa5, size);  /* whatever a destroyed arena left: a caller must not count on zero */
+#endif
+    return p;
+}
+
+void drc__arena_fini(struct drc__arena *a)
+{
+    struct drc__arena_map *m, *next;
+
+    DRC_ASSERT_NO_LOCK();
+    for (m = a->maps; m; m = next) {
+        next = m->next;     /* before keep_put: MADV_FREE may zero it */
+        if (!keep_put(m))
+            munmap(m, m->size);
+    }
+    a->maps = NULL;
+    a->cur = a->end = NULL;
+    a->mapped = 0;
+    pthread_mutex_destroy(&a->lock);
+}
+
+void drc__arena_forked(struct drc__arena *a)
+{
+    pthread_mutex_init(&a->lock, NULL);
+}
+
+size_t drc__arena_keep(size_t max)
+{
+    uintptr_t t;
+    int i;
+
+    __atomic_store_n(&keep_max, max, __ATOMIC_RELAXED);
+    for (i = 0; i < KEEP_SLOTS && __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED) > max; i++)
+        if ((t = __atomic_exchange_n(&kept[i], 0, __ATOMIC_ACQUIRE))) {
+            __atomic_fetch_sub(&kept_bytes, tag_size(t), __ATOMIC_RELAXED);
+            munmap(tag_map(t), tag_size(t));
+        }
+    return __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,58 @@
+/*
+ * A cache's own memory: region chunks and hint tables, carved from large
+ * anonymous mappings (see arena.c).
+ */
+#ifndef DRC_ARENA_H
+#define DRC_ARENA_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+struct drc__arena_map;
+
+struct drc__arena {
+    pthread_mutex_t lock;           /* the fields below; held only for the pointer arithmetic, no call */
+    struct drc__arena_map *maps;    /* every mapping of the arena, newest first */
+    char *cur, *end;                /* what is left to carve */
+    int dirty;                      /* [cur, end) is in a reused mapping: zero what is carved */
+    size_t next;                    /* the size of the next mapping */
+    size_t mapped;                  /* bytes mapped, all mappings */
+};
+
+/* An empty arena (no memory yet). */
+void drc__arena_init(struct drc__arena *a);
+
+/*
+ * @size bytes, zeroed, 64-byte aligned, or NULL without memory. Never with a
+ * cache lock held (it may map memory). The memory stays until
+ * drc__arena_fini(): there is no free.
+ */
+void *drc__arena_alloc(struct drc__arena *a, size_t size);
+
+/*
+ * The same without the zeroing: the contents are whatever a destroyed arena
+ * left (zero in a fresh mapping). For memory the caller initialises anyway
+ * (pool chunks: pool_get sets every field a free region must have).
+ * DRC_DEBUG builds fill it with 0xa5, so that the tests catch a caller that
+ * counts on zero.
+ */
+void *drc__arena_alloc_raw(struct drc__arena *a, size_t size);
+
+/* Give every mapping back: kept for the next arena (within the process-wide bound) or unmapped. */
+void drc__arena_fini(struct drc__arena *a);
+
+/* In a fork() child: the arena's lock may have been held by a thread the child does not have. */
+void drc__arena_forked(struct drc__arena *a);
+
+/*
+ * The bound on bytes kept for later arenas, process-wide (default
+ * DRC__ARENA_KEEP; DRC_DEBUG builds keep none, so that memory used after
+ * drc_cache_destroy() faults). Lowering it unmaps what is kept beyond it.
+ * Returns the bytes kept now.
+ */
+size_t drc__arena_keep(size_t max);
+
+enum { DRC__ARENA_HUGE = 2 << 20 };     /* mappings this large or larger are advised MADV_HUGEPAGE */
+#define DRC__ARENA_KEEP ((size_t)64 << 20)
+
+#endif
