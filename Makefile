@@ -63,7 +63,7 @@ else ifneq ($(if $(MAKECMDGOALS),$(filter all install,$(MAKECMDGOALS)),all),)
 endif
 WERROR ?=
 
-.PHONY: all test test-unit test-asan test-tsan test-gpu fuzz bench demo install uninstall clean
+.PHONY: all test test-unit test-asan test-tsan test-gpu build-gpu fuzz bench demo install uninstall clean
 all: $B/libdrc.a $B/libdrc.so $B/libdrc.so.0 $B/libdrc_host.so $B/drc
 
 # ---- objects, one tree per flavour ----------------------------------------
@@ -337,6 +337,10 @@ demo: $B/drc
 # ---- GPU tests (run on a machine with CUDA; see tests/gpu/README) -------------
 test-gpu:
 	$(MAKE) -C tests/gpu B=$(abspath $B)
+# the GPU programs built, not run: CI and the development machine have the CUDA toolkit but no GPU,
+# so that a build error never waits for the GPU machine
+build-gpu:
+	$(MAKE) -C tests/gpu B=$(abspath $B) all hooks e2e torch-e2e
 
 # ---- install, uninstall ----------------------------------------------------
 # Headers, libdrc (.so.0 and .a), libdrc_host, the pkg-config and CMake files, the drc program, the
