@@ -189,8 +189,61 @@ struct hint_tab {
     struct hint_tab *older;         /* the table this one replaced */
     unsigned shift;                 /* 64 - log2(slots) */
     unsigned grain;                 /* log2 of the bytes one slot covers */
+    int complete;                   /* atomic: `used` has a bit for every grain of every live region */
+    uint64_t *used;                 /* atomic words: one bit per slot (below) */
     struct drc_region *slot[];      /* atomic */
 };
+
+/*
+ * The used-grain filter: beside its slots, a hint table keeps one bit per
+ * slot, set for every grain (modulo the table size, as slots are) that a
+ * live region touches. publish() sets a region's bits under c->lock with
+ * the sequence count odd, before the region is in the tree; nothing clears
+ * a bit (a region that leaves keeps its bits: the filter may say "maybe"
+ * where nothing is, never "nothing" where a region is). A free-event probe
+ * (nothing_there) that finds every bit of its range clear, and the
+ * sequence count unchanged around that read, knows that no live region
+ * touched the range at that instant: one load from a table of slots / 8
+ * bytes (32 KiB at 65,536 regions), where the neighbour check costs three
+ * dependent loads from the slots and two regions, cache misses in a large
+ * cache. A table is complete when it was made for an empty cache, or when
+ * hint_grow's lockless fill ran with no writer in between (the count was
+ * even and unchanged from before the fill to the install under the lock);
+ * otherwise the probe skips the filter until the next grow.
+ */
+static void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last)
+{
+    uintptr_t g = start >> t->grain, end = last >> t->grain, nbits = ~(uintptr_t)0 >> t->shift;
+    size_t w, words = (nbits >> 6) + 1;
+
+    if (end - g >= nbits) {
+        for (w = 0; w < words; w++)
+            ST(t->used[w], ~(uint64_t)0);
+        return;
+    }
+    for (;; g++) {
+        w = (g & nbits) >> 6;
+        ST(t->used[w], LD(t->used[w]) | (uint64_t)1 << (g & 63));    /* one writer: c->lock, or the
+                                                                       * grower of a table not yet seen */
+        if (g == end)
+            break;
+    }
+}
+
+/* 1 if no grain of [s, last] is used in @t (a complete table); 0 if one may be, or the range is long. */
+static int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
+{
+    uintptr_t g = s >> t->grain, end = last >> t->grain, nbits = ~(uintptr_t)0 >> t->shift;
+
+    if (!LD(t->complete) || end - g >= 64)
+        return 0;
+    for (;; g++) {
+        if (LD(t->used[(g & nbits) >> 6]) & (uint64_t)1 << (g & 63))
+            return 0;
+        if (g == end)
+            return 1;
+    }
+}
 
 /* Pool memory: n regions carved from the cache's arena, never returned while the cache lives. */
 struct chunk {
@@ -1096,12 +1149,14 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
 /* A zeroed table of 2^bits slots from the cache's arena (no lock held), or NULL. */
 static struct hint_tab *hint_new(drc_cache_t *c, unsigned bits, struct hint_tab *older)
 {
-    struct hint_tab *t = drc__arena_alloc(&c->arena, sizeof(*t) + (sizeof(t->slot[0]) << bits));
+    size_t slots = sizeof(struct drc_region *) << bits, used = ((((size_t)1 << bits) >> 6) + 1) * sizeof(uint64_t);
+    struct hint_tab *t = drc__arena_alloc(&c->arena, sizeof(*t) + slots + used);
 
     if (t) {
         t->shift = 64 - bits;
         t->grain = 12;
         t->older = older;
+        t->used = (uint64_t *)((char *)t->slot + slots);
     }
     return t;
 }
@@ -1125,6 +1180,7 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
     struct drc__itree_node *n;
     struct drc_region *r;
     uintptr_t g, start, last, mask = ((uintptr_t)1 << bits) - 1;
+    unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);     /* before the fill's loads */
     int budget;
 
     if (!t)
@@ -1149,10 +1205,19 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
     for (r = n ? region_of(n) : NULL; r && --budget > 0; r = __atomic_load_n(&r->succ, __ATOMIC_ACQUIRE)) {
         start = LD(r->node.start);
         last = LD(r->node.last);
+        used_set(t, start, last);
         for (g = start >> t->grain; g <= last >> t->grain && g - (start >> t->grain) < 4; g++)
             __atomic_store_n(&t->slot[g & mask], r, __ATOMIC_RELEASE);
     }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the fill's loads before the count's re-read */
     lock(c);
+    /*
+     * The filter is complete if no writer ran since the count was read: the
+     * walk then saw every live region (a torn walk needs a writer). A writer
+     * after this point sets its bits in the table it finds, this one.
+     */
+    if (!(seq & 1) && LD(c->seq) == seq && !r && budget > 0)
+        ST(t->complete, 1);
     if (64 - c->hint->shift < bits) {
         t->older = c->hint;
         __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
@@ -1187,6 +1252,7 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->lkey = lkey;
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
+    used_set(c->hint, p->start, p->last);       /* seq is odd: a probe that read the bits before retries */
     drc__itree_insert_at(&c->tree, &r->node, &n, &nx);
     /* release: a probe that follows a link sees the region as published */
     __atomic_store_n(&r->pred, n ? region_of(n) : NULL, __ATOMIC_RELEASE);
@@ -1383,9 +1449,9 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
  * no live region overlapped [s, last], no registration was pending or being
  * inserted, and no superseded region (still valid) was held. Then there is
  * nothing to invalidate, and drc_invalidate returns without the lock. It is
- * the hit path's protocol (a walk, or a look at a region's live neighbour
- * links, under the sequence count: a writer changes both inside its
- * window), read as:
+ * the hit path's protocol (the used-grain filter of struct hint_tab, a
+ * walk, or a look at a region's live neighbour links, under the sequence
+ * count: a writer changes them inside its window), read as:
  *   getter (miss)                          probe
  *   lock; add pending; npending++ (SC)     s = seq (even, else take the lock)
  *   unlock; wait for frees in flight       npending, detached.root: 0, 0 ?
@@ -1409,7 +1475,10 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
 
     if ((seq & 1) || LD_SC(c->npending) || LD(c->detached.root))
         return 0;
-    if (LD(c->overlapping)) {
+    if (used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last)) {
+        /* no live region touches a grain of the range: one load, from a table that stays in cache */
+        empty = 1;
+    } else if (LD(c->overlapping)) {
         /* any region may reach into the range: the overlap walk */
         if (drc__itree_first(&c->tree, s, last, &budget) || budget <= 0)
             return 0;
@@ -1630,8 +1699,10 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     c->lo = UINTPTR_MAX;
     drc__arena_init(&c->arena);
     c->hint = hint_new(c, HINT_MIN_BITS, NULL);
-    if (c->hint)
+    if (c->hint) {
         c->hint->grain = c->page_shift;
+        c->hint->complete = 1;      /* no region yet: no bit to set */
+    }
     if (!c->hint) {
         err = -ENOMEM;
         goto err_hint;
@@ -1737,6 +1808,8 @@ static void check_trees(const drc_cache_t *c)
              n = drc__itree_next(n, 0, UINTPTR_MAX, &budget)) {
             DRC_ASSERT(region_of(n)->pred == prev && (!prev || prev->succ == region_of(n)));
             prev = region_of(n);
+            /* the used-grain filter of a complete table never says "nothing" over a live region */
+            DRC_ASSERT(!used_none(c->hint, n->start, n->start) && !used_none(c->hint, n->last, n->last));
         }
         DRC_ASSERT(!prev || !prev->succ);
     }

@@ -542,6 +542,77 @@ static void free_event_probe_racing_inserts(void **state)
     race_invalidations(NULL, 0, 1);
 }
 
+
+/* ---- the used-grain filter while the hint table grows ------------------- */
+
+/* 2 x 550 regions: the last of three grows at 1,024 regions, then 76 inserts into the grown table */
+enum { FILL_THREADS = 2, FILL_EACH = 550, FILL_ROUNDS = 20 };
+
+struct filler {
+    drc_cache_t *c;
+    int me;
+    int err;
+};
+
+/* Region j (of FILL_THREADS * FILL_EACH) is page 2j: every region has a gap after it. */
+static void *filler_thread(void *p)
+{
+    struct filler *f = p;
+    drc_region_t *r;
+    size_t k, j;
+
+    for (k = 0; k < FILL_EACH && !f->err; k++) {
+        /* out of address order (7919 is prime to FILL_EACH): an insert may land where a fill has been */
+        j = k * 7919 % FILL_EACH * FILL_THREADS + (size_t)f->me;
+        f->err = drc_get(f->c, at(2 * j, 0), pg(), LW, &r);
+        if (!f->err)
+            f->err = drc_put(f->c, r);
+    }
+    return NULL;
+}
+
+/*
+ * A free event in a gap returns without the lock when the hint table's
+ * used-grain filter has no bit for it (cache.c, used_set). A table grown
+ * while another thread inserts must not claim to know every region: two
+ * threads fill a cache through three table grows, each grow's lockless
+ * fill racing the other thread's inserts, some of them behind the fill's
+ * walk; then an event over each region must find it (1) and one over each
+ * gap nothing (0). A filter that missed a region inserted during the last
+ * fill would return 0 for it: the memory would be freed with its
+ * registration still cached. Twenty caches, for twenty last fills.
+ */
+static void free_events_find_regions_inserted_while_the_hints_grow(void **state)
+{
+    struct filler f[FILL_THREADS];
+    pthread_t th[FILL_THREADS];
+    size_t j, missed = 0;
+    int i, round;
+
+    (void)state;
+    for (round = 0; round < FILL_ROUNDS; round++) {
+        struct tb *b = tb_new();
+        drc_cache_t *c = mk(b, NULL);
+
+        for (i = 0; i < FILL_THREADS; i++) {
+            f[i] = (struct filler){ .c = c, .me = i };
+            pthread_create(&th[i], NULL, filler_thread, &f[i]);
+        }
+        for (i = 0; i < FILL_THREADS; i++) {
+            pthread_join(th[i], NULL);
+            assert_int_equal(f[i].err, 0);
+        }
+        for (j = 0; j < (size_t)FILL_THREADS * FILL_EACH; j++) {
+            assert_int_equal(drc_invalidate(c, at(2 * j + 1, 0), pg()), 0);   /* the gap after region j */
+            if (drc_invalidate(c, at(2 * j, pg() / 2), 1) != 1)
+                missed++;
+        }
+        assert_int_equal(tb_live(b), 0);
+        done(b, c);
+    }
+    assert_int_equal(missed, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +624,7 @@ int main(void)
         cmocka_unit_test_setup(same_race_with_eviction, setup_alarm),
         cmocka_unit_test_setup(gets_after_invalidate_by_handle_never_return_it, setup_alarm),
         cmocka_unit_test_setup(free_event_probe_racing_inserts, setup_alarm),
+        cmocka_unit_test_setup(free_events_find_regions_inserted_while_the_hints_grow, setup_alarm),
         cmocka_unit_test_setup(stats_are_kept_as_they_change, setup_alarm),
         cmocka_unit_test_setup(getter_sleeps_through_a_free_in_flight, setup_alarm),
     };
