@@ -135,6 +135,8 @@ enum {
     CHUNK_MIN     = 64,    /* regions of the first pool chunk; each next one has as many as the cache */
     CHUNK_MAX     = 1024,  /* has already (doubling), up to this (192 KiB) */
     INVQ          = 32,    /* invalidations a contended free event may hand to the lock holder */
+    SPIN_CHECK    = 512,   /* lock(): pauses between looks at a taken c->lock */
+    SPIN_MAX      = 4096,  /* lock(): pauses before it sleeps on it */
 };
 
 #define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE | DRC_F_REVOKE)
@@ -239,8 +241,8 @@ struct drc_cache {
     int overlapping;                /* atomic, set under c->lock, never cleared: live regions may overlap */
     unsigned npending;              /* atomic, changed under c->lock: registrations pending or being inserted */
 
-    pthread_mutex_t lock __attribute__((aligned(64)));
-    pthread_cond_t pending_done;
+    pthread_mutex_t lock __attribute__((aligned(64)));     /* alone on its line: waiters read it (lock()) */
+    pthread_cond_t pending_done __attribute__((aligned(64)));
     struct drc__itree detached;
     struct pending *pending;
     unsigned pending_waiters;       /* c->lock: getters asleep on pending_done */
@@ -319,11 +321,66 @@ static void locked(drc_cache_t *c)
         invq_run(c);    /* before anything this holder looks up (see queue_invalidation) */
 }
 
+/* A spin-wait hint: the core waits without hogging the pipeline, and lets its sibling run */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("isb" ::: "memory");
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+/* Does c->lock look free? A load of glibc's lock word shares its line, where a trylock takes it. */
+static inline int lock_looks_free(drc_cache_t *c)
+{
+#ifdef __GLIBC__
+    return __atomic_load_n(&c->lock.__data.__lock, __ATOMIC_RELAXED) == 0;
+#else
+    (void)c;
+    return 1;
+#endif
+}
+
+/*
+ * Take c->lock: try, spin, then sleep. A section under c->lock is short (no
+ * call out of drc, nothing allocated), so a thread that finds it taken
+ * spins with a pause instruction, looking at the lock word every
+ * SPIN_CHECK pauses, and sleeps in pthread_mutex_lock only after SPIN_MAX.
+ * On the 2-vCPU development machine (a PVM guest) a system call costs about
+ * 1.2 us, so a contended pthread_mutex_lock that sleeps, and the unlock that
+ * must then wake it, cost more than the section they wait for. The sparse
+ * checks matter as much as the spin (README, "Two threads on two vCPUs"):
+ * a waiter that checks after every pause (or every 16) takes the lock the
+ * moment it is released, so the cache's lines cross between the cores on
+ * every section; one that checks every 512 pauses (about 8 us here) lets the
+ * holder run several sections back to back (two threads missing at 1,024
+ * regions, one interleaved run: about 1,100 ns a miss with the plain mutex,
+ * 1,500 checking after every pause, 600 every 512). Every way in goes
+ * through here or a trylock; the hand-offs of unlock() and
+ * queue_invalidation() do not change.
+ */
 static void lock(drc_cache_t *c)
 {
+    unsigned spins;
+
     /* never re-entered: an allocator or hook called under c->lock would deadlock here */
     DRC_ASSERT_NO_LOCK();
-    pthread_mutex_lock(&c->lock);
+    if (pthread_mutex_trylock(&c->lock) != 0) {
+        for (spins = 1;; spins++) {
+            cpu_relax();
+            if (spins % SPIN_CHECK)
+                continue;
+            if (lock_looks_free(c) && pthread_mutex_trylock(&c->lock) == 0)
+                break;
+            if (spins >= SPIN_MAX) {
+                pthread_mutex_lock(&c->lock);
+                break;
+            }
+        }
+    }
     locked(c);
 }
 
