@@ -364,25 +364,29 @@ static inline int lock_looks_free(drc_cache_t *c)
  * through here or a trylock; the hand-offs of unlock() and
  * queue_invalidation() do not change.
  */
-static void lock(drc_cache_t *c)
+static __attribute__((noinline)) void lock_contended(drc_cache_t *c)
 {
     unsigned spins;
 
-    /* never re-entered: an allocator or hook called under c->lock would deadlock here */
-    DRC_ASSERT_NO_LOCK();
-    if (pthread_mutex_trylock(&c->lock) != 0) {
-        for (spins = 1;; spins++) {
-            cpu_relax();
-            if (spins % SPIN_CHECK)
-                continue;
-            if (lock_looks_free(c) && pthread_mutex_trylock(&c->lock) == 0)
-                break;
-            if (spins >= SPIN_MAX) {
-                pthread_mutex_lock(&c->lock);
-                break;
-            }
+    for (spins = 1;; spins++) {
+        cpu_relax();
+        if (spins % SPIN_CHECK)
+            continue;
+        if (lock_looks_free(c) && pthread_mutex_trylock(&c->lock) == 0)
+            return;
+        if (spins >= SPIN_MAX) {
+            pthread_mutex_lock(&c->lock);
+            return;
         }
     }
+}
+
+static inline void lock(drc_cache_t *c)
+{
+    /* never re-entered: an allocator or hook called under c->lock would deadlock here */
+    DRC_ASSERT_NO_LOCK();
+    if (pthread_mutex_trylock(&c->lock) != 0)
+        lock_contended(c);     /* out of line: the uncontended path stays as short as it was */
     locked(c);
 }
 
