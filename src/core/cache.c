@@ -348,21 +348,21 @@ static inline int lock_looks_free(drc_cache_t *c)
 
 /*
  * Take c->lock: try, spin, then sleep. A section under c->lock is short (no
- * call out of drc, nothing allocated), so a thread that finds it taken
- * spins with a pause instruction, looking at the lock word every
+ * call out of drc, nothing allocated), so a thread that finds it taken spins
+ * with a pause instruction (lock_contended), looking at the lock word every
  * SPIN_CHECK pauses, and sleeps in pthread_mutex_lock only after SPIN_MAX.
- * On the 2-vCPU development machine (a PVM guest) a system call costs about
- * 1.2 us, so a contended pthread_mutex_lock that sleeps, and the unlock that
- * must then wake it, cost more than the section they wait for. The sparse
- * checks matter as much as the spin (README, "Two threads on two vCPUs"):
- * a waiter that checks after every pause (or every 16) takes the lock the
- * moment it is released, so the cache's lines cross between the cores on
- * every section; one that checks every 512 pauses (about 8 us here) lets the
- * holder run several sections back to back (two threads missing at 1,024
- * regions, one interleaved run: about 1,100 ns a miss with the plain mutex,
- * 1,500 checking after every pause, 600 every 512). Every way in goes
- * through here or a trylock; the hand-offs of unlock() and
- * queue_invalidation() do not change.
+ * On the 2-vCPU development machine (a PVM guest) a system call costs 0.1 to
+ * 1.2 us, depending on the host, so a contended pthread_mutex_lock that
+ * sleeps, and the unlock that must then wake it, cost as much as the section
+ * they wait for or more. The sparse checks matter as much as the spin
+ * (README, "Two threads on two vCPUs"): a waiter that checks after every
+ * pause (or every 16) takes the lock the moment it is released, so the
+ * cache's lines cross between the cores on every section; one that checks
+ * every 512 pauses (8-10 us here) lets the holder run several sections back
+ * to back (two threads missing at 1,024 regions, one interleaved run: about
+ * 1,100 ns a miss with the plain mutex, 1,500 checking after every pause,
+ * 600 every 512). Every way in goes through lock() or a trylock; the
+ * hand-offs of unlock() and queue_invalidation() do not change.
  */
 static __attribute__((noinline)) void lock_contended(drc_cache_t *c)
 {
