@@ -9,23 +9,41 @@
  *
  * Cost when nothing is registered: with no cache at all, one load of
  * `subscribed`; with caches, per cache one atomic increment and decrement of
- * the slot's user count plus the cache's own lockless hull check (cache.c),
- * which returns without the lock when the range is outside everything the
- * cache registered. tests/bench/bench_notify.c measures both.
+ * a user count in a line of this thread's own plus the cache's own lockless
+ * hull check (cache.c), which returns without the lock when the range is
+ * outside everything the cache registered. tests/bench/bench_notify.c
+ * measures both.
  *
- * Use after free of a cache. A notifier announces itself on a slot (users++)
- * before it reads the slot's cache, and unsubscribe clears the slot before it
- * waits for the slot's users to drain:
+ * Use after free of a cache. A notifier announces itself on a slot before it
+ * reads the slot's cache, and unsubscribe clears the slot before it waits for
+ * the slot's users to drain. The users of slot i are counted per thread:
+ * users[t][i] is the notifiers of thread slot t (tslot.h) inside slot i, so
+ * two threads issuing free events write two lines of their own, not one
+ * shared count. A row is shared only by threads beyond DRC__TSLOTS, which is
+ * why every change is an atomic add, never a plain store.
  *
- *   notifier                         drc_cache_destroy -> unsubscribe
- *   users++            (seq_cst)     slot.cache = NULL   (seq_cst)
- *   c = slot.cache     (seq_cst)     while (users) yield (seq_cst)
- *   c ? drc_invalidate(c) : skip     free the cache
- *   users--            (release)
+ *   notifier (thread slot t)             drc_cache_destroy -> unsubscribe
+ *   users[t][i]++        (seq_cst)       slot.cache = NULL        (seq_cst)
+ *   c = slot.cache       (seq_cst)       for each row u:
+ *   c ? drc_invalidate(c) : skip           while (users[u][i]) yield (seq_cst)
+ *   users[t][i]--        (release)       free the cache
  *
- * With both sides sequentially consistent, either the notifier reads NULL or
- * unsubscribe reads its increment and waits, so no notifier uses a cache that
- * drc_cache_destroy frees.
+ * The increment, the load of the slot after it, the store of NULL and the
+ * drain's loads are sequentially consistent; the decrement is a release. Take a notifier that read c, not NULL. Its load precedes
+ * the store of NULL in the single order S of seq_cst operations, so its
+ * increment does too, and so it precedes every load of the drain in S,
+ * whichever row the drain reads first. A seq_cst load that follows a seq_cst
+ * change of the same word in S reads that change or a later one, so each load
+ * of row t reads a count that includes this notifier until its decrement (the
+ * changes of a row are atomic adds: its value is exact at every point of its
+ * order), and the drain stays on row t until it reads the decrement or a
+ * later add, which orders the notifier's use of c before the free (every
+ * later change of the row is an atomic add: the release heads a release
+ * sequence that the drain's load reads from). A notifier whose
+ * increment follows the store of NULL in S reads NULL (or a cache subscribed
+ * since). So, as with one count per slot, no notifier uses a cache that
+ * drc_cache_destroy frees: each row is an exact count of its own, and the
+ * drain waits for every row in turn.
  *
  * Re-entry. drc_invalidate() calls the backend's dereg() without a cache
  * lock, and a dereg() may free memory and so call drc_notify_free() again on
@@ -73,6 +91,7 @@
 #include "core/mem.h"
 
 #include "core/cache.h"
+#include "core/tslot.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -80,6 +99,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -92,10 +112,22 @@ enum { SLOTS = 64 };
 
 struct slot {
     drc_cache_t *cache;     /* atomic: CAS NULL -> c on subscribe, store NULL on unsubscribe */
-    unsigned users;         /* atomic: notifiers inside this slot */
-} __attribute__((aligned(64)));
+};
 
-static struct slot slots[SLOTS];
+/*
+ * The caches and their users. slot[] is read by every notifier and written
+ * on subscribe and unsubscribe only. users[t][i], atomic: the notifiers of
+ * thread slot t inside slot i (see "Use after free" above); a row is 256
+ * bytes, whole lines, and a thread writes only its own. The slots come first
+ * in a page-aligned block, so that no count sits at a slot's address modulo
+ * 4 KiB: when the row of thread slot 1 did (users placed before the slots),
+ * a free event paid about 15 ns more for the load of slot.cache after the
+ * increment (4K aliasing of the load with the store).
+ */
+static struct {
+    struct slot slot[SLOTS];
+    unsigned users[DRC__TSLOTS + 1][SLOTS];
+} table __attribute__((aligned(4096)));
 
 enum { FREEING = 64, F_EMPTY = 0, F_CLAIMED = 1, F_PUBLISHED = 2 };
 
@@ -144,12 +176,12 @@ static void forked_child(void)
     drc_cache_t *c;
 
     for (i = 0; i < SLOTS; i++) {
-        c = __atomic_load_n(&slots[i].cache, __ATOMIC_RELAXED);
+        c = __atomic_load_n(&table.slot[i].cache, __ATOMIC_RELAXED);
         if (c)
             drc__cache_forked(c);
-        __atomic_store_n(&slots[i].cache, NULL, __ATOMIC_RELAXED);
-        __atomic_store_n(&slots[i].users, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&table.slot[i].cache, NULL, __ATOMIC_RELAXED);
     }
+    memset(table.users, 0, sizeof(table.users));    /* counts of parent threads that do not exist here */
     for (i = 0; i < FREEING; i++)
         __atomic_store_n(&freeing[i].state, F_EMPTY, __ATOMIC_RELAXED);
     __atomic_store_n(&freeing_wide, 0, __ATOMIC_RELAXED);
@@ -173,7 +205,7 @@ int drc__notify_subscribe(drc_cache_t *c)
     for (i = 0; i < SLOTS; i++) {
         drc_cache_t *empty = NULL;
 
-        if (!__atomic_compare_exchange_n(&slots[i].cache, &empty, c, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+        if (!__atomic_compare_exchange_n(&table.slot[i].cache, &empty, c, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
             continue;
         u = __atomic_load_n(&used, __ATOMIC_RELAXED);
         while (u < i + 1 && !__atomic_compare_exchange_n(&used, &u, i + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
@@ -187,14 +219,16 @@ int drc__notify_subscribe(drc_cache_t *c)
 void drc__notify_unsubscribe(drc_cache_t *c)
 {
     unsigned i, n = __atomic_load_n(&used, __ATOMIC_SEQ_CST);
+    int t;
 
     for (i = 0; i < n; i++) {
-        if (__atomic_load_n(&slots[i].cache, __ATOMIC_SEQ_CST) != c)
+        if (__atomic_load_n(&table.slot[i].cache, __ATOMIC_SEQ_CST) != c)
             continue;
-        __atomic_store_n(&slots[i].cache, NULL, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&table.slot[i].cache, NULL, __ATOMIC_SEQ_CST);
         __atomic_fetch_sub(&subscribed, 1, __ATOMIC_SEQ_CST);
-        while (__atomic_load_n(&slots[i].users, __ATOMIC_SEQ_CST))
-            sched_yield();
+        for (t = 0; t <= DRC__TSLOTS; t++)
+            while (__atomic_load_n(&table.users[t][i], __ATOMIC_SEQ_CST))
+                sched_yield();
         return;
     }
 }
@@ -206,7 +240,7 @@ int drc__notify_active(void)
 
 int drc_notify_free(const void *addr, size_t len)
 {
-    unsigned i, n;
+    unsigned i, n, *mine;
     int k, total = 0;
     drc_cache_t *c;
 
@@ -222,13 +256,14 @@ int drc_notify_free(const void *addr, size_t len)
     if (!len || !__atomic_load_n(&subscribed, __ATOMIC_ACQUIRE))
         return 0;
     n = __atomic_load_n(&used, __ATOMIC_ACQUIRE);
+    mine = table.users[drc__tslot()];     /* this thread's row, the same at both ends of a nested call */
     for (i = 0; i < n; i++) {
-        if (!__atomic_load_n(&slots[i].cache, __ATOMIC_ACQUIRE))
+        if (!__atomic_load_n(&table.slot[i].cache, __ATOMIC_ACQUIRE))
             continue;
-        __atomic_fetch_add(&slots[i].users, 1, __ATOMIC_SEQ_CST);
-        c = __atomic_load_n(&slots[i].cache, __ATOMIC_SEQ_CST);
+        __atomic_fetch_add(&mine[i], 1, __ATOMIC_SEQ_CST);
+        c = __atomic_load_n(&table.slot[i].cache, __ATOMIC_SEQ_CST);
         k = c ? drc__cache_invalidate(c, addr, len) : 0;
-        __atomic_fetch_sub(&slots[i].users, 1, __ATOMIC_RELEASE);
+        __atomic_fetch_sub(&mine[i], 1, __ATOMIC_RELEASE);
         if (k > 0)
             total += k;
     }
