@@ -1,0 +1,132 @@
+/*
+ * The two caches of the cache benchmarks behind one interface (bench_cache.c,
+ * bench_misses.c): drc and UCX's ucs_rcache, each in front of a backend that
+ * does no work but count its calls, UCX with its memory event declared
+ * external (bench_cache.c's top comment says why).
+ */
+#ifndef DRC_BENCH_PAIR_H
+#define DRC_BENCH_PAIR_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <ucm/api/ucm.h>
+#include <ucs/memory/rcache.h>
+
+#include "drc.h"
+
+static uint64_t regs, deregs;       /* backend calls of whichever cache this process runs */
+
+static int drc_reg(void *ctx, const struct drc_reg_args *a, void **handle, uint32_t *lkey, uint32_t *rkey)
+{
+    (void)ctx;
+    __atomic_fetch_add(&regs, 1, __ATOMIC_RELAXED);
+    *handle = (void *)a->start;
+    *lkey = *rkey = 1;
+    return 0;
+}
+
+static int drc_dereg(void *ctx, void *handle)
+{
+    (void)ctx;
+    (void)handle;
+    __atomic_fetch_add(&deregs, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static ucs_status_t ucx_reg(void *ctx, ucs_rcache_t *rc, void *arg, ucs_rcache_region_t *r, uint16_t flags)
+{
+    (void)ctx; (void)rc; (void)arg; (void)r; (void)flags;
+    __atomic_fetch_add(&regs, 1, __ATOMIC_RELAXED);
+    return UCS_OK;
+}
+
+static void ucx_dereg(void *ctx, ucs_rcache_t *rc, ucs_rcache_region_t *r)
+{
+    (void)ctx; (void)rc; (void)r;
+    __atomic_fetch_add(&deregs, 1, __ATOMIC_RELAXED);
+}
+
+static void ucx_dump(void *ctx, ucs_rcache_t *rc, ucs_rcache_region_t *r, char *buf, size_t max)
+{
+    (void)ctx; (void)rc; (void)r;
+    if (max)
+        buf[0] = '\0';
+}
+
+static const ucs_rcache_ops_t ucx_ops = { .mem_reg = ucx_reg, .mem_dereg = ucx_dereg, .dump_region = ucx_dump };
+
+static void ucx_inv_done(void *arg)
+{
+    (void)arg;
+}
+
+#define UCX_PROT   (PROT_READ | PROT_WRITE)
+#define DRC_ACCESS 0x7u     /* LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ */
+
+struct cache {
+    int ucx;
+    drc_cache_t *d;
+    ucs_rcache_t *u;
+};
+
+static struct cache cache_new(int ucx)
+{
+    static const struct drc_backend be = { .reg = drc_reg, .dereg = drc_dereg, .ctx = NULL };
+    struct cache c = { .ucx = ucx };
+    ucs_rcache_params_t p;
+    ucs_status_t st;
+    int err;
+
+    if (!ucx) {
+        err = drc_cache_create(&be, NULL, &c.d);
+        if (err) {
+            fprintf(stderr, "drc_cache_create: %s\n", drc_strerror(err));
+            exit(2);
+        }
+        return c;
+    }
+    memset(&p, 0, sizeof(p));
+    p.region_struct_size = sizeof(ucs_rcache_region_t);
+    p.alignment = (size_t)sysconf(_SC_PAGESIZE);
+    p.max_alignment = p.alignment;
+    p.ucm_events = UCM_EVENT_VM_UNMAPPED;   /* its memory event, external: see the top comment */
+    p.ucm_event_priority = 1000;
+    p.ops = &ucx_ops;
+    p.max_regions = ULONG_MAX;
+    p.max_size = SIZE_MAX;
+    p.max_unreleased = SIZE_MAX;
+    st = ucs_rcache_create(&p, "bench", NULL, &c.u);
+    if (st != UCS_OK) {
+        fprintf(stderr, "ucs_rcache_create: %s\n", ucs_status_string(st));
+        exit(2);
+    }
+    return c;
+}
+
+
+static inline void *cache_get(struct cache *c, void *a, size_t len)
+{
+    drc_region_t *r;
+    ucs_rcache_region_t *u;
+
+    if (c->ucx)
+        return ucs_rcache_get(c->u, a, len, UCX_PROT, NULL, &u) == UCS_OK ? (void *)u : NULL;
+    return drc_get(c->d, a, len, DRC_ACCESS, &r) == 0 ? (void *)r : NULL;
+}
+
+static inline void cache_put(struct cache *c, void *r)
+{
+    if (c->ucx)
+        ucs_rcache_region_put(c->u, r);
+    else
+        drc_put(c->d, r);
+}
+
+
+#endif
