@@ -1182,7 +1182,7 @@ static struct hint_tab *hint_new(drc_cache_t *c, unsigned bits, struct hint_tab 
         t->shift = 64 - bits;
         t->grain = 12;
         t->older = older;
-        t->used = (uint64_t *)((char *)t->slot + slots);
+        t->used = (uint64_t *)(void *)&t->slot[(size_t)1 << bits];     /* after the slots: 8-aligned */
     }
     return t;
 }
