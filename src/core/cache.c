@@ -211,7 +211,10 @@ struct hint_tab {
  * cache. A table is complete when it was made for an empty cache, or when
  * hint_grow's lockless fill ran with no writer in between (the count was
  * even and unchanged from before the fill to the install under the lock);
- * otherwise the probe skips the filter until the next grow.
+ * otherwise the probe skips the filter until the next grow. A miss uses it
+ * too: a lookup over unused grains skips the lockless descent, and the
+ * merge plan (under the lock) the overlap walk, so that a range registered
+ * for the first time, in any order, pays one descent (the insert's).
  */
 static void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last)
 {
@@ -1021,8 +1024,13 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
             return r;
         unref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
     }
-    /* beyond the hull (a cache filled in address order): a miss without the descent */
-    if (s < LD(c->lo) || last > LD(c->hi))
+    /*
+     * Beyond the hull (a cache filled in address order), or over grains no
+     * live region touches (the used-grain filter: a range registered for
+     * the first time, in any order): a miss without the descent. A wrong
+     * "miss" here only sends the lookup to the locked path.
+     */
+    if (s < LD(c->lo) || last > LD(c->hi) || used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last))
         return NULL;
     for (tries = 0; tries < 2; tries++) {
         seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
@@ -1102,7 +1110,9 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
     p->access = access;
     p->merging = 0;
     p->overlaps = 0;
-    for (n = drc__itree_first(&c->tree, start, end, &budget); n; n = drc__itree_next(n, start, end, &budget)) {
+    /* no live region touches a grain of the pages (the filter is exact enough under the lock): no walk */
+    n = used_none(c->hint, start, end) ? NULL : drc__itree_first(&c->tree, start, end, &budget);
+    for (; n; n = drc__itree_next(n, start, end, &budget)) {
         struct drc_region *r = region_of(n);
 
         if (n->start <= s && n->last >= last && serves(r->access, access)) {
