@@ -93,14 +93,6 @@ static int failed;
         }                                                  \
     } while (0)
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint64_t rng(void)

@@ -101,14 +101,6 @@ __attribute__((noinline)) void op_miss(uint32_t i)
     put(r);
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static int run(const char *name, uint32_t n)
 {
     uint32_t batch = n / 8, i, j, t, *perm;

@@ -1,5 +1,5 @@
 /*
- * The two caches of the cache benchmarks behind one interface (bench_cache.c,
+ * The two caches of the cache benchmarks behind one interface, and their clock (bench_cache.c,
  * bench_misses.c): drc and UCX's ucs_rcache, each in front of a backend that
  * does no work but count its calls, UCX with its memory event declared
  * external (bench_cache.c's top comment says why).
@@ -13,12 +13,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <ucm/api/ucm.h>
 #include <ucs/memory/rcache.h>
 
 #include "drc.h"
+
+/* the benchmarks' clock */
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static uint64_t regs, deregs;       /* backend calls of whichever cache this process runs */
 
