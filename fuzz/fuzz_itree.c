@@ -1,9 +1,11 @@
 /*
- * Fuzz target for src/itree.c: one property, the tree answers like a naive
- * array. The input is a program of insert / remove / overlap query / floor
- * query on a small key space (many overlaps and equal starts). After every
- * step drc__itree_check() must accept the tree and count its nodes, and every
- * answer must equal the array's.
+ * Fuzz target for src/core/itree.c: one property, the tree answers like a
+ * naive array. The input is a program of insert / remove / overlap query /
+ * floor query on a small key space (many overlaps and equal starts). After
+ * every step drc__itree_check() must accept the tree and count its nodes,
+ * and every answer must equal the array's. An odd first byte starts the
+ * tree in plain mode, which the program leaves, as the cache does, just
+ * before it inserts the first interval that overlaps another.
  */
 #include <string.h>
 
@@ -15,13 +17,15 @@ enum { NODES = 48, KEYS = 64 };
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fuzz_in in = { data, size };
-    struct drc__itree t = { NULL };
+    struct drc__itree t = { .root = NULL };
     struct drc__itree_node n[NODES];
     int in_tree[NODES] = { 0 }, seen[NODES];
     long count = 0;
     int steps = 0;
 
     memset(n, 0, sizeof(n));
+    if (fuzz_more(&in) && fuzz_u8(&in) & 1)
+        drc__itree_init_plain(&t);
     while (fuzz_more(&in) && steps++ < 4096) {
         uint8_t op = fuzz_u8(&in) % 4;
         int i = (int)fuzz_range(&in, 0, NODES - 1), j, got, want, budget = DRC__ITREE_UNBOUNDED;
@@ -44,6 +48,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             } else {
                 n[i].start = s;
                 n[i].last = l;
+                for (j = 0; j < NODES && t.plain; j++)
+                    if (in_tree[j] && n[j].start <= l && s <= n[j].last)
+                        drc__itree_augment(&t);     /* the first overlap: plain mode ends */
                 drc__itree_insert(&t, &n[i]);
                 in_tree[i] = 1;
                 count++;
@@ -53,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 2:     /* overlap query [s, l]: each overlapping node once, in start order */
             memset(seen, 0, sizeof(seen));
             got = want = 0;
-            for (x = drc__itree_first(&t, s, l, &budget); x; x = drc__itree_next(x, s, l, &budget)) {
+            for (x = drc__itree_first(&t, s, l, &budget); x; x = drc__itree_next(&t, x, s, l, &budget)) {
                 j = (int)(x - n);
                 FUZZ_ASSERT(j >= 0 && j < NODES && in_tree[j] && !seen[j]);
                 FUZZ_ASSERT(x->start <= l && s <= x->last);

@@ -621,7 +621,7 @@ static struct drc_region *find_containing(const drc_cache_t *c, uintptr_t s, uin
         return region_of(n);
     if (!LD(c->overlapping))
         return NULL;
-    for (n = drc__itree_first(t, s, last, budget); n; n = drc__itree_next(n, s, last, budget)) {
+    for (n = drc__itree_first(t, s, last, budget); n; n = drc__itree_next(t, n, s, last, budget)) {
         if (LD(n->start) > s)
             break;      /* in start order: no later node starts early enough */
         r = region_of(n);
@@ -1112,7 +1112,7 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
     p->overlaps = 0;
     /* no live region touches a grain of the pages (the filter is exact enough under the lock): no walk */
     n = used_none(c->hint, start, end) ? NULL : drc__itree_first(&c->tree, start, end, &budget);
-    for (; n; n = drc__itree_next(n, start, end, &budget)) {
+    for (; n; n = drc__itree_next(&c->tree, n, start, end, &budget)) {
         struct drc_region *r = region_of(n);
 
         if (n->start <= s && n->last >= last && serves(r->access, access)) {
@@ -1153,7 +1153,7 @@ static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__me
     for (n = drc__itree_first(&c->tree, p->start, p->last, &budget); n; n = next) {
         struct drc_region *r = region_of(n);
 
-        next = drc__itree_next(n, p->start, p->last, &budget);
+        next = drc__itree_next(&c->tree, n, p->start, p->last, &budget);
         if (joinable(r, m, p->access) && n->start >= p->start && n->last <= p->last)
             retire(c, r, dead);
     }
@@ -1389,8 +1389,10 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     seq_begin(c);
     if (p.merging)
         supersede(c, &p, &m, &dead);
-    if (p.overlaps)
+    if (p.overlaps && !c->overlapping) {
+        drc__itree_augment(&c->tree);   /* once, O(n): from now on queries need subtree_last (itree.h) */
         ST_SC(c->overlapping, 1);
+    }
     publish(c, r, &p, &m, handle, lkey, rkey);
     __atomic_store_n(hint_slot(c, s), r, __ATOMIC_RELEASE);
     if (c->limited)
@@ -1624,7 +1626,7 @@ static int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct
         /* one descent: the successor is found before n leaves (next stays in the tree) */
         seq_begin(c);
         for (; n; n = next) {
-            next = drc__itree_next(n, s, last, &budget);
+            next = drc__itree_next(&c->tree, n, s, last, &budget);
             r = region_of(n);
             ST_SC(r->valid, 0);
             revoke_take(c, r, revoking);    /* DRC_F_REVOKE: before retire, while r is live */
@@ -1633,7 +1635,8 @@ static int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct
         }
         seq_end(c);
     }
-    for (n = drc__itree_first(&c->detached, s, last, &budget); n; n = drc__itree_next(n, s, last, &budget)) {
+    for (n = drc__itree_first(&c->detached, s, last, &budget); n;
+         n = drc__itree_next(&c->detached, n, s, last, &budget)) {
         r = region_of(n);
         if (LD(r->valid)) {
             ST_SC(r->valid, 0);
@@ -1733,6 +1736,7 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     c->page = (size_t)sysconf(_SC_PAGESIZE);
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
+    drc__itree_init_plain(&c->tree);    /* coalesced regions are disjoint until `overlapping` */
     drc__arena_init(&c->arena);
     c->hint = hint_new(c, HINT_MIN_BITS, NULL);
     if (c->hint) {
@@ -1841,7 +1845,7 @@ static void check_trees(const drc_cache_t *c)
         int budget = DRC__ITREE_UNBOUNDED;
 
         for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
-             n = drc__itree_next(n, 0, UINTPTR_MAX, &budget)) {
+             n = drc__itree_next(&c->tree, n, 0, UINTPTR_MAX, &budget)) {
             DRC_ASSERT(region_of(n)->pred == prev && (!prev || prev->succ == region_of(n)));
             prev = region_of(n);
             /* the used-grain filter of a complete table never says "nothing" over a live region */
@@ -1861,7 +1865,7 @@ static uint64_t held_in(const struct drc__itree *t)
     int budget = DRC__ITREE_UNBOUNDED;
     uint64_t held = 0;
 
-    for (n = drc__itree_first(t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+    for (n = drc__itree_first(t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(t, n, 0, UINTPTR_MAX, &budget))
         held += USERS(LD(region_of(n)->word)) != 0;
     return held;
 }

@@ -3,7 +3,8 @@
  *
  * The red-black rules are the textbook ones (root black, no red node with a
  * red child, the same number of black nodes on every root-to-NULL path).
- * The augmentation is kept exact by three rules:
+ * The augmentation (none in plain mode, see itree.h) is kept exact by
+ * three rules:
  *   - insert raises subtree_last on its way down, before the new leaf links;
  *   - remove recomputes every node from the lowest changed one to the root,
  *     before rebalancing;
@@ -29,6 +30,12 @@
 #define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
 
 typedef struct drc__itree_node node_t;
+
+/* Plain mode: read by lockless queries, so atomic; it changes once, under the owner's lock. */
+static int is_plain(const struct drc__itree *t)
+{
+    return __atomic_load_n(&t->plain, __ATOMIC_ACQUIRE);
+}
 
 static void recompute(node_t *n)
 {
@@ -63,8 +70,10 @@ static void rotate_left(struct drc__itree *t, node_t *x)
     ST(x->parent, y);
     ST(y->parent, p);
     replace_child(t, p, x, y);
-    ST(y->subtree_last, x->subtree_last);
-    recompute(x);
+    if (!is_plain(t)) {
+        ST(y->subtree_last, x->subtree_last);
+        recompute(x);
+    }
 }
 
 /* Mirror of rotate_left. */
@@ -79,8 +88,10 @@ static void rotate_right(struct drc__itree *t, node_t *x)
     ST(x->parent, y);
     ST(y->parent, p);
     replace_child(t, p, x, y);
-    ST(y->subtree_last, x->subtree_last);
-    recompute(x);
+    if (!is_plain(t)) {
+        ST(y->subtree_last, x->subtree_last);
+        recompute(x);
+    }
 }
 
 static int is_red(const node_t *n)
@@ -131,6 +142,34 @@ static void insert_fixup(struct drc__itree *t, node_t *n)
     t->root->red = 0;
 }
 
+void drc__itree_init_plain(struct drc__itree *t)
+{
+    t->root = NULL;
+    t->max = NULL;
+    t->plain = 1;
+}
+
+static uintptr_t augment(node_t *n)
+{
+    uintptr_t m = n->last, sub;
+
+    if (n->left && (sub = augment(n->left)) > m)
+        m = sub;
+    if (n->right && (sub = augment(n->right)) > m)
+        m = sub;
+    ST(n->subtree_last, m);
+    return m;
+}
+
+void drc__itree_augment(struct drc__itree *t)
+{
+    if (!is_plain(t))
+        return;
+    if (t->root)
+        augment(t->root);   /* recursion depth: the tree's height, under 2 log2 n */
+    __atomic_store_n(&t->plain, 0, __ATOMIC_RELEASE);    /* after the values: a query that sees 0 uses them */
+}
+
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n)
 {
     drc__itree_insert_at(t, n, NULL, NULL);
@@ -140,19 +179,26 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, struc
                           struct drc__itree_node **succ)
 {
     node_t *p = NULL, *cur = t->root, *lo = NULL, *hi = NULL;
+    int plain = is_plain(t);
 
-    while (cur) {
-        p = cur;
-        if (cur->subtree_last < n->last)
-            ST(cur->subtree_last, n->last);
-        if (n->start < cur->start) {
-            hi = cur;       /* the last node the descent went left at follows n */
-            cur = cur->left;
-        } else {
-            lo = cur;       /* the last it went right at precedes n */
-            cur = cur->right;
+    if (plain && t->max && n->start > t->max->start) {
+        p = lo = t->max;    /* after every interval, and nothing to raise: under the largest, whose right is NULL */
+    } else {
+        while (cur) {
+            p = cur;
+            if (!plain && cur->subtree_last < n->last)
+                ST(cur->subtree_last, n->last);
+            if (n->start < cur->start) {
+                hi = cur;       /* the last node the descent went left at follows n */
+                cur = cur->left;
+            } else {
+                lo = cur;       /* the last it went right at precedes n */
+                cur = cur->right;
+            }
         }
     }
+    if (!hi)
+        ST(t->max, n);      /* it never went left: n comes last */
     if (prev)
         *prev = lo;
     if (succ)
@@ -247,6 +293,8 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
     uintptr_t old;
     int removed_red;
 
+    if (z == t->max)
+        ST(t->max, drc__itree_prev(z));
     if (!z->left || !z->right) {
         x = z->left ? z->left : z->right;
         xp = z->parent;
@@ -279,7 +327,7 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
      * except the moved y, whose stored value is that of its old place: it is
      * always recomputed, and the stop applies above it.
      */
-    for (n = xp; n;) {
+    for (n = is_plain(t) ? NULL : xp; n;) {
         old = n->subtree_last;
         recompute(n);
         if (n == moved)
@@ -320,21 +368,69 @@ static node_t *subtree_search(const node_t *n, uintptr_t start, uintptr_t last, 
     }
 }
 
+/*
+ * Plain mode, lockless: the node after n in start order (NULL at the end,
+ * or when the budget runs out), or the first node of the tree for n NULL.
+ */
+static node_t *step(const struct drc__itree *t, const node_t *n, int *budget)
+{
+    const node_t *from, *down = n ? LD(n->right) : LD(t->root), *left;
+
+    if (down) {
+        for (n = down;; n = left) {
+            if (--*budget < 0)
+                return NULL;
+            left = LD(n->left);
+            if (!left)
+                return (node_t *)n;
+        }
+    }
+    if (!n)
+        return NULL;
+    do {    /* climb until we arrive from a left child */
+        if (--*budget < 0)
+            return NULL;
+        from = n;
+        n = LD(n->parent);
+    } while (n && LD(n->right) == from);
+    return (node_t *)n;
+}
+
 struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t start, uintptr_t last,
                                          int *budget)
 {
-    const node_t *root = LD(t->root);
+    const node_t *root = LD(t->root), *n;
 
+    if (is_plain(t)) {
+        /* disjoint: the floor of start if it reaches start, else its successor if it starts by last */
+        n = drc__itree_floor(t, start, budget);
+        if (*budget <= 0)
+            return NULL;
+        if (n && LD(n->last) >= start)
+            return (node_t *)n;
+        if (n && n == LD(t->max))
+            return NULL;    /* beyond the last interval: no climb up the right spine to learn it */
+        n = step(t, n, budget);
+        return n && LD(n->start) <= last ? (node_t *)n : NULL;
+    }
     if (!root || LD(root->subtree_last) < start)
         return NULL;
     return subtree_search(root, start, last, budget);
 }
 
-struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr_t start, uintptr_t last,
-                                        int *budget)
+struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct drc__itree_node *n,
+                                        uintptr_t start, uintptr_t last, int *budget)
 {
-    const node_t *right = LD(n->right), *from;
+    const node_t *right, *from;
 
+    if (is_plain(t)) {
+        /* disjoint: n reaches start, so its successor does too; it overlaps if it starts by last */
+        if (n == LD(t->max))
+            return NULL;
+        n = step(t, n, budget);
+        return n && LD(n->start) <= last ? (node_t *)n : NULL;
+    }
+    right = LD(n->right);
     for (;;) {
         /* Invariant: every overlapping node before n in start order was returned already. */
         if (right && start <= LD(right->subtree_last))
@@ -381,9 +477,13 @@ struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n)
 
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
 {
-    const node_t *n = LD(t->root);
+    const node_t *n = LD(t->max);
     uintptr_t best = 0, right;
     int b = *budget;
+
+    if (n && LD(n->start) <= key)
+        return (node_t *)n;     /* at or after the largest start (a cache filled in address order): no descent */
+    n = LD(t->root);
 
     /*
      * Select with a mask instead of branching: on random keys the direction
@@ -406,6 +506,7 @@ struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t k
 struct check {
     const node_t *prev;     /* in-order predecessor */
     long count;
+    int plain;
 };
 
 /* Returns the black height of n's subtree, or -1. */
@@ -423,8 +524,8 @@ static int check_node(const node_t *n, const node_t *parent, struct check *ck)
     lh = check_node(n->left, n, ck);
     if (lh < 0)
         return -1;
-    if (ck->prev && ck->prev->start > n->start)
-        return -1;
+    if (ck->prev && (ck->prev->start > n->start || (ck->plain && ck->prev->last >= n->start)))
+        return -1;      /* out of order, or overlapping in plain mode */
     ck->prev = n;
     ck->count++;
     rh = check_node(n->right, n, ck);
@@ -435,18 +536,18 @@ static int check_node(const node_t *n, const node_t *parent, struct check *ck)
         m = n->left->subtree_last;
     if (n->right && n->right->subtree_last > m)
         m = n->right->subtree_last;
-    if (n->subtree_last != m)
+    if (!ck->plain && n->subtree_last != m)
         return -1;
     return lh + !n->red;
 }
 
 long drc__itree_check(const struct drc__itree *t)
 {
-    struct check ck = { NULL, 0 };
+    struct check ck = { NULL, 0, is_plain(t) };
 
     if (t->root && t->root->red)
         return -1;
-    if (check_node(t->root, NULL, &ck) < 0)
-        return -1;
+    if (check_node(t->root, NULL, &ck) < 0 || t->max != ck.prev)
+        return -1;      /* broken, or max is not the last node in start order */
     return ck.count;
 }

@@ -15,6 +15,18 @@
  * reader can reach must stay mapped memory for as long as it may run.
  *
  * Two intervals A and B overlap iff A.start <= B.last && B.start <= A.last.
+ *
+ * Plain mode (drc__itree_init_plain): while its owner promises that no two
+ * intervals overlap, the tree keeps no subtree_last. Where intervals are
+ * disjoint, the only node before a query that can reach into it is the
+ * floor of its start, and every later overlapping node follows in start
+ * order, so a floor descent and in-order steps answer every query; the
+ * writers skip the stores of subtree_last along an insert's path (each a
+ * line written on every insert, the root's among them when regions come in
+ * address order) and the recomputation after a removal, and an insert
+ * beyond the largest start links under that node without a descent. The
+ * owner ends plain mode, once, with drc__itree_augment() before it inserts
+ * an overlapping interval.
  */
 #ifndef DRC_ITREE_H
 #define DRC_ITREE_H
@@ -30,9 +42,24 @@ struct drc__itree_node {
 
 struct drc__itree {
     struct drc__itree_node *root;
+    struct drc__itree_node *max;    /* atomic: the node with the largest start (the last of equal ones) */
+    int plain;                      /* atomic: 1 in plain mode (above); zero-initialised trees are augmented */
 };
 
-/* Insert @n (start and last set by the caller). Equal starts are allowed. */
+/* Start @t empty in plain mode (its owner keeps its intervals disjoint). */
+void drc__itree_init_plain(struct drc__itree *t);
+
+/*
+ * End plain mode: compute subtree_last of every node (O(n), no allocation),
+ * then let queries use it. Under the owner's lock, in the writer's window
+ * that lets intervals overlap (lockless readers must validate across it).
+ */
+void drc__itree_augment(struct drc__itree *t);
+
+/*
+ * Insert @n (start and last set by the caller). Equal starts are allowed,
+ * and overlaps, except in plain mode.
+ */
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
 
 /* The same, also giving @n's neighbours in start order (as drc__itree_prev/succ would), or NULL. */
@@ -49,8 +76,8 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
  */
 struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t start, uintptr_t last,
                                          int *budget);
-struct drc__itree_node *drc__itree_next(const struct drc__itree_node *n, uintptr_t start, uintptr_t last,
-                                        int *budget);
+struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct drc__itree_node *n,
+                                        uintptr_t start, uintptr_t last, int *budget);
 
 /*
  * The node with the largest start <= @key (the rightmost of equal starts), or

@@ -319,6 +319,59 @@ static void remote_access_is_never_widened(void **state)
 }
 
 /*
+ * Coalesced regions are disjoint, and the live tree keeps no subtree_last
+ * while they are (plain mode, itree.h). The first region that overlaps
+ * another (other remote bits) ends plain mode: from then on a query needs
+ * subtree_last, computed at that moment for every region already there.
+ * Every region, old and new, must still be found, by a get and by an
+ * invalidation of a range (DRC_DEBUG builds also check the tree at every
+ * unlock).
+ */
+static void first_overlap_keeps_every_region_found(void **state)
+{
+    enum { N = 300 };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *r[N], *o, *h;
+    unsigned long id[N];
+    unsigned i, k;
+
+    (void)state;
+    for (i = 0; i < N; i++) {       /* out of address order: the plain tree takes descents and rotations */
+        k = (i * 7919u) % N;
+        r[k] = get_ok(c, at(4 * k, 0), 2 * pg(), LW | RW);
+        id[k] = rid(r[k]);
+        assert_int_equal(drc_put(c, r[k]), 0);
+    }
+    o = get_ok(c, at(4 * 150 + 1, 0), 4 * pg(), LW | RR);    /* overlaps 150 and 151: other remote bits */
+    check_args(b, o, at(4 * 150 + 1, 0), 4 * pg(), LW | RR);
+    assert_int_equal(drc_put(c, o), 0);
+    assert_int_equal(b->reg_calls, N + 1);
+    for (i = 0; i < N; i++) {       /* every region hits, the one it overlaps too */
+        h = get_ok(c, at(4 * i, 8), pg(), LW | RW);
+        assert_ptr_equal(h, r[i]);
+        assert_int_equal(drc_put(c, h), 0);
+    }
+    h = get_ok(c, at(4 * 150 + 2, 0), pg(), RR);
+    assert_ptr_equal(h, o);
+    assert_int_equal(drc_put(c, h), 0);
+    assert_int_equal(b->reg_calls, N + 1);
+    /* a range over 149..152 takes exactly those and o; their neighbours stay */
+    assert_int_equal(drc_invalidate(c, at(4 * 149, 0), 4 * 4 * pg()), 5);   /* the four and o */
+    for (i = 0; i < N; i++)
+        assert_int_equal(tb_is_live(b, id[i]), i < 149 || i > 152);
+    assert_int_equal(tb_is_live(b, rid(o)), 0);
+    for (i = N; i-- > 0;) {         /* then each of the others by its own range, the last first */
+        if (i >= 149 && i <= 152)
+            continue;
+        assert_int_equal(drc_invalidate(c, at(4 * i + 1, 0), 1), 1);
+        assert_int_equal(tb_is_live(b, id[i]), 0);
+    }
+    assert_int_equal(tb_live(b), 0);
+    done(b, c);
+}
+
+/*
  * Packed host sub-buffers (a transfer engine's 10,000 neighbours that share
  * their boundary pages): each miss joins its neighbour only while the union
  * stays within twice its own pages, so the total registered stays within
@@ -1127,6 +1180,7 @@ int main(void)
         cmocka_unit_test(merge_with_busy_region_defers_its_dereg),
         cmocka_unit_test(local_access_upgrade_merges),
         cmocka_unit_test(remote_access_is_never_widened),
+        cmocka_unit_test(first_overlap_keeps_every_region_found),
         cmocka_unit_test(packed_neighbours_do_not_reregister_a_growing_union),
         cmocka_unit_test(adjacent_pages_do_not_merge),
         cmocka_unit_test(no_merge_registers_own_range),

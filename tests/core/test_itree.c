@@ -1,5 +1,6 @@
 /*
- * Tests of src/itree.c: the augmented interval tree against a naive list.
+ * Tests of src/core/itree.c: the interval tree against a naive list, in
+ * both modes (augmented, and plain while the intervals are disjoint).
  *
  * After every insert and remove drc__itree_check() must accept the tree and
  * count its nodes, and every overlap query (first, then next until NULL) must
@@ -67,7 +68,7 @@ static void query(struct model *m, uintptr_t s, uintptr_t l)
     uintptr_t prev = 0;
 
     memset(seen, 0, sizeof(seen));
-    for (n = drc__itree_first(&m->t, s, l, &budget); n; n = drc__itree_next(n, s, l, &budget)) {
+    for (n = drc__itree_first(&m->t, s, l, &budget); n; n = drc__itree_next(&m->t, n, s, l, &budget)) {
         i = (int)(n - m->n);
         assert_true(i >= 0 && i < MAXN);
         assert_true(m->in[i]);
@@ -97,7 +98,7 @@ static struct model *model_new(uint64_t seed)
 
 static void empty_tree(void **state)
 {
-    struct drc__itree t = { NULL };
+    struct drc__itree t = { .root = NULL };
     int budget = DRC__ITREE_UNBOUNDED;
 
     (void)state;
@@ -230,6 +231,90 @@ static void prev_and_succ_are_start_order(void **state)
     free(m);
 }
 
+/* A disjoint interval in grid cell k (16 keys a cell), for plain mode. */
+static void ins_cell(struct model *m, int i, uintptr_t k)
+{
+    uintptr_t start = k * 16 + rnd(m) % 4;
+
+    ins(m, i, start, start + rnd(m) % 12);
+}
+
+static int cell_taken(const struct model *m, uintptr_t k)
+{
+    int i;
+
+    for (i = 0; i < MAXN; i++)
+        if (m->in[i] && m->n[i].start / 16 == k)
+            return 1;
+    return 0;
+}
+
+/*
+ * Plain mode (disjoint intervals, no subtree_last): the same answers as the
+ * list, inserts in address order (under the largest node, no descent) and
+ * at random, removals of the largest node too; then augmented in the
+ * middle of its life, it takes overlapping intervals and still answers.
+ */
+static void plain_mode_answers_like_the_list(void **state)
+{
+    uint64_t seed;
+
+    (void)state;
+    for (seed = 1; seed <= 10; seed++) {
+        struct model *m = model_new(seed * 0x2545f4914f6cdd1dull);
+        uintptr_t k;
+        int step, i;
+
+        drc__itree_init_plain(&m->t);
+        for (i = 0; i < MAXN / 2; i++)      /* address order: the append path */
+            ins_cell(m, i, (uintptr_t)i * 3);
+        query(m, 0, UINTPTR_MAX);
+        query(m, 700, 900);
+        for (step = 0; step < 3000; step++) {
+            i = (int)(rnd(m) % MAXN);
+            if (m->in[i]) {
+                rem(m, i);
+            } else {
+                do
+                    k = rnd(m) % (4 * MAXN);
+                while (cell_taken(m, k));
+                ins_cell(m, i, k);
+            }
+            if (step % 8 == 0) {
+                uintptr_t s = rnd(m) % (64 * MAXN + 64);
+
+                query(m, s, s + rnd(m) % 200);
+                query(m, s, s);
+            }
+            if (step % 64 == 0 && m->t.max) {
+                uintptr_t top = m->t.max->last;
+                int budget = DRC__ITREE_UNBOUNDED;
+
+                assert_ptr_equal(drc__itree_floor(&m->t, top + 1, &budget), m->t.max);
+                assert_null(drc__itree_first(&m->t, top + 1, UINTPTR_MAX, &budget));
+                rem(m, (int)(m->t.max - m->n));     /* the largest leaves: max moves to its predecessor */
+            }
+        }
+        assert_int_equal(m->t.plain, 1);
+        drc__itree_augment(&m->t);
+        assert_int_equal(m->t.plain, 0);
+        assert_int_equal(drc__itree_check(&m->t), m->count);   /* subtree_last now checked, and right */
+        for (step = 0; step < 1000; step++) {
+            uintptr_t s = rnd(m) % (64 * MAXN), l = s + rnd(m) % 300;
+
+            i = (int)(rnd(m) % MAXN);
+            if (m->in[i])
+                rem(m, i);
+            else
+                ins(m, i, s, l);            /* overlaps allowed now */
+            if (step % 4 == 0)
+                query(m, s, l);
+        }
+        query(m, 0, UINTPTR_MAX);
+        free(m);
+    }
+}
+
 static void budget_bounds_the_walk(void **state)
 {
     struct model *m = model_new(4);
@@ -243,9 +328,24 @@ static void budget_bounds_the_walk(void **state)
     assert_null(drc__itree_first(&m->t, 255, 255, &budget));    /* deeper than one step */
     assert_true(budget <= 0);
     budget = 20;
-    for (n = drc__itree_first(&m->t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(n, 0, UINTPTR_MAX, &budget))
+    for (n = drc__itree_first(&m->t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(&m->t, n, 0, UINTPTR_MAX, &budget))
         visited++;
     assert_true(visited < 256);                                 /* gave up early */
+    assert_true(budget <= 0);
+    free(m);
+
+    m = model_new(4);                                           /* the same in plain mode */
+    drc__itree_init_plain(&m->t);
+    for (i = 0; i < 256; i++)
+        ins(m, i, (uintptr_t)i * 2, (uintptr_t)i * 2);
+    budget = 1;
+    assert_null(drc__itree_first(&m->t, 3, 3, &budget));
+    assert_true(budget <= 0);
+    budget = 20;
+    visited = 0;
+    for (n = drc__itree_first(&m->t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(&m->t, n, 0, UINTPTR_MAX, &budget))
+        visited++;
+    assert_true(visited < 256);
     assert_true(budget <= 0);
     free(m);
 }
@@ -285,6 +385,21 @@ static void check_rejects_broken_trees(void **state)
     assert_int_equal(drc__itree_check(&m->t), -1);
     r->left->red = !r->left->red;
 
+    saved = (uintptr_t)m->t.max;
+    m->t.max = r;                       /* max is not the last node */
+    assert_int_equal(drc__itree_check(&m->t), -1);
+    m->t.max = (struct drc__itree_node *)saved;
+
+    assert_int_equal(drc__itree_check(&m->t), 15);
+    free(m);
+
+    m = model_new(5);                   /* plain mode: intervals must be disjoint */
+    drc__itree_init_plain(&m->t);
+    for (i = 0; i < 15; i++)
+        ins(m, i, (uintptr_t)i * 4, (uintptr_t)i * 4 + 2);
+    m->n[3].last = m->n[4].start;       /* touches its successor */
+    assert_int_equal(drc__itree_check(&m->t), -1);
+    m->n[3].last = m->n[4].start - 1;
     assert_int_equal(drc__itree_check(&m->t), 15);
     free(m);
 }
@@ -298,6 +413,7 @@ int main(void)
         cmocka_unit_test(sorted_inserts_and_removes),
         cmocka_unit_test(random_against_naive_list),
         cmocka_unit_test(prev_and_succ_are_start_order),
+        cmocka_unit_test(plain_mode_answers_like_the_list),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
     };
