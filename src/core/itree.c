@@ -368,25 +368,21 @@ static node_t *subtree_search(const node_t *n, uintptr_t start, uintptr_t last, 
     }
 }
 
-/*
- * Plain mode, lockless: the node after n in start order (NULL at the end,
- * or when the budget runs out), or the first node of the tree for n NULL.
- */
-static node_t *step(const struct drc__itree *t, const node_t *n, int *budget)
-{
-    const node_t *from, *down = n ? LD(n->right) : LD(t->root), *left;
+static inline node_t *floor_ceil(const struct drc__itree *t, uintptr_t key, int *budget, node_t **ceil);
 
-    if (down) {
-        for (n = down;; n = left) {
+/* Plain mode, lockless: the node after n in start order (NULL at the end, or when the budget runs out). */
+static node_t *step(const node_t *n, int *budget)
+{
+    const node_t *from, *left;
+
+    if ((left = LD(n->right))) {
+        do {
             if (--*budget < 0)
                 return NULL;
-            left = LD(n->left);
-            if (!left)
-                return (node_t *)n;
-        }
+            n = left;
+        } while ((left = LD(n->left)));
+        return (node_t *)n;
     }
-    if (!n)
-        return NULL;
     do {    /* climb until we arrive from a left child */
         if (--*budget < 0)
             return NULL;
@@ -399,20 +395,17 @@ static node_t *step(const struct drc__itree *t, const node_t *n, int *budget)
 struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t start, uintptr_t last,
                                          int *budget)
 {
-    const node_t *root = LD(t->root), *n;
+    const node_t *root;
 
     if (is_plain(t)) {
         /* disjoint: the floor of start if it reaches start, else its successor if it starts by last */
-        n = drc__itree_floor(t, start, budget);
-        if (*budget <= 0)
-            return NULL;
-        if (n && LD(n->last) >= start)
-            return (node_t *)n;
-        if (n && n == LD(t->max))
-            return NULL;    /* beyond the last interval: no climb up the right spine to learn it */
-        n = step(t, n, budget);
-        return n && LD(n->start) <= last ? (node_t *)n : NULL;
+        node_t *ceil, *f = floor_ceil(t, start, budget, &ceil);
+
+        if (f && LD(f->last) >= start)
+            return f;
+        return ceil && LD(ceil->start) <= last ? ceil : NULL;
     }
+    root = LD(t->root);
     if (!root || LD(root->subtree_last) < start)
         return NULL;
     return subtree_search(root, start, last, budget);
@@ -427,7 +420,7 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
         /* disjoint: n reaches start, so its successor does too; it overlaps if it starts by last */
         if (n == LD(t->max))
             return NULL;
-        n = step(t, n, budget);
+        n = step(n, budget);
         return n && LD(n->start) <= last ? (node_t *)n : NULL;
     }
     right = LD(n->right);
@@ -475,16 +468,25 @@ struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n)
     return n->parent;
 }
 
-struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
+/*
+ * The floor of key (largest start <= key, the rightmost of equal ones) and,
+ * in *ceil, the node after it in start order (smallest start > key): one
+ * descent finds both (ceil NULL: the floor only, inlined without the
+ * other). NULL with *budget 0 if the budget ran out.
+ */
+static inline __attribute__((always_inline)) node_t *floor_ceil(const struct drc__itree *t, uintptr_t key,
+                                                                int *budget, node_t **ceil)
 {
     const node_t *n = LD(t->max);
-    uintptr_t best = 0, right;
+    uintptr_t best = 0, above = 0, right;
     int b = *budget;
 
-    if (n && LD(n->start) <= key)
+    if (n && LD(n->start) <= key) {
+        if (ceil)
+            *ceil = NULL;
         return (node_t *)n;     /* at or after the largest start (a cache filled in address order): no descent */
+    }
     n = LD(t->root);
-
     /*
      * Select with a mask instead of branching: on random keys the direction
      * is a coin toss at every level, and a mispredicted branch costs more
@@ -493,14 +495,25 @@ struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t k
     while (n) {
         if (--b < 0) {
             *budget = 0;
+            if (ceil)
+                *ceil = NULL;
             return NULL;
         }
         right = -(uintptr_t)(LD(n->start) <= key);
         best = ((uintptr_t)n & right) | (best & ~right);
+        if (ceil)
+            above = (above & right) | ((uintptr_t)n & ~right);
         n = (const node_t *)(((uintptr_t)LD(n->right) & right) | ((uintptr_t)LD(n->left) & ~right));
     }
     *budget = b;
+    if (ceil)
+        *ceil = (node_t *)above;
     return (node_t *)best;
+}
+
+struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
+{
+    return floor_ceil(t, key, budget, NULL);
 }
 
 struct check {
