@@ -71,6 +71,7 @@
 #include "core/cache.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,11 +145,12 @@ enum {
 struct drc_region {
     /*
      * First cache line: all a hit reads and writes (word, access, detached,
-     * cache, node.start/last) and all a floor descent reads (node.left,
-     * node.right); node.parent and node.red, which only writers and the
-     * overlap walk read, spill into the second, with the neighbour links
-     * (a free-event probe reads line one and them; a removal writes them in
-     * the neighbours, whose parent it often reads too).
+     * cache, node.start/last), all a floor descent reads (node.left,
+     * node.right) and all a rotation or recolouring reads of a node
+     * (node.parent_red: a removal reads it in the parent, the sibling and its
+     * children). node.subtree_last (used once regions overlap) spills into
+     * the second, with the neighbour links (a free-event probe reads line
+     * one and them; a removal writes them in the neighbours).
      */
     uint64_t word;                  /* HELD | users, atomic */
     unsigned access;                /* atomic: a stale lookup may read it during reuse */
@@ -165,6 +167,9 @@ struct drc_region {
     struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
 } __attribute__((aligned(64)));
+
+_Static_assert(offsetof(struct drc_region, node.parent_red) + sizeof(uintptr_t) <= 64,
+               "a region's hit fields and its tree links fill its first cache line");
 
 /*
  * The hint table: a lossy, direct-mapped map from a grain of address space

@@ -12,9 +12,9 @@
  *     node that moves up inherits the old top's value and only the node that
  *     moves down is recomputed.
  *
- * Pointers and subtree_last/start/last are written with ST() because a
- * lockless lookup may read them at any moment (see LD/ST below); `red` is
- * read only by writers.
+ * Every field is written with ST() because a lockless lookup may read it
+ * at any moment (see LD/ST below); the colour, which shares a word with the
+ * parent pointer, is read only by writers, the parent by both.
  */
 #include "core/itree.h"
 
@@ -30,6 +30,35 @@
 #define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
 
 typedef struct drc__itree_node node_t;
+
+/*
+ * A node's parent and colour share one word (parent | RED: nodes are at
+ * least 8-aligned), so that all a descent, a rotation or a recolouring
+ * reads of a node is in its first 40 bytes: the cache embeds them in the
+ * region's first cache line. Lockless readers load the word and mask the
+ * colour; writers store it whole (ST), keeping the half they do not change.
+ */
+#define RED ((uintptr_t)1)
+
+static inline node_t *parent_of(const node_t *n)
+{
+    return (node_t *)(LD(n->parent_red) & ~RED);
+}
+
+static inline int red_of(const node_t *n)
+{
+    return (int)(n->parent_red & RED);     /* writers only */
+}
+
+static inline void set_parent(node_t *n, const node_t *p)
+{
+    ST(n->parent_red, (uintptr_t)p | (n->parent_red & RED));
+}
+
+static inline void set_red(node_t *n, int red)
+{
+    ST(n->parent_red, (n->parent_red & ~RED) | (uintptr_t)!!red);
+}
 
 /* Plain mode: read by lockless queries, so atomic; it changes once, under the owner's lock. */
 static int is_plain(const struct drc__itree *t)
@@ -61,14 +90,14 @@ static void replace_child(struct drc__itree *t, node_t *parent, node_t *old, nod
 /* x's right child y takes x's place; x becomes y's left child. */
 static void rotate_left(struct drc__itree *t, node_t *x)
 {
-    node_t *y = x->right, *p = x->parent;
+    node_t *y = x->right, *p = parent_of(x);
 
     ST(x->right, y->left);
     if (y->left)
-        ST(y->left->parent, x);
+        set_parent(y->left, x);
     ST(y->left, x);
-    ST(x->parent, y);
-    ST(y->parent, p);
+    set_parent(x, y);
+    set_parent(y, p);
     replace_child(t, p, x, y);
     if (!is_plain(t)) {
         ST(y->subtree_last, x->subtree_last);
@@ -79,14 +108,14 @@ static void rotate_left(struct drc__itree *t, node_t *x)
 /* Mirror of rotate_left. */
 static void rotate_right(struct drc__itree *t, node_t *x)
 {
-    node_t *y = x->left, *p = x->parent;
+    node_t *y = x->left, *p = parent_of(x);
 
     ST(x->left, y->right);
     if (y->right)
-        ST(y->right->parent, x);
+        set_parent(y->right, x);
     ST(y->right, x);
-    ST(x->parent, y);
-    ST(y->parent, p);
+    set_parent(x, y);
+    set_parent(y, p);
     replace_child(t, p, x, y);
     if (!is_plain(t)) {
         ST(y->subtree_last, x->subtree_last);
@@ -96,50 +125,52 @@ static void rotate_right(struct drc__itree *t, node_t *x)
 
 static int is_red(const node_t *n)
 {
-    return n && n->red;
+    return n && red_of(n);
 }
 
 static void insert_fixup(struct drc__itree *t, node_t *n)
 {
     node_t *p, *g, *u;
 
-    while ((p = n->parent) && p->red) {
-        g = p->parent;          /* exists: a red node is never the root */
+    while ((p = parent_of(n)) && red_of(p)) {
+        g = parent_of(p);          /* exists: a red node is never the root */
         if (p == g->left) {
             u = g->right;
             if (is_red(u)) {
-                p->red = u->red = 0;
-                g->red = 1;
+                set_red(p, 0);
+                set_red(u, 0);
+                set_red(g, 1);
                 n = g;
                 continue;
             }
             if (n == p->right) {
                 rotate_left(t, p);
                 n = p;
-                p = n->parent;
+                p = parent_of(n);
             }
-            p->red = 0;
-            g->red = 1;
+            set_red(p, 0);
+            set_red(g, 1);
             rotate_right(t, g);
         } else {
             u = g->left;
             if (is_red(u)) {
-                p->red = u->red = 0;
-                g->red = 1;
+                set_red(p, 0);
+                set_red(u, 0);
+                set_red(g, 1);
                 n = g;
                 continue;
             }
             if (n == p->left) {
                 rotate_right(t, p);
                 n = p;
-                p = n->parent;
+                p = parent_of(n);
             }
-            p->red = 0;
-            g->red = 1;
+            set_red(p, 0);
+            set_red(g, 1);
             rotate_left(t, g);
         }
     }
-    t->root->red = 0;
+    set_red(t->root, 0);
 }
 
 void drc__itree_init_plain(struct drc__itree *t)
@@ -206,9 +237,8 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, struc
     /* n may be recycled memory that a lockless reader still walks: atomic stores */
     ST(n->left, (node_t *)NULL);
     ST(n->right, (node_t *)NULL);
-    ST(n->parent, p);
+    ST(n->parent_red, (uintptr_t)p | RED);     /* a new node is red */
     ST(n->subtree_last, n->last);
-    n->red = 1;
     if (!p)
         ST(t->root, n);
     else if (n->start < p->start)
@@ -221,9 +251,9 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, struc
 /* Put v where u is, as far as u's parent is concerned. */
 static void transplant(struct drc__itree *t, node_t *u, node_t *v)
 {
-    replace_child(t, u->parent, u, v);
+    replace_child(t, parent_of(u), u, v);
     if (v)
-        ST(v->parent, u->parent);
+        set_parent(v, parent_of(u));
 }
 
 /* x (possibly NULL) under parent xp carries an extra black. */
@@ -234,57 +264,57 @@ static void remove_fixup(struct drc__itree *t, node_t *x, node_t *xp)
     while (x != t->root && !is_red(x)) {
         if (x == xp->left) {
             w = xp->right;  /* non-NULL: xp's right side has black height >= 1 */
-            if (w->red) {
-                w->red = 0;
-                xp->red = 1;
+            if (red_of(w)) {
+                set_red(w, 0);
+                set_red(xp, 1);
                 rotate_left(t, xp);
                 w = xp->right;
             }
             if (!is_red(w->left) && !is_red(w->right)) {
-                w->red = 1;
+                set_red(w, 1);
                 x = xp;
-                xp = x->parent;
+                xp = parent_of(x);
                 continue;
             }
             if (!is_red(w->right)) {
-                w->left->red = 0;
-                w->red = 1;
+                set_red(w->left, 0);
+                set_red(w, 1);
                 rotate_right(t, w);
                 w = xp->right;
             }
-            w->red = xp->red;
-            xp->red = 0;
-            w->right->red = 0;
+            set_red(w, red_of(xp));
+            set_red(xp, 0);
+            set_red(w->right, 0);
             rotate_left(t, xp);
         } else {
             w = xp->left;
-            if (w->red) {
-                w->red = 0;
-                xp->red = 1;
+            if (red_of(w)) {
+                set_red(w, 0);
+                set_red(xp, 1);
                 rotate_right(t, xp);
                 w = xp->left;
             }
             if (!is_red(w->left) && !is_red(w->right)) {
-                w->red = 1;
+                set_red(w, 1);
                 x = xp;
-                xp = x->parent;
+                xp = parent_of(x);
                 continue;
             }
             if (!is_red(w->left)) {
-                w->right->red = 0;
-                w->red = 1;
+                set_red(w->right, 0);
+                set_red(w, 1);
                 rotate_left(t, w);
                 w = xp->left;
             }
-            w->red = xp->red;
-            xp->red = 0;
-            w->left->red = 0;
+            set_red(w, red_of(xp));
+            set_red(xp, 0);
+            set_red(w->left, 0);
             rotate_right(t, xp);
         }
         x = t->root;
     }
     if (x)
-        x->red = 0;
+        set_red(x, 0);
 }
 
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
@@ -297,27 +327,27 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
         ST(t->max, drc__itree_prev(z));
     if (!z->left || !z->right) {
         x = z->left ? z->left : z->right;
-        xp = z->parent;
-        removed_red = z->red;
+        xp = parent_of(z);
+        removed_red = red_of(z);
         transplant(t, z, x);
     } else {
         /* z's successor y takes z's place and colour; y's old slot loses a node */
         for (y = z->right; y->left; y = y->left)
             ;
-        removed_red = y->red;
+        removed_red = red_of(y);
         x = y->right;
-        if (y->parent == z) {
+        if (parent_of(y) == z) {
             xp = y;
         } else {
-            xp = y->parent;
+            xp = parent_of(y);
             transplant(t, y, x);
             ST(y->right, z->right);
-            ST(y->right->parent, y);
+            set_parent(y->right, y);
         }
         transplant(t, z, y);
         ST(y->left, z->left);
-        ST(y->left->parent, y);
-        y->red = z->red;
+        set_parent(y->left, y);
+        set_red(y, red_of(z));
         moved = y;
     }
     /*
@@ -338,7 +368,7 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
             n = moved;  /* unchanged up to y: recompute y, then go on above it */
             continue;
         }
-        n = n->parent;
+        n = parent_of(n);
     }
     if (!removed_red)
         remove_fixup(t, x, xp);
@@ -387,7 +417,7 @@ static node_t *step(const node_t *n, int *budget)
         if (--*budget < 0)
             return NULL;
         from = n;
-        n = LD(n->parent);
+        n = parent_of(n);
     } while (n && LD(n->right) == from);
     return (node_t *)n;
 }
@@ -432,7 +462,7 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
             if (--*budget < 0)
                 return NULL;
             from = n;
-            n = LD(n->parent);
+            n = parent_of(n);
             if (!n)
                 return NULL;
             right = LD(n->right);
@@ -451,9 +481,9 @@ struct drc__itree_node *drc__itree_prev(const struct drc__itree_node *n)
             ;
         return (node_t *)n;
     }
-    while (n->parent && n == n->parent->left)
-        n = n->parent;
-    return n->parent;
+    while (parent_of(n) && n == parent_of(n)->left)
+        n = parent_of(n);
+    return parent_of(n);
 }
 
 struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n)
@@ -463,9 +493,9 @@ struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n)
             ;
         return (node_t *)n;
     }
-    while (n->parent && n == n->parent->right)
-        n = n->parent;
-    return n->parent;
+    while (parent_of(n) && n == parent_of(n)->right)
+        n = parent_of(n);
+    return parent_of(n);
 }
 
 /*
@@ -530,9 +560,9 @@ static int check_node(const node_t *n, const node_t *parent, struct check *ck)
 
     if (!n)
         return 1;
-    if (n->parent != parent || n->start > n->last)
+    if (parent_of(n) != parent || n->start > n->last)
         return -1;
-    if (n->red && parent && parent->red)
+    if (red_of(n) && parent && red_of(parent))
         return -1;
     lh = check_node(n->left, n, ck);
     if (lh < 0)
@@ -551,14 +581,14 @@ static int check_node(const node_t *n, const node_t *parent, struct check *ck)
         m = n->right->subtree_last;
     if (!ck->plain && n->subtree_last != m)
         return -1;
-    return lh + !n->red;
+    return lh + !red_of(n);
 }
 
 long drc__itree_check(const struct drc__itree *t)
 {
     struct check ck = { NULL, 0, is_plain(t) };
 
-    if (t->root && t->root->red)
+    if (t->root && red_of(t->root))
         return -1;
     if (check_node(t->root, NULL, &ck) < 0 || t->max != ck.prev)
         return -1;      /* broken, or max is not the last node in start order */

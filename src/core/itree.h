@@ -35,10 +35,17 @@
 
 struct drc__itree_node {
     uintptr_t start, last;          /* the interval, closed */
-    uintptr_t subtree_last;         /* max `last` over this subtree */
-    struct drc__itree_node *left, *right, *parent;
-    int red;
+    struct drc__itree_node *left, *right;
+    uintptr_t parent_red;           /* the parent's address | 1 if this node is red (drc__itree_parent) */
+    uintptr_t subtree_last;         /* max `last` over this subtree; last, so that an embedding may
+                                     * keep the 40 bytes before it in one cache line (cache.c does) */
 };
+
+/* The parent of @n (NULL for the root): the node's parent_red without its colour. */
+static inline struct drc__itree_node *drc__itree_parent(const struct drc__itree_node *n)
+{
+    return (struct drc__itree_node *)(__atomic_load_n(&n->parent_red, __ATOMIC_ACQUIRE) & ~(uintptr_t)1);
+}
 
 struct drc__itree {
     struct drc__itree_node *root;
