@@ -259,6 +259,7 @@ static int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
 struct chunk {
     struct chunk *next;
     unsigned n;
+    unsigned carved;                /* c->lock: r[0..carved) were handed out; the rest are raw memory */
     struct drc_region r[];
 };
 
@@ -757,14 +758,11 @@ static void evict(drc_cache_t *c, struct drc_region **dead)
     }
 }
 
-static void pool_put(drc_cache_t *c, struct drc_region *r)
-{
-    r->next = c->pool;
-    c->pool = r;
-}
-
 /*
- * A free region (c->lock). When the pool is empty it takes the chunk *spare,
+ * A free region (c->lock): a released one, else the next of the newest
+ * chunk, carved when it is first handed out (so that its fields are
+ * written with the rest of it, one line in cache, not in a pass over the
+ * whole chunk first). When the chunk is used up it takes the chunk *spare,
  * which the caller allocated without the lock, and clears *spare; with no
  * spare it returns NULL: the caller drops the lock, allocates, and asks again.
  */
@@ -772,29 +770,31 @@ static struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
 {
     struct drc_region *r;
     struct chunk *ch;
-    int i;
 
     ASSERT_LOCKED(c);
     if (!c->pool)
         c->pool = __atomic_exchange_n(&c->freed, NULL, __ATOMIC_ACQUIRE);
-    if (!c->pool) {
+    if (c->pool) {
+        r = c->pool;
+        c->pool = r->next;
+        return r;
+    }
+    ch = c->chunks;
+    if (!ch || ch->carved == ch->n) {
         if (!(ch = *spare))
             return NULL;
         *spare = NULL;
+        ch->carved = 0;
         ch->next = c->chunks;
         c->chunks = ch;
         ST(c->nslots, c->nslots + ch->n);
-        for (i = (int)ch->n - 1; i >= 0; i--) {
-            /* what a free region must have (chunk_new does not zero): publish sets the rest */
-            ch->r[i].word = 0;
-            ch->r[i].revoked = 0;
-            ch->r[i].mem.chunks = NULL;
-            ch->r[i].cache = c;
-            pool_put(c, &ch->r[i]);     /* the lowest address first out */
-        }
     }
-    r = c->pool;
-    c->pool = r->next;
+    /* what a free region must have (chunk_new does not zero): publish sets the rest */
+    r = &ch->r[ch->carved++];   /* the lowest address first out */
+    r->word = 0;
+    r->revoked = 0;
+    r->mem.chunks = NULL;
+    r->cache = c;
     return r;
 }
 
@@ -1927,7 +1927,7 @@ int drc_cache_destroy(drc_cache_t *c)
             c->release(c->be.ctx);
     }   /* else a fork child's copy: free drc's own memory only, the registrations are the parent's */
     for (ch = c->chunks; ch; ch = ch->next)
-        for (i = 0; i < ch->n; i++)
+        for (i = 0; i < ch->carved; i++)
             mem_free(ch->r[i].mem.chunks);
     drc__arena_fini(&c->arena);     /* every chunk and hint table */
     pthread_cond_destroy(&c->pending_done);
