@@ -1741,7 +1741,6 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     c->page = (size_t)sysconf(_SC_PAGESIZE);
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
-    drc__itree_init_plain(&c->tree);    /* coalesced regions are disjoint until `overlapping` */
     drc__arena_init(&c->arena);
     c->hint = hint_new(c, HINT_MIN_BITS, NULL);
     if (c->hint) {
@@ -1758,6 +1757,15 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
         c->max_bytes = cfg->max_bytes;
     }
     c->limited = c->max_regions || c->max_bytes;
+    /*
+     * Coalesced regions are disjoint until `overlapping`: the tree keeps no
+     * subtree_last until then (itree.h), and computes it for every region
+     * when the first overlap arrives, once, under the lock (2-4 ms at
+     * 65,536 regions). A cache that never merges expects overlaps: it keeps
+     * subtree_last from the start.
+     */
+    if (!(c->flags & DRC_F_NO_MERGE))
+        drc__itree_init_plain(&c->tree);
     if (o) {
         c->max_len = o->max_len;
         c->release = o->release;
