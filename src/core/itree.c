@@ -133,7 +133,7 @@ static void insert_fixup(struct drc__itree *t, node_t *n)
     node_t *p, *g, *u;
 
     while ((p = parent_of(n)) && red_of(p)) {
-        g = parent_of(p);          /* exists: a red node is never the root */
+        g = parent_of(p);   /* exists: a red node is never the root */
         if (p == g->left) {
             u = g->right;
             if (is_red(u)) {
@@ -355,7 +355,8 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
      * those below its new place. Only the path child of each of these nodes
      * changed, so once one keeps its value every node above it does too —
      * except the moved y, whose stored value is that of its old place: it is
-     * always recomputed, and the stop applies above it.
+     * always recomputed, and the stop applies above it. In plain mode there
+     * is nothing to recompute.
      */
     for (n = is_plain(t) ? NULL : xp; n;) {
         old = n->subtree_last;
@@ -398,7 +399,48 @@ static node_t *subtree_search(const node_t *n, uintptr_t start, uintptr_t last, 
     }
 }
 
-static inline node_t *floor_ceil(const struct drc__itree *t, uintptr_t key, int *budget, node_t **ceil);
+/*
+ * The floor of key (largest start <= key, the rightmost of equal ones) and,
+ * in *ceil, the node after it in start order (smallest start > key): one
+ * descent finds both (ceil NULL: the floor only, inlined without the
+ * other). NULL with *budget 0 if the budget ran out.
+ */
+static inline __attribute__((always_inline)) node_t *floor_ceil(const struct drc__itree *t, uintptr_t key,
+                                                                int *budget, node_t **ceil)
+{
+    const node_t *n = LD(t->max);
+    uintptr_t best = 0, above = 0, right;
+    int b = *budget;
+
+    if (n && LD(n->start) <= key) {
+        if (ceil)
+            *ceil = NULL;
+        return (node_t *)n;     /* at or after the largest start (a cache filled in address order): no descent */
+    }
+    n = LD(t->root);
+    /*
+     * Select with a mask instead of branching: on random keys the direction
+     * is a coin toss at every level, and a mispredicted branch costs more
+     * than loading both children (they share the node's cache line).
+     */
+    while (n) {
+        if (--b < 0) {
+            *budget = 0;
+            if (ceil)
+                *ceil = NULL;
+            return NULL;
+        }
+        right = -(uintptr_t)(LD(n->start) <= key);
+        best = ((uintptr_t)n & right) | (best & ~right);
+        if (ceil)
+            above = (above & right) | ((uintptr_t)n & ~right);
+        n = (const node_t *)(((uintptr_t)LD(n->right) & right) | ((uintptr_t)LD(n->left) & ~right));
+    }
+    *budget = b;
+    if (ceil)
+        *ceil = (node_t *)above;
+    return (node_t *)best;
+}
 
 /* Plain mode, lockless: the node after n in start order (NULL at the end, or when the budget runs out). */
 static node_t *step(const node_t *n, int *budget)
@@ -476,69 +518,30 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
 
 struct drc__itree_node *drc__itree_prev(const struct drc__itree_node *n)
 {
+    node_t *p;
+
     if (n->left) {
         for (n = n->left; n->right; n = n->right)
             ;
         return (node_t *)n;
     }
-    while (parent_of(n) && n == parent_of(n)->left)
-        n = parent_of(n);
-    return parent_of(n);
+    for (p = parent_of(n); p && n == p->left; p = parent_of(n))
+        n = p;
+    return p;
 }
 
 struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n)
 {
+    node_t *p;
+
     if (n->right) {
         for (n = n->right; n->left; n = n->left)
             ;
         return (node_t *)n;
     }
-    while (parent_of(n) && n == parent_of(n)->right)
-        n = parent_of(n);
-    return parent_of(n);
-}
-
-/*
- * The floor of key (largest start <= key, the rightmost of equal ones) and,
- * in *ceil, the node after it in start order (smallest start > key): one
- * descent finds both (ceil NULL: the floor only, inlined without the
- * other). NULL with *budget 0 if the budget ran out.
- */
-static inline __attribute__((always_inline)) node_t *floor_ceil(const struct drc__itree *t, uintptr_t key,
-                                                                int *budget, node_t **ceil)
-{
-    const node_t *n = LD(t->max);
-    uintptr_t best = 0, above = 0, right;
-    int b = *budget;
-
-    if (n && LD(n->start) <= key) {
-        if (ceil)
-            *ceil = NULL;
-        return (node_t *)n;     /* at or after the largest start (a cache filled in address order): no descent */
-    }
-    n = LD(t->root);
-    /*
-     * Select with a mask instead of branching: on random keys the direction
-     * is a coin toss at every level, and a mispredicted branch costs more
-     * than loading both children (they share the node's cache line).
-     */
-    while (n) {
-        if (--b < 0) {
-            *budget = 0;
-            if (ceil)
-                *ceil = NULL;
-            return NULL;
-        }
-        right = -(uintptr_t)(LD(n->start) <= key);
-        best = ((uintptr_t)n & right) | (best & ~right);
-        if (ceil)
-            above = (above & right) | ((uintptr_t)n & ~right);
-        n = (const node_t *)(((uintptr_t)LD(n->right) & right) | ((uintptr_t)LD(n->left) & ~right));
-    }
-    *budget = b;
-    if (ceil)
-        *ceil = (node_t *)above;
-    return (node_t *)best;
+    for (p = parent_of(n); p && n == p->right; p = parent_of(n))
+        n = p;
+    return p;
 }
 
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)

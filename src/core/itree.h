@@ -20,13 +20,14 @@
  * intervals overlap, the tree keeps no subtree_last. Where intervals are
  * disjoint, the only node before a query that can reach into it is the
  * floor of its start, and every later overlapping node follows in start
- * order, so a floor descent and in-order steps answer every query; the
- * writers skip the stores of subtree_last along an insert's path (each a
- * line written on every insert, the root's among them when regions come in
- * address order) and the recomputation after a removal, and an insert
- * beyond the largest start links under that node without a descent. The
- * owner ends plain mode, once, with drc__itree_augment() before it inserts
- * an overlapping interval.
+ * order, so one descent (which finds the floor and the node after it) and
+ * in-order steps answer every query; the writers skip the stores of
+ * subtree_last along an insert's path (each a line written on every
+ * insert, the root's among them when regions come in address order) and
+ * the recomputation after a removal. In either mode the tree keeps its
+ * largest node: a floor at or after its start, and in plain mode an insert
+ * after it, need no descent. The owner ends plain mode, once, with
+ * drc__itree_augment() before it inserts an overlapping interval.
  */
 #ifndef DRC_ITREE_H
 #define DRC_ITREE_H
@@ -36,16 +37,10 @@
 struct drc__itree_node {
     uintptr_t start, last;          /* the interval, closed */
     struct drc__itree_node *left, *right;
-    uintptr_t parent_red;           /* the parent's address | 1 if this node is red (drc__itree_parent) */
+    uintptr_t parent_red;           /* the parent's address | 1 if this node is red */
     uintptr_t subtree_last;         /* max `last` over this subtree; last, so that an embedding may
                                      * keep the 40 bytes before it in one cache line (cache.c does) */
 };
-
-/* The parent of @n (NULL for the root): the node's parent_red without its colour. */
-static inline struct drc__itree_node *drc__itree_parent(const struct drc__itree_node *n)
-{
-    return (struct drc__itree_node *)(__atomic_load_n(&n->parent_red, __ATOMIC_ACQUIRE) & ~(uintptr_t)1);
-}
 
 struct drc__itree {
     struct drc__itree_node *root;
