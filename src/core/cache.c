@@ -8,8 +8,9 @@
  *             while held (in no tree, DEAD in its word, counted in
  *             c->ndetached); no lookup finds it, its last put releases it;
  *   free      on c->pool, deregistered, waiting to be reused.
- * Live regions are also linked to their neighbours in start order (pred,
- * succ), changed in the writers' windows, for the free-event probe.
+ * Every region ever handed out sits in a pool chunk (c->chunks): a walk of
+ * the chunks finds the live ones (is_live) in allocation order, one line
+ * each, where an in-order walk of the tree climbs to parents.
  * Region memory is never returned while the cache lives (it is type-stable,
  * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it: it
  * comes from the cache's arena (arena.c), with the hint tables, and goes
@@ -64,8 +65,7 @@
  * is made with c->lock held, and nothing is allocated, freed, mapped or
  * unmapped under it: an allocator may give memory back (and drc's own hooks
  * see munmap and madvise) and so re-enter drc_invalidate on this thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
- * lock a function needs, and check both trees and the neighbour links
- * whenever c->lock is released. In a fork() child every inherited cache is
+ * lock a function needs, and check both trees whenever c->lock is released. In a fork() child every inherited cache is
  * inert (drc__cache_forked).
  */
 #include "core/cache.h"
@@ -149,27 +149,35 @@ struct drc_region {
      * node.right) and all a rotation or recolouring reads of a node
      * (node.parent_red: a removal reads it in the parent, the sibling and its
      * children). node.subtree_last (used once regions overlap) spills into
-     * the second, with the neighbour links (a free-event probe reads line
-     * one and them; a removal writes them in the neighbours).
+     * the second. Nothing else of another region is written by an insert or
+     * a removal: regions keep no links to their neighbours in address order,
+     * which cost a removal two more lines, the neighbours' (held
+     * invalidation under callgrind, make bench-counts: 8.2 L2 misses -> 4.7).
      */
     uint64_t word;                  /* HELD | users, atomic */
     unsigned access;                /* atomic: a stale lookup may read it during reuse */
     int detached;                   /* atomic, written under c->lock */
     drc_cache_t *cache;             /* set once, when the pool chunk is carved */
     struct drc__itree_node node;    /* atomic fields, see itree.h */
-    struct drc_region *pred, *succ; /* atomic, written in a writer's window: live neighbours in start order */
-    /* set before publication (release store of word) and constant while referenced */
-    struct region_mem mem;
-    void *handle;
-    uint32_t lkey, rkey;
+    /*
+     * Second line: what an invalidation and the release after it read or
+     * write (valid, revoked, handle, next), and the keys a user reads after
+     * a hit; the memory's description (read when a region is made, merged
+     * or validated) comes last.
+     */
+    void *handle;                   /* set before publication (release store of word), constant while referenced */
+    uint32_t lkey, rkey;            /* likewise */
     int valid;                      /* atomic */
     int revoked;                    /* atomic, DRC_F_REVOKE: set under c->lock by revoke_take, cleared on release */
-    struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
+    struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
+    struct region_mem mem;          /* set before publication, constant while referenced */
 } __attribute__((aligned(64)));
 
 _Static_assert(offsetof(struct drc_region, node.parent_red) + sizeof(uintptr_t) <= 64,
                "a region's hit fields and its tree links fill its first cache line");
+_Static_assert(offsetof(struct drc_region, lru_next) + sizeof(void *) <= 128,
+               "an invalidation and its release touch a region's first two lines only");
 
 /*
  * The hint table: a lossy, direct-mapped map from a grain of address space
@@ -182,9 +190,8 @@ _Static_assert(offsetof(struct drc_region, node.parent_red) + sizeof(uintptr_t) 
  * modulo the table size, not a hash: neighbouring grains sit in neighbouring
  * slots, so lookups in address order share slot lines, and one contiguous
  * arena of regions fills the table without collisions. The table comes from
- * the cache's arena (arena.c): fresh pages are not written until a slot is. Lookups (and free-event
- * probes, with a region beside a gap) fill it with release stores (a slot
- * is read with acquire: it hands over the region's memory, chunk included),
+ * the cache's arena (arena.c): fresh pages are not written until a slot is.
+ * Lookups fill it with release stores (a slot is read with acquire: it hands over the region's memory, chunk included),
  * without the lock; nothing else writes it, and nothing clears it: a slot
  * may point to a region that has since been detached, released or reused,
  * so a lookup checks what it finds: bounds, tryget, bounds again (now they
@@ -211,9 +218,8 @@ struct hint_tab {
  * (nothing_there) that finds every bit of its range clear, and the
  * sequence count unchanged around that read, knows that no live region
  * touched the range at that instant: one load from a table of slots / 8
- * bytes (32 KiB at 65,536 regions), where the neighbour check costs three
- * dependent loads from the slots and two regions, cache misses in a large
- * cache. A table is complete when it was made for an empty cache, or when
+ * bytes (32 KiB at 65,536 regions), where a descent of the tree costs
+ * dependent loads, cache misses in a large cache. A table is complete when it was made for an empty cache, or when
  * hint_grow's lockless fill ran with no writer in between (the count was
  * even and unchanged from before the fill to the install under the lock);
  * otherwise the probe skips the filter until the next grow. A miss uses it
@@ -257,9 +263,10 @@ static int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
 
 /* Pool memory: n regions carved from the cache's arena, never returned while the cache lives. */
 struct chunk {
-    struct chunk *next;
+    struct chunk *next;             /* set before the chunk is published in c->chunks */
     unsigned n;
-    unsigned carved;                /* c->lock: r[0..carved) were handed out; the rest are raw memory */
+    unsigned carved;                /* atomic, written under c->lock: r[0..carved) were handed out and have
+                                     * their free-region fields (pool_get); the rest are raw memory */
     struct drc_region r[];
 };
 
@@ -317,7 +324,7 @@ struct drc_cache {
     unsigned ninvq;                 /* atomic: queued invalidations not yet done (claimed or ready) */
     struct drc_region *qdead;       /* c->lock: released by queued invalidations, deregistered after unlock */
     struct invq_ent invq[INVQ];
-    struct chunk *chunks;
+    struct chunk *chunks;           /* atomic, pushed under c->lock (release): lockless walks read it */
     struct chunk *unused;           /* atomic: chunks carved for a pool that another thread refilled first */
     unsigned nslots;                /* atomic, written under c->lock: regions in c->chunks */
     struct drc__arena arena;        /* chunks and hint tables; its own lock, never taken under c->lock */
@@ -683,10 +690,6 @@ static size_t region_len(const struct drc_region *r)
 static void unlink_live(drc_cache_t *c, struct drc_region *r)
 {
     ASSERT_WRITING(c);
-    if (r->pred)
-        __atomic_store_n(&r->pred->succ, r->succ, __ATOMIC_RELEASE);
-    if (r->succ)
-        __atomic_store_n(&r->succ->pred, r->pred, __ATOMIC_RELEASE);
     drc__itree_remove(&c->tree, &r->node);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
@@ -719,6 +722,18 @@ static int try_release(struct drc_region *r, struct drc_region **dead)
  * release it, so the put that races the CAS sees which it is.
  */
 enum { LIVE = 0, DETACHED_TREE = 1, DETACHED_OFF = 2 };
+
+/*
+ * Is a region that a chunk walk found live (in c->tree)? Under c->lock, or
+ * with no other thread, exactly: pooled and released regions have a word
+ * of 0, detached ones a `detached` state, and both are set in the window
+ * that takes a region out. Without the lock (hint_grow), a guess that the
+ * sequence count validates.
+ */
+static int is_live(const struct drc_region *r)
+{
+    return (LD(r->word) & HELD) && LD(r->detached) == LIVE;
+}
 
 static void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
 {
@@ -786,15 +801,16 @@ static struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
         *spare = NULL;
         ch->carved = 0;
         ch->next = c->chunks;
-        c->chunks = ch;
+        __atomic_store_n(&c->chunks, ch, __ATOMIC_RELEASE);   /* its n, carved and next first */
         ST(c->nslots, c->nslots + ch->n);
     }
     /* what a free region must have (chunk_new does not zero): publish sets the rest */
-    r = &ch->r[ch->carved++];   /* the lowest address first out */
+    r = &ch->r[ch->carved];     /* the lowest address first out */
     r->word = 0;
     r->revoked = 0;
     r->mem.chunks = NULL;
     r->cache = c;
+    __atomic_store_n(&ch->carved, ch->carved + 1, __ATOMIC_RELEASE);  /* a chunk walk reads word 0, not raw memory */
     return r;
 }
 
@@ -1218,11 +1234,11 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
 {
     struct hint_tab *t = hint_new(c, bits, NULL);
     uint64_t regions = LD(c->regions), bytes = LD(c->bytes);
-    struct drc__itree_node *n;
+    struct chunk *ch;
     struct drc_region *r;
     uintptr_t g, start, last, mask = ((uintptr_t)1 << bits) - 1;
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);     /* before the fill's loads */
-    int budget;
+    unsigned i, carved;
 
     if (!t)
         return;     /* without memory, hits only get slower */
@@ -1231,33 +1247,39 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
     if (t->grain < c->page_shift)
         t->grain = c->page_shift;
     /*
-     * Fill the new table from the live tree before it is installed, so that
-     * lookups do not all miss it at once (a table grown at 65,536 regions
-     * has 128 Ki grains to learn). A lockless walk: a torn one only leaves
-     * slots empty or stale, which lookups check anyway; budget bounds it.
-     * The first grains of each region are enough for lookups near its start.
-     * The walk follows the neighbour links (one line per region, in address
-     * order, which is usually allocation order) rather than the tree, whose
-     * in-order climbs to parents are dependent cache misses (at 65,536
-     * regions the tree walk cost about 90 ns per region).
+     * Fill the new table with the live regions before it is installed, so
+     * that lookups do not all miss it at once (a table grown at 65,536
+     * regions has 128 Ki grains to learn). A lockless walk of the pool
+     * chunks: one line per region, in allocation order, where an in-order
+     * walk of the tree climbs to parents, dependent cache misses (about
+     * 90 ns per region at 65,536). A region that changes under the walk
+     * only leaves a slot stale, which lookups check anyway, or a bit set
+     * where nothing is, which the filter allows. The first grains of each
+     * region are enough for lookups near its start.
      */
-    budget = (int)(regions < (1u << 24) ? 4 * regions + 64 : 1u << 26);
-    n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget);
-    for (r = n ? region_of(n) : NULL; r && --budget > 0; r = __atomic_load_n(&r->succ, __ATOMIC_ACQUIRE)) {
-        start = LD(r->node.start);
-        last = LD(r->node.last);
-        used_set(t, start, last);
-        for (g = start >> t->grain; g <= last >> t->grain && g - (start >> t->grain) < 4; g++)
-            __atomic_store_n(&t->slot[g & mask], r, __ATOMIC_RELEASE);
+    for (ch = __atomic_load_n(&c->chunks, __ATOMIC_ACQUIRE); ch; ch = ch->next) {
+        carved = __atomic_load_n(&ch->carved, __ATOMIC_ACQUIRE);
+        for (i = 0; i < carved; i++) {
+            r = &ch->r[i];
+            if (!is_live(r))
+                continue;
+            start = LD(r->node.start);
+            last = LD(r->node.last);
+            used_set(t, start, last);
+            for (g = start >> t->grain; g <= last >> t->grain && g - (start >> t->grain) < 4; g++)
+                __atomic_store_n(&t->slot[g & mask], r, __ATOMIC_RELEASE);
+        }
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the fill's loads before the count's re-read */
     lock(c);
     /*
-     * The filter is complete if no writer ran since the count was read: the
-     * walk then saw every live region (a torn walk needs a writer). A writer
-     * after this point sets its bits in the table it finds, this one.
+     * The filter is complete if no writer ran since the count was read: every
+     * region live then was published in a window before that read, in a
+     * chunk the walk reached (pushed, and carved, before that window), and
+     * read as live (nothing took it out). A writer after this point sets
+     * its bits in the table it finds, this one.
      */
-    if (!(seq & 1) && LD(c->seq) == seq && !r && budget > 0)
+    if (!(seq & 1) && LD(c->seq) == seq)
         ST(t->complete, 1);
     if (64 - c->hint->shift < bits) {
         t->older = c->hint;
@@ -1272,8 +1294,6 @@ static void hint_grow(drc_cache_t *c, unsigned bits)
 static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
                     void *handle, uint32_t lkey, uint32_t rkey)
 {
-    struct drc__itree_node *n, *nx;
-
     ASSERT_WRITING(c);
     DRC_ASSERT(LD(r->word) == 0 && r->cache == c);
     ST(r->node.start, p->start);
@@ -1294,14 +1314,7 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
     used_set(c->hint, p->start, p->last);       /* seq is odd: a probe that read the bits before retries */
-    drc__itree_insert_at(&c->tree, &r->node, &n, &nx);
-    /* release: a probe that follows a link sees the region as published */
-    __atomic_store_n(&r->pred, n ? region_of(n) : NULL, __ATOMIC_RELEASE);
-    if (n)
-        __atomic_store_n(&region_of(n)->succ, r, __ATOMIC_RELEASE);
-    __atomic_store_n(&r->succ, nx ? region_of(nx) : NULL, __ATOMIC_RELEASE);
-    if (nx)
-        __atomic_store_n(&region_of(nx)->pred, r, __ATOMIC_RELEASE);
+    drc__itree_insert(&c->tree, &r->node);
     if (c->limited)
         lru_append(c, r);
     INC(c->regions, 1);
@@ -1492,9 +1505,9 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
  * no live region overlapped [s, last], no registration was pending or being
  * inserted, and no superseded region (still valid) was held. Then there is
  * nothing to invalidate, and drc_invalidate returns without the lock. It is
- * the hit path's protocol (the used-grain filter of struct hint_tab, a
- * walk, or a look at a region's live neighbour links, under the sequence
- * count: a writer changes them inside its window), read as:
+ * the hit path's protocol (the used-grain filter of struct hint_tab, or a
+ * walk of the tree, under the sequence count: a writer changes both inside
+ * its window), read as:
  *   getter (miss)                          probe
  *   lock; add pending; npending++ (SC)     s = seq (even, else take the lock)
  *   unlock; wait for frees in flight       npending, detached.root: 0, 0 ?
@@ -1512,50 +1525,28 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
 static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
 {
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
-    struct drc_region **hs, *r, *n;
     struct drc__itree_node *f;
-    int budget = LOOKUP_BUDGET, empty;
+    int budget = LOOKUP_BUDGET;
 
     if ((seq & 1) || LD_SC(c->npending) || LD(c->detached.root))
         return 0;
     if (used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last)) {
         /* no live region touches a grain of the range: one load, from a table that stays in cache */
-        empty = 1;
     } else if (LD(c->overlapping)) {
         /* any region may reach into the range: the overlap walk */
         if (drc__itree_first(&c->tree, s, last, &budget) || budget <= 0)
             return 0;
-        empty = 1;
     } else {
         /*
-         * Disjoint regions: nothing overlaps [s, last] iff a live region r
-         * lies left of it and r's successor right of it (or the mirror).
-         * The hint slot of s usually holds such a neighbour (a lookup there,
-         * or an earlier probe, put it there); else floor(last) is the left
-         * neighbour, found by one descent and left in the slot.
+         * Disjoint regions: nothing overlaps [s, last] iff the last region
+         * that starts at or before `last` ends before s (the regions before
+         * it end before it starts). One descent (in plain mode a masked one,
+         * or none when that region is the largest).
          */
-        hs = hint_slot(c, s);
-        r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);
-        if (!r || LD(r->detached) != LIVE || !(LD(r->word) & HELD) ||
-            (LD(r->node.last) >= s && LD(r->node.start) <= last)) {
-            f = drc__itree_floor(&c->tree, last, &budget);
-            if (budget <= 0)
-                return 0;
-            if (!f)
-                goto validate;      /* every region starts after last */
-            r = region_of(f);
-            if (LD(r->node.last) >= s)
-                return 0;           /* something there (or a torn walk): the locked path decides */
-            __atomic_store_n(hs, r, __ATOMIC_RELEASE);
-        }
-        if (LD(r->node.last) < s)
-            empty = !(n = __atomic_load_n(&r->succ, __ATOMIC_ACQUIRE)) || LD(n->node.start) > last;
-        else
-            empty = !(n = __atomic_load_n(&r->pred, __ATOMIC_ACQUIRE)) || LD(n->node.last) < s;
-        if (!empty)
-            return 0;
+        f = drc__itree_floor(&c->tree, last, &budget);
+        if (budget <= 0 || (f && LD(f->last) >= s))
+            return 0;           /* something there (or a torn walk): the locked path decides */
     }
-validate:
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
     return LD(c->seq) == seq;
 }
@@ -1852,19 +1843,23 @@ static void check_trees(const drc_cache_t *c)
 
     DRC_ASSERT(live >= 0 && (uint64_t)live == c->regions);
     {
-        /* the neighbour links are the tree's start order */
         struct drc__itree_node *n;
-        const struct drc_region *prev = NULL;
         int budget = DRC__ITREE_UNBOUNDED;
+        const struct chunk *ch;
+        uint64_t found = 0;
+        unsigned i;
 
         for (n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget); n;
              n = drc__itree_next(&c->tree, n, 0, UINTPTR_MAX, &budget)) {
-            DRC_ASSERT(region_of(n)->pred == prev && (!prev || prev->succ == region_of(n)));
-            prev = region_of(n);
+            DRC_ASSERT(is_live(region_of(n)));
             /* the used-grain filter of a complete table never says "nothing" over a live region */
             DRC_ASSERT(!used_none(c->hint, n->start, n->start) && !used_none(c->hint, n->last, n->last));
         }
-        DRC_ASSERT(!prev || !prev->succ);
+        /* a chunk walk finds exactly the tree's regions */
+        for (ch = c->chunks; ch; ch = ch->next)
+            for (i = 0; i < ch->carved; i++)
+                found += is_live(&ch->r[i]);
+        DRC_ASSERT(found == c->regions);
     }
     DRC_ASSERT(det >= 0);
     DRC_ASSERT(!c->limited || !c->regions == !c->lru_head);
@@ -1883,28 +1878,21 @@ static uint64_t held_in(const struct drc__itree *t)
     return held;
 }
 
-/* The first live region in start order (c->lock, or no other thread): then follow succ. */
-static struct drc_region *first_live(const drc_cache_t *c)
-{
-    int budget = DRC__ITREE_UNBOUNDED;
-    struct drc__itree_node *n = drc__itree_first(&c->tree, 0, UINTPTR_MAX, &budget);
-
-    return n ? region_of(n) : NULL;
-}
-
 /*
- * Is a live region held? Through the neighbour links, which are the tree's
- * order under c->lock (check_trees asserts it): one line per region in
- * allocation order, where an in-order walk of the tree climbs to parents,
- * dependent cache misses (about 90 ns a region at 65,536).
+ * Is a live region held (c->lock)? A walk of the chunks (is_live, which
+ * check_trees holds to the tree): one line per region in allocation order,
+ * where an in-order walk of the tree climbs to parents, dependent cache
+ * misses (about 90 ns a region at 65,536).
  */
 static int live_held(const drc_cache_t *c)
 {
-    const struct drc_region *r;
+    const struct chunk *ch;
+    unsigned i;
 
-    for (r = first_live(c); r; r = r->succ)
-        if (USERS(LD(r->word)))
-            return 1;
+    for (ch = c->chunks; ch; ch = ch->next)
+        for (i = 0; i < ch->carved; i++)
+            if (is_live(&ch->r[i]) && USERS(LD(ch->r[i].word)))
+                return 1;
     return 0;
 }
 
@@ -1915,7 +1903,6 @@ static int busy(const drc_cache_t *c)
 
 int drc_cache_destroy(drc_cache_t *c)
 {
-    struct drc_region *r;
     struct chunk *ch;
     unsigned i;
 
@@ -1929,8 +1916,10 @@ int drc_cache_destroy(drc_cache_t *c)
         }
         unlock(c);
         drc__notify_unsubscribe(c);     /* no drc_notify_free() reaches c after this */
-        for (r = first_live(c); r; r = r->succ)
-            be_dereg(c, r->handle);
+        for (ch = c->chunks; ch; ch = ch->next)
+            for (i = 0; i < ch->carved; i++)
+                if (is_live(&ch->r[i]))
+                    be_dereg(c, ch->r[i].handle);
         if (c->release)
             c->release(c->be.ctx);
     }   /* else a fork child's copy: free drc's own memory only, the registrations are the parent's */
