@@ -5,8 +5,8 @@
  *   live      in c->tree (and on the LRU list of a cache with limits): lookups find it;
  *   detached  superseded by a merge while a user held it (in c->detached,
  *             where a range invalidation still finds it), or invalidated
- *             while held (in no tree, DEAD in its word, counted in
- *             c->ndetached); no lookup finds it, its last put releases it;
+ *             while held (in no tree, DEAD in its word, counted by
+ *             off_held); no lookup finds it, its last put releases it;
  *   free      on c->pool, deregistered, waiting to be reused.
  * Every region ever handed out sits in a pool chunk (c->chunks): a walk of
  * the chunks finds the live ones (is_live) in allocation order, one line
@@ -283,7 +283,7 @@ struct pending {
  * (counted after the backend returns, with no lock: two threads freeing
  * would otherwise write one shared line at every dereg).
  */
-enum { ST_HITS, ST_USED, ST_IDLED, ST_DEREGS, ST_N };
+enum { ST_HITS, ST_USED, ST_IDLED, ST_DEREGS, ST_OFF_GONE, ST_N };   /* ST_OFF_GONE: see off_held() */
 
 /* A range handed to the holder of c->lock by a free event that found it taken (see queue_invalidation). */
 struct invq_ent {
@@ -320,7 +320,8 @@ struct drc_cache {
     struct drc_region *lru_head, *lru_tail;     /* least recently idle first; kept only if limited */
     struct drc_region *pool;
     struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
-    uint64_t ndetached;             /* atomic: DETACHED_OFF regions, held and invalid (see retire) */
+    uint64_t ndetached;             /* atomic, written under c->lock: regions retired DETACHED_OFF and not
+                                     * released there (see off_held) */
     unsigned ninvq;                 /* atomic: queued invalidations not yet done (claimed or ready) */
     struct drc_region *qdead;       /* c->lock: released by queued invalidations, deregistered after unlock */
     struct invq_ent invq[INVQ];
@@ -362,6 +363,7 @@ static void check_trees(const drc_cache_t *c);
 static void invq_run(drc_cache_t *c);
 static int release_list(drc_cache_t *c, struct drc_region *dead);
 static void tally(drc_cache_t *c, int what);
+static uint64_t tally_sum(const drc_cache_t *c, int what);
 
 /*
  * Is a queued invalidation over [s, last] (or one being written) not done
@@ -745,12 +747,36 @@ static void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dea
         if (!try_release(r, dead))
             drc__itree_insert(&c->detached, &r->node);
     } else {
-        __atomic_fetch_add(&c->ndetached, 1, __ATOMIC_SEQ_CST);
-        ST_SC(r->detached, DETACHED_OFF);
+        /*
+         * Counted under the lock before a put can see DEAD; the put that
+         * releases it counts that in its own thread slot (off_held), with
+         * no locked add on either side. The state needs no SC store here,
+         * unlike DETACHED_TREE's above (whose CAS may fail and then writes
+         * nothing a put could synchronise with): the fetch_or always writes
+         * the word, so a put whose decrement comes after it in the word's
+         * order reads `detached` through that release, and one whose
+         * decrement came first leaves the release to us.
+         */
+        INC(c->ndetached, 1);
+        __atomic_store_n(&r->detached, DETACHED_OFF, __ATOMIC_RELEASE);
         w = __atomic_fetch_or(&r->word, DEAD, __ATOMIC_SEQ_CST) | DEAD;
         if (!USERS(w) && try_release_w(r, w, dead))
-            __atomic_fetch_sub(&c->ndetached, 1, __ATOMIC_SEQ_CST);
+            INC(c->ndetached, -1);
     }
+}
+
+/*
+ * Regions invalidated while held that are not released yet (c->lock): those
+ * retired, less the releases that puts counted. A put's count may not be
+ * visible yet, never one ahead of its retire (which was under the lock):
+ * the answer is never low. Reads every thread slot: called only when the
+ * trees and the pending list are empty, by destroy, and by stats.
+ */
+static uint64_t off_held(const drc_cache_t *c)
+{
+    uint64_t gone = tally_sum(c, ST_OFF_GONE), in = LD(c->ndetached);
+
+    return in > gone ? in - gone : 0;
 }
 
 static int over_limits(const drc_cache_t *c)
@@ -942,7 +968,7 @@ static void revoke_list(drc_cache_t *c, struct drc_region *r)
 
 static int nothing_registered(const drc_cache_t *c)
 {
-    return !c->tree.root && !c->detached.root && !c->pending && !LD_SC(c->ndetached);
+    return !c->tree.root && !c->detached.root && !c->pending && !off_held(c);
 }
 
 static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
@@ -963,7 +989,7 @@ static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
         /* invalidated while held, in no tree: nothing but the count to update, no lock */
         if (!try_release_w(r, w, &dead))
             return 0;   /* a stale lookup took it meanwhile: its put releases it */
-        __atomic_fetch_sub(&c->ndetached, 1, __ATOMIC_SEQ_CST);
+        tally(c, ST_OFF_GONE);
         return release_list(c, dead);
     }
     if (!LD_SC(r->detached) && !c->limited)
@@ -1793,7 +1819,8 @@ int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
     lock(c);
     if (LD(r->detached) == LIVE) {
         seq_begin(c);
-        ST_SC(r->valid, 0);
+        /* a release store: drc_region_valid() readers need no order beyond it, and the word's RMWs follow */
+        __atomic_store_n(&r->valid, 0, __ATOMIC_RELEASE);
         revoke_take(c, r, &revoking);
         retire(c, r, &dead);
         seq_end(c);
@@ -1900,7 +1927,7 @@ static int live_held(const drc_cache_t *c)
 
 static int busy(const drc_cache_t *c)
 {
-    return c->pending || c->detached.root || LD_SC(c->ndetached) || live_held(c);
+    return c->pending || c->detached.root || off_held(c) || live_held(c);
 }
 
 int drc_cache_destroy(drc_cache_t *c)
@@ -1990,7 +2017,7 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     if (want & DRC_STATS_DETACHED) {
         /* held invalid regions are counted as they leave; superseded ones sit in c->detached (few) */
         lock(c);
-        s->detached = LD_SC(c->ndetached) + held_in(&c->detached);
+        s->detached = off_held(c) + held_in(&c->detached);
         unlock(c);
     }
 }
