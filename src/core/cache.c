@@ -730,11 +730,17 @@ enum { LIVE = 0, DETACHED_TREE = 1, DETACHED_OFF = 2 };
  * with no other thread, exactly: pooled and released regions have a word
  * of 0, detached ones a `detached` state, and both are set in the window
  * that takes a region out. Without the lock (hint_grow), a guess that the
- * sequence count validates.
+ * sequence count validates; it reads only regions whose carve was
+ * published (a word of 0 first) and fields that are atomic, never a
+ * pointer out of a region, so a region carved from a reused mapping and
+ * not yet published is never followed anywhere (the neighbour links were:
+ * a walk along them could step from a region just linked to its successor
+ * field before publish() had stored it, and follow arena garbage).
  */
 static int is_live(const struct drc_region *r)
 {
-    return (LD(r->word) & HELD) && LD(r->detached) == LIVE;
+    /* acquire: a lockless walk that sees HELD reads the bounds publish() stored before it */
+    return (__atomic_load_n(&r->word, __ATOMIC_ACQUIRE) & HELD) && LD(r->detached) == LIVE;
 }
 
 static void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
