@@ -64,9 +64,10 @@
  * Lock order: a notify slot (notify.c), then c->lock. No backend or CUDA call
  * is made with c->lock held, and nothing is allocated, freed, mapped or
  * unmapped under it: an allocator may give memory back (and drc's own hooks
- * see munmap and madvise) and so re-enter drc_invalidate on this thread. DRC_DEBUG builds assert both (lock(), call-out sites), assert which
- * lock a function needs, and check both trees whenever c->lock is released. In a fork() child every inherited cache is
- * inert (drc__cache_forked).
+ * see munmap and madvise) and so re-enter drc_invalidate on this thread.
+ * DRC_DEBUG builds assert both (lock(), call-out sites), assert which lock a
+ * function needs, and check both trees whenever c->lock is released. In a
+ * fork() child every inherited cache is inert (drc__cache_forked).
  */
 #include "core/cache.h"
 
@@ -165,7 +166,7 @@ struct drc_region {
      * a hit; the memory's description (read when a region is made, merged
      * or validated) comes last.
      */
-    void *handle;                   /* set before publication (release store of word), constant while referenced */
+    void *handle;                   /* set before publication (release store of word), then constant */
     uint32_t lkey, rkey;            /* likewise */
     int valid;                      /* atomic */
     int revoked;                    /* atomic, DRC_F_REVOKE: set under c->lock by revoke_take, cleared on release */
@@ -191,9 +192,10 @@ _Static_assert(offsetof(struct drc_region, lru_next) + sizeof(void *) <= 128,
  * slots, so lookups in address order share slot lines, and one contiguous
  * arena of regions fills the table without collisions. The table comes from
  * the cache's arena (arena.c): fresh pages are not written until a slot is.
- * Lookups fill it with release stores (a slot is read with acquire: it hands over the region's memory, chunk included),
- * without the lock; nothing else writes it, and nothing clears it: a slot
- * may point to a region that has since been detached, released or reused,
+ * Lookups fill it with release stores (a slot is read with acquire: it
+ * hands over the region's memory, chunk included), without the lock;
+ * nothing else writes it, and nothing clears it: a slot may point to a
+ * region that has since been detached, released or reused,
  * so a lookup checks what it finds: bounds, tryget, bounds again (now they
  * cannot change), then !detached (lookup_lockless). Tables are replaced by
  * larger ones under c->lock as the cache grows; a replaced table stays in
@@ -219,9 +221,10 @@ struct hint_tab {
  * sequence count unchanged around that read, knows that no live region
  * touched the range at that instant: one load from a table of slots / 8
  * bytes (32 KiB at 65,536 regions), where a descent of the tree costs
- * dependent loads, cache misses in a large cache. A table is complete when it was made for an empty cache, or when
- * hint_grow's lockless fill ran with no writer in between (the count was
- * even and unchanged from before the fill to the install under the lock);
+ * dependent loads, cache misses in a large cache. A table is complete when
+ * it was made for an empty cache, or when hint_grow's lockless fill ran
+ * with no writer in between (the count was even and unchanged from before
+ * the fill to the install under the lock);
  * otherwise the probe skips the filter until the next grow. A miss uses it
  * too: a lookup over unused grains skips the lockless descent, and the
  * merge plan (under the lock) the overlap walk, so that a range registered
@@ -842,7 +845,8 @@ static struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
     r->revoked = 0;
     r->mem.chunks = NULL;
     r->cache = c;
-    __atomic_store_n(&ch->carved, ch->carved + 1, __ATOMIC_RELEASE);  /* a chunk walk reads word 0, not raw memory */
+    /* release: a chunk walk that counts r reads its word of 0, not raw memory */
+    __atomic_store_n(&ch->carved, ch->carved + 1, __ATOMIC_RELEASE);
     return r;
 }
 
