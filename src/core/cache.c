@@ -1563,28 +1563,19 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
 static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
 {
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
-    struct drc__itree_node *f;
     int budget = LOOKUP_BUDGET;
 
     if ((seq & 1) || LD_SC(c->npending) || LD(c->detached.root))
         return 0;
-    if (used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last)) {
-        /* no live region touches a grain of the range: one load, from a table that stays in cache */
-    } else if (LD(c->overlapping)) {
-        /* any region may reach into the range: the overlap walk */
-        if (drc__itree_first(&c->tree, s, last, &budget) || budget <= 0)
-            return 0;
-    } else {
-        /*
-         * Disjoint regions: nothing overlaps [s, last] iff the last region
-         * that starts at or before `last` ends before s (the regions before
-         * it end before it starts). One descent (in plain mode a masked one,
-         * or none when that region is the largest).
-         */
-        f = drc__itree_floor(&c->tree, last, &budget);
-        if (budget <= 0 || (f && LD(f->last) >= s))
-            return 0;           /* something there (or a torn walk): the locked path decides */
-    }
+    /*
+     * No live region touches a grain of the range (one load, from a table
+     * that stays in cache), or none overlaps it: the tree's overlap query,
+     * while regions are disjoint one descent for the floor of s and the
+     * node after it (or none, past the largest region).
+     */
+    if (!used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last) &&
+        (drc__itree_first(&c->tree, s, last, &budget) || budget <= 0))
+        return 0;               /* something there (or a torn walk): the locked path decides */
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
     return LD(c->seq) == seq;
 }
