@@ -1534,7 +1534,22 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
     do {
         if (!USERS(w))
             return -EINVAL;
-    } while (!__atomic_compare_exchange_n(&r->word, &w, w - 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+        /*
+         * The last user of a region invalidated while held (HELD|DEAD|1)
+         * drops its reference and releases the region in one CAS, where
+         * became_idle's path takes two (the decrement, then CAS(HELD|DEAD
+         * -> 0)). The same outcomes: a stale lookup's tryget lands before
+         * it (then w has two users and this only decrements) or after it
+         * (HELD is clear: the tryget fails).
+         */
+    } while (!__atomic_compare_exchange_n(&r->word, &w, w == (HELD | DEAD | 1) ? 0 : w - 1, 1, __ATOMIC_SEQ_CST,
+                                          __ATOMIC_RELAXED));
+    if (w == (HELD | DEAD | 1)) {
+        tally(c, ST_IDLED);
+        tally(c, ST_OFF_GONE);
+        r->next = NULL;
+        return release_list(c, r);
+    }
     return USERS(w - 1) ? 0 : became_idle(c, r, w - 1);
 }
 
