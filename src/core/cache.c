@@ -1522,6 +1522,15 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
     return -EAGAIN;
 }
 
+/* drc_put's last put of a region invalidated while held: its CAS took the word to 0 (see drc_put). */
+static __attribute__((noinline)) int put_released(drc_cache_t *c, struct drc_region *r)
+{
+    tally(c, ST_IDLED);
+    tally(c, ST_OFF_GONE);
+    r->next = NULL;
+    return release_list(c, r);
+}
+
 int drc_put(drc_cache_t *c, drc_region_t *r)
 {
     uint64_t w;
@@ -1531,7 +1540,7 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
     if (LD(c->inert))
         return 0;           /* the parent's region: nothing to do in a fork child */
     w = LD(r->word);
-    do {
+    for (;;) {
         if (!USERS(w))
             return -EINVAL;
         /*
@@ -1540,15 +1549,16 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
          * became_idle's path takes two (the decrement, then CAS(HELD|DEAD
          * -> 0)). The same outcomes: a stale lookup's tryget lands before
          * it (then w has two users and this only decrements) or after it
-         * (HELD is clear: the tryget fails).
+         * (HELD is clear: the tryget fails). Out of line, so that the hit's
+         * put saves no registers.
          */
-    } while (!__atomic_compare_exchange_n(&r->word, &w, w == (HELD | DEAD | 1) ? 0 : w - 1, 1, __ATOMIC_SEQ_CST,
-                                          __ATOMIC_RELAXED));
-    if (w == (HELD | DEAD | 1)) {
-        tally(c, ST_IDLED);
-        tally(c, ST_OFF_GONE);
-        r->next = NULL;
-        return release_list(c, r);
+        if (w == (HELD | DEAD | 1)) {
+            if (__atomic_compare_exchange_n(&r->word, &w, 0, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+                return put_released(c, r);
+            continue;
+        }
+        if (__atomic_compare_exchange_n(&r->word, &w, w - 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+            break;
     }
     return USERS(w - 1) ? 0 : became_idle(c, r, w - 1);
 }
