@@ -25,12 +25,18 @@
  * of drc__notify_unsubscribe, the first test fails at its check that no
  * worker is inside once destroy returned: tried by hand, not kept as a
  * build.) No test asserts a timing:
- * the waits are bounded by counts, and a round in which no worker reached a
- * hook is only counted.
+ * each wait ends when what it waits for happened or after WAIT_MS of the
+ * clock, whichever comes first, and a round in which no worker reached a
+ * hook is only counted. (A round can have none: a free event that finds the
+ * cache's lock held queues its range for the holder, and the destroyer, which
+ * holds it for its gets, then deregisters the region itself. Bounded by
+ * two million yields instead, such a round took minutes under ASan on two
+ * vCPUs with four threads runnable.)
  */
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
 
 #include "cachetest.h"
 
@@ -40,7 +46,7 @@ enum {
     SPACE = 16,         /* pages of fake address space that free events and gets share */
     WORKERS = 3,        /* threads issuing free events and gets */
     ROUNDS = 60,        /* caches created and destroyed under them */
-    WAIT_YIELDS = 2000000,  /* bound on every wait below: a stuck thread ends its wait, never the test */
+    WAIT_MS = 2000,     /* bound on every wait below: a stuck thread ends its wait, never the test */
     HOLD_YIELDS = 50,   /* a hook's pause once destroy has begun: time for a destroy that does not wait */
 };
 
@@ -52,6 +58,25 @@ struct round {
     int dead;           /* the cache counts as freed */
     int seen_dead;      /* hooks that found the cache dead while inside it */
 };
+
+/* Yield until *flag (atomic) is non-zero or WAIT_MS passed; returns *flag. */
+static int wait_for(int *flag)
+{
+    struct timespec t0, t;
+    unsigned k;
+    int v;
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (k = 1; !(v = __atomic_load_n(flag, __ATOMIC_SEQ_CST)); k++) {
+        sched_yield();
+        if (k % 64)
+            continue;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= WAIT_MS)
+            break;
+    }
+    return v;
+}
 
 static __thread int worker;     /* this thread issues free events (only workers' deregs are watched) */
 
@@ -66,8 +91,7 @@ static int watched_dereg(struct tb *b, unsigned long id, void *arg)
         return 0;       /* the destroyer's own deregs of the regions left */
     __atomic_fetch_add(&r->inside, 1, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&r->entered, 1, __ATOMIC_SEQ_CST);
-    for (k = 0; k < WAIT_YIELDS && !__atomic_load_n(&r->destroying, __ATOMIC_SEQ_CST); k++)
-        sched_yield();
+    wait_for(&r->destroying);
     for (k = 0; k < HOLD_YIELDS; k++)
         sched_yield();
     if (__atomic_load_n(&r->dead, __ATOMIC_SEQ_CST))
@@ -161,7 +185,7 @@ static void notifiers_against_destroy(int early_dead)
     struct worker_arg args[WORKERS];
     pthread_t th[WORKERS];
     unsigned long exercised = 0, seen_dead = 0;
-    int i, k, w;
+    int i, k;
     size_t p;
 
     x.b = tb_new();
@@ -185,8 +209,7 @@ static void notifiers_against_destroy(int early_dead)
             if (!err)
                 assert_int_equal(drc_put(c, r), 0);
         }
-        for (w = 0; w < WAIT_YIELDS && !__atomic_load_n(&rd.inside, __ATOMIC_SEQ_CST); w++)
-            sched_yield();
+        wait_for(&rd.inside);
         exercised += __atomic_load_n(&rd.inside, __ATOMIC_SEQ_CST) != 0;
         if (early_dead)
             __atomic_store_n(&rd.dead, 1, __ATOMIC_SEQ_CST);
