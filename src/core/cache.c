@@ -120,7 +120,8 @@ struct region_mem {
 
 #define HELD     (1ull << 63)
 #define DEAD     (1ull << 62)
-#define USERS(w) ((w) & ~(HELD | DEAD))
+#define DRAIN    (1ull << 61)
+#define USERS(w) ((w) & ~(HELD | DEAD | DRAIN))
 
 #define LD(x)       __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v)    __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
@@ -296,9 +297,18 @@ struct invq_ent {
 
 enum { Q_EMPTY, Q_CLAIMED, Q_READY };
 
+/*
+ * A reference slot (struct stat_slot's ref[]): a region pointer (64-byte
+ * aligned) with a count of references in its low bits, 0 when empty.
+ */
+enum { REFS = 3, REF_N = 63 };
+
 struct stat_slot {
     uint64_t n[ST_N];               /* atomic; written only by the slot's owner thread (see tally) */
+    uintptr_t ref[REFS];            /* atomic, CAS only: references this thread took (see tryget_fast) */
 } __attribute__((aligned(64)));
+
+_Static_assert(sizeof(struct stat_slot) == 64, "a thread's counters and references fill one line");
 
 struct drc_cache {
     /* read by every lookup, written only under lock */
@@ -312,6 +322,7 @@ struct drc_cache {
     struct hint_tab *hint;          /* atomic: replaced under c->lock (release store) */
     unsigned page_shift;
     int inert;                      /* atomic: inherited by a fork() child (drc__cache_forked) */
+    uint64_t refmask;               /* atomic: bit i (63: 63 and up) set once thread slot i took a ref[] */
     int overlapping;                /* atomic, set under c->lock, never cleared: live regions may overlap */
     unsigned npending;              /* atomic, changed under c->lock: registrations pending or being inserted */
 
@@ -663,6 +674,217 @@ static int tryget(drc_cache_t *c, struct drc_region *r)
     return 1;
 }
 
+/*
+ * Thread references. Two threads hitting the same regions would write each
+ * region's word on every get and put, and its line would cross between the
+ * cores on almost every hit. So a hit counts its reference in a slot of its
+ * own thread's line instead (struct stat_slot's ref[], beside its hit
+ * counter): the region's line is only read, and stays in both cores' caches.
+ * A region's users are then r->word's plus every slot's count of r; the
+ * counts are interchangeable (a put takes one from its own slot, else from
+ * the word, else from another thread's slot: a reference may be put by
+ * another thread than took it). Only a region's release needs the sum, and
+ * every release of a live or superseded region drains first, under c->lock:
+ *
+ *   getter (tryget_fast)                 drainer (drain_begin, c->lock held)
+ *   refmask |= my bit (SC, once)         r->word |= DRAIN (CAS, SC)
+ *   slot: r|n -> r|n+1 (CAS, SC)         for each slot of refmask (SC):
+ *   w = r->word (SC)                       r|n -> 0 (CAS, SC); word += n
+ *   w has HELD, no DEAD, no DRAIN ?      USERS(word) == 0 ? release : clear DRAIN
+ *     hit : undo, then tryget (word)
+ *
+ * Either the getter's load sees DRAIN (and its reference goes to the word,
+ * or was moved there: the undo is a put, the word's tryget a get), or its
+ * load came first in the single order of SC operations, and so did its
+ * increment, which the drainer's load of that slot then sees and moves.
+ * While DRAIN is set no put releases r (the word is not yet the sum): the
+ * drainer's end does, if nothing is left. A region invalidated while held
+ * (DEAD) is drained once, in retire; any later slot count of it is a
+ * getter's that sees DEAD and undoes it, so its word stays the sum and its
+ * last put releases it without the lock, as before. A cache with limits
+ * keeps no thread references: its LRU needs every put that idles a region.
+ */
+static inline uint64_t ref_bit(int i)
+{
+    return 1ull << (i < 63 ? i : 63);
+}
+
+/* The last thread slot whose references bit @b of refmask covers (from b itself). */
+static inline int bit_last_slot(int b)
+{
+    return b < 63 ? b : DRC__TSLOTS;
+}
+
+static int put_ref(drc_cache_t *c, struct drc_region *r);
+
+static int tryget_fast(drc_cache_t *c, struct drc_region *r)
+{
+    int i = drc__tslot(), k, empty;
+    struct stat_slot *st = &c->st[i];
+    uintptr_t e;
+
+    if (c->limited || (LD(r->word) & (HELD | DEAD | DRAIN)) != HELD)
+        return tryget(c, r);    /* released (tryget fails), invalidated or being drained: the word */
+    if (!(LD(c->refmask) & ref_bit(i)))
+        __atomic_fetch_or(&c->refmask, ref_bit(i), __ATOMIC_SEQ_CST);
+again:
+    empty = -1;
+    for (k = 0; k < REFS; k++) {
+        e = LD(st->ref[k]);
+        if ((e & ~(uintptr_t)REF_N) == (uintptr_t)r) {
+            if ((e & REF_N) == REF_N)
+                return tryget(c, r);    /* this slot is full: the word */
+            if (!__atomic_compare_exchange_n(&st->ref[k], &e, e + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+                goto again;             /* a drain or another thread's put changed it */
+            goto check;
+        }
+        if (!e && empty < 0)
+            empty = k;
+    }
+    if (empty < 0)
+        return tryget(c, r);            /* three regions held already: the word */
+    e = 0;
+    if (!__atomic_compare_exchange_n(&st->ref[empty], &e, (uintptr_t)r | 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+        goto again;
+check:
+    if ((LD_SC(r->word) & (HELD | DEAD | DRAIN)) == HELD)
+        return 1;
+    put_ref(c, r);          /* released, invalidated or being drained: undo, and do as the word says */
+    return tryget(c, r);
+}
+
+/*
+ * Thread slots' references (lockless): with @r, 1 if some slot counts one
+ * to r; else the regions some slot counts a reference to and whose word
+ * counts none (stats' in_use adds them to the word's), or with @any, 1 at
+ * the first reference to anything.
+ */
+static int slot_holds(const struct stat_slot *st, const struct drc_region *r)
+{
+    int k;
+
+    for (k = 0; k < REFS; k++)
+        if ((LD_SC(st->ref[k]) & ~(uintptr_t)REF_N) == (uintptr_t)r)
+            return 1;
+    return 0;
+}
+
+static __attribute__((noinline)) uint64_t slot_refs(const drc_cache_t *c, const struct drc_region *r, int any)
+{
+    const struct drc_region *seen[(DRC__TSLOTS + 1) * REFS], *q;
+    uint64_t m, n = 0;
+    unsigned j;
+    uintptr_t e;
+    int b, i, k;
+
+    if (r && slot_holds(&c->st[drc__tslot()], r))
+        return 1;       /* the caller's own reference, most likely */
+    for (m = LD_SC(c->refmask); m; m &= m - 1)
+        for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++) {
+            if (r) {
+                if (slot_holds(&c->st[i], r))
+                    return 1;
+                continue;
+            }
+            for (k = 0; k < REFS; k++) {
+                if (!(e = LD_SC(c->st[i].ref[k])))
+                    continue;
+                if (any)
+                    return 1;
+                q = (const struct drc_region *)(e & ~(uintptr_t)REF_N);
+                if (USERS(LD_SC(q->word)))
+                    continue;
+                for (j = 0; j < n && seen[j] != q; j++)
+                    ;
+                if (j == n)
+                    seen[n++] = q;
+            }
+        }
+    return r ? 0 : n;
+}
+
+/* Take one thread slot's references to r out of it (drain_begin): how many. */
+static __attribute__((noinline)) uint64_t drain_slot(struct stat_slot *st, const struct drc_region *r)
+{
+    uint64_t n = 0;
+    uintptr_t e;
+    int k;
+
+    for (k = 0; k < REFS; k++) {
+        e = __atomic_load_n(&st->ref[k], __ATOMIC_SEQ_CST);
+        while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
+            if (__atomic_compare_exchange_n(&st->ref[k], &e, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+                n += e & REF_N;
+                break;
+            }
+    }
+    return n;
+}
+
+/*
+ * Begin a drain (c->lock held; see "Thread references"): if r is HELD, set
+ * DRAIN and @bits in its word, then take every thread slot's references to
+ * r out of the slots; *moved says how many, and drain_end adds them to the
+ * word. Until it does, the word is short of them: while DRAIN is set no put
+ * acts on a count it reads (put_ref waits, became_idle leaves the release to
+ * drain_end). 0 if r is not HELD (released already).
+ */
+static int drain_begin(drc_cache_t *c, struct drc_region *r, uint64_t bits, uint64_t *moved)
+{
+    uint64_t w = LD(r->word), m;
+    int b, i;
+
+    ASSERT_LOCKED(c);
+    *moved = 0;
+    do {
+        if (!(w & HELD))
+            return 0;
+    } while (!__atomic_compare_exchange_n(&r->word, &w, w | DRAIN | bits, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+    if (c->limited)
+        return 1;
+    for (m = LD_SC(c->refmask); m; m &= m - 1)
+        for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++)
+            *moved += drain_slot(&c->st[i], r);
+    return 1;
+}
+
+/*
+ * End a drain, in one CAS: add the @moved references to the word, less one
+ * if *take (a put's: *take is then cleared if there was none to take), and
+ * then release r if @may_release and no user is left (r onto *dead: 1), else
+ * clear DRAIN (0). The word's 0 <-> non-0 changes are counted as a get's and
+ * a put's are (stats' in_use).
+ */
+static int drain_end(drc_cache_t *c, struct drc_region *r, struct drc_region **dead, int may_release,
+                     uint64_t moved, int *take)
+{
+    uint64_t w = LD_SC(r->word), users;
+    int t, released = 0;
+
+    for (;;) {
+        t = take && *take && USERS(w) + moved > 0;
+        users = USERS(w) + moved - (uint64_t)t;
+        if (may_release && !users) {
+            if (__atomic_compare_exchange_n(&r->word, &w, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+                if (USERS(w))
+                    tally(c, ST_IDLED);
+                r->next = *dead;
+                *dead = r;
+                released = 1;
+                break;
+            }
+        } else if (__atomic_compare_exchange_n(&r->word, &w, (w & ~DRAIN) + moved - (uint64_t)t, 0,
+                                               __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+            if (!USERS(w) != !users)
+                tally(c, users ? ST_USED : ST_IDLED);
+            break;
+        }
+    }
+    if (take)
+        *take = t;
+    return released;
+}
+
 static void lru_unlink(drc_cache_t *c, struct drc_region *r)
 {
     if (r->lru_prev)
@@ -713,9 +935,13 @@ static int try_release_w(struct drc_region *r, uint64_t w, struct drc_region **d
     return 1;
 }
 
-static int try_release(struct drc_region *r, struct drc_region **dead)
+static int try_release(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
 {
-    return try_release_w(r, HELD, dead);
+    if (c->limited)
+        return try_release_w(r, HELD, dead);    /* no thread references: the word is every user */
+    uint64_t moved;
+
+    return drain_begin(c, r, 0, &moved) && drain_end(c, r, dead, 1, moved, NULL);
 }
 
 /*
@@ -748,12 +974,12 @@ static int is_live(const struct drc_region *r)
 
 static void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
 {
-    uint64_t w;
+    uint64_t w, moved;
 
     unlink_live(c, r);
     if (LD(r->valid)) {
         ST_SC(r->detached, DETACHED_TREE);
-        if (!try_release(r, dead))
+        if (!try_release(c, r, dead))
             drc__itree_insert(&c->detached, &r->node);
     } else {
         /*
@@ -768,6 +994,12 @@ static void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dea
          */
         INC(c->ndetached, 1);
         __atomic_store_n(&r->detached, DETACHED_OFF, __ATOMIC_RELEASE);
+        if (!c->limited) {
+            /* the threads' references into the word, once: after it, any slot count of r is undone */
+            if (drain_begin(c, r, DEAD, &moved) && drain_end(c, r, dead, 1, moved, NULL))
+                INC(c->ndetached, -1);
+            return;
+        }
         w = __atomic_fetch_or(&r->word, DEAD, __ATOMIC_SEQ_CST) | DEAD;
         if (!USERS(w) && try_release_w(r, w, dead))
             INC(c->ndetached, -1);
@@ -801,7 +1033,7 @@ static void evict(drc_cache_t *c, struct drc_region **dead)
     ASSERT_WRITING(c);
     for (; r && over_limits(c); r = next) {
         next = r->lru_next;
-        if (try_release(r, dead)) {
+        if (try_release(c, r, dead)) {
             unlink_live(c, r);
             INC(c->evicted, 1);
         }
@@ -996,6 +1228,8 @@ static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
 
     tally(c, ST_IDLED);
     if (w & DEAD) {
+        if (w & DRAIN)
+            return 0;   /* retire is moving thread references into the word: its drain_end releases */
         /* invalidated while held, in no tree: nothing but the count to update, no lock */
         if (!try_release_w(r, w, &dead))
             return 0;   /* a stale lookup took it meanwhile: its put releases it */
@@ -1006,7 +1240,7 @@ static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
         return 0;
     lock(c);
     if (LD(r->detached) == DETACHED_TREE) {
-        if (try_release(r, &dead))
+        if (try_release(c, r, &dead))
             drc__itree_remove(&c->detached, &r->node);
     } else if (c->limited && LD(r->detached) == LIVE && (LD(r->word) & HELD)) {
         /* live: it is now the most recently idle */
@@ -1024,9 +1258,7 @@ static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
 
 static int unref(drc_cache_t *c, struct drc_region *r)
 {
-    uint64_t w = __atomic_sub_fetch(&r->word, 1, __ATOMIC_SEQ_CST);
-
-    return USERS(w) ? 0 : became_idle(c, r, w);
+    return put_ref(c, r);
 }
 
 static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
@@ -1073,7 +1305,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
     hs = hint_slot(c, s);
     r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
     if (r && covers(r, s, last, access)) {
-        if (!tryget(c, r))
+        if (!tryget_fast(c, r))
             return NULL;        /* released since it was left here: most likely a miss, and the locked
                                  * path (which any miss takes) finds a region that replaced it, and
                                  * leaves it here; no descent for nothing */
@@ -1095,7 +1327,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
             return NULL;        /* a writer is at work: wait for it on the lock */
         budget = LOOKUP_BUDGET;
         r = find_containing(c, s, last, access, &budget);
-        if (!r || !tryget(c, r))
+        if (!r || !tryget_fast(c, r))
             return NULL;
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
         /* seq unchanged: no writer ran since the first load, so r was live in the tree then */
@@ -1531,18 +1763,106 @@ static __attribute__((noinline)) int put_released(drc_cache_t *c, struct drc_reg
     return release_list(c, r);
 }
 
-int drc_put(drc_cache_t *c, drc_region_t *r)
+/* Is r's state one that a release of a region out of the tree leaves to its last put (c->lock)? */
+static void released_detached(drc_cache_t *c, struct drc_region *r)
 {
-    uint64_t w;
+    if (LD(r->detached) == DETACHED_TREE)
+        drc__itree_remove(&c->detached, &r->node);
+    else if (LD(r->detached) == DETACHED_OFF)
+        tally(c, ST_OFF_GONE);
+}
 
-    if (!c || !r || r->cache != c)
-        return -EINVAL;
-    if (LD(c->inert))
-        return 0;           /* the parent's region: nothing to do in a fork child */
+/*
+ * A put that found no reference in its own thread slot nor in the word: a
+ * reference another thread took and handed over (counted in that thread's
+ * slot), or a put too many. Another slot's count, else, under c->lock, a
+ * drain makes the word the sum, and the put takes from it, or finds none.
+ */
+static __attribute__((noinline)) int put_other(drc_cache_t *c, struct drc_region *r)
+{
+    struct drc_region *dead = NULL;
+    struct stat_slot *st;
+    uintptr_t e;
+    uint64_t m, moved;
+    int b, i, k, take = 1;
+
+    for (m = LD_SC(c->refmask); m; m &= m - 1) {
+        for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++) {
+            st = &c->st[i];
+            for (k = 0; k < REFS; k++) {
+                e = LD_SC(st->ref[k]);
+                while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
+                    if (__atomic_compare_exchange_n(&st->ref[k], &e, (e & REF_N) == 1 ? 0 : e - 1, 0,
+                                                    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                        return 0;
+            }
+        }
+    }
+    lock(c);
+    if (!drain_begin(c, r, 0, &moved)) {
+        unlock(c);
+        return -EINVAL;     /* released: nobody holds it */
+    }
+    /* out of the tree and idle: released here (its put would have, but for the drain) */
+    if (drain_end(c, r, &dead, LD(r->detached) != LIVE, moved, &take))
+        released_detached(c, r);
+    unlock(c);
+    release_list(c, dead);
+    return take ? 0 : -EINVAL;
+}
+
+/*
+ * Does anyone hold r? Its word or a thread slot says so without the lock;
+ * when neither does, a drain may be moving a count from one to the other,
+ * so ask again under c->lock with the word made the sum.
+ */
+static int held(drc_cache_t *c, struct drc_region *r)
+{
+    struct drc_region *dead = NULL;
+    uint64_t moved, n;
+
+    if (USERS(LD_SC(r->word)) || slot_refs(c, r, 0))
+        return 1;
+    lock(c);
+    if (!drain_begin(c, r, 0, &moved)) {
+        unlock(c);
+        return 0;
+    }
+    n = USERS(LD_SC(r->word)) + moved;
+    /* a put that idled r out of the tree during the drain left its release to the drain's end */
+    if (drain_end(c, r, &dead, LD(r->detached) != LIVE, moved, NULL)) {
+        released_detached(c, r);
+        n = 0;
+    }
+    unlock(c);
+    release_list(c, dead);
+    return n != 0;
+}
+
+static int put_ref(drc_cache_t *c, struct drc_region *r)
+{
+    struct stat_slot *st = &c->st[drc__tslot()];
+    uintptr_t e;
+    uint64_t w;
+    int k;
+
+    /* this thread's slot first: the hit's reference (tryget_fast) */
+    for (k = 0; k < REFS; k++) {
+        e = LD(st->ref[k]);
+        while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
+            if (__atomic_compare_exchange_n(&st->ref[k], &e, (e & REF_N) == 1 ? 0 : e - 1, 0, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_RELAXED))
+                return 0;
+    }
     w = LD(r->word);
     for (;;) {
-        if (!USERS(w))
-            return -EINVAL;
+        if (!USERS(w)) {
+            if (!(w & DRAIN))
+                return put_other(c, r);
+            cpu_relax();    /* a drain is moving slot counts into the word: wait for them */
+            w = LD_SC(r->word);
+            continue;
+        }
         /*
          * The last user of a region invalidated while held (HELD|DEAD|1)
          * drops its reference and releases the region in one CAS, where
@@ -1561,6 +1881,15 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
             break;
     }
     return USERS(w - 1) ? 0 : became_idle(c, r, w - 1);
+}
+
+int drc_put(drc_cache_t *c, drc_region_t *r)
+{
+    if (!c || !r || r->cache != c)
+        return -EINVAL;
+    if (LD(c->inert))
+        return 0;           /* the parent's region: nothing to do in a fork child */
+    return put_ref(c, r);
 }
 
 /*
@@ -1838,7 +2167,7 @@ int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
     struct drc_region *dead = NULL, *revoking = NULL;
     int n = 0;
 
-    if (!c || !r || r->cache != c || !USERS(LD_SC(r->word)))
+    if (!c || !r || r->cache != c || !held(c, r))
         return -EINVAL;     /* the caller's reference keeps r from being released or reused below */
     if (LD(c->inert))
         return 0;
@@ -1953,7 +2282,7 @@ static int live_held(const drc_cache_t *c)
 
 static int busy(const drc_cache_t *c)
 {
-    return c->pending || c->detached.root || off_held(c) || live_held(c);
+    return c->pending || c->detached.root || off_held(c) || live_held(c) || slot_refs(c, NULL, 1);
 }
 
 int drc_cache_destroy(drc_cache_t *c)
@@ -2031,7 +2360,8 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
         if (again == used)
             break;
     }
-    s->in_use = used > idled ? used - idled : 0;
+    /* the word's users, and regions that only thread slots hold (see "Thread references") */
+    s->in_use = (used > idled ? used - idled : 0) + slot_refs(c, NULL, 0);
     s->deregs = tally_sum(c, ST_DEREGS);
     s->misses = LD(c->misses);
     s->merges = LD(c->merges);

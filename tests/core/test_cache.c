@@ -580,6 +580,42 @@ static void invalidate_busy_defers_dereg_to_last_put(void **state)
     done(b, c);
 }
 
+/*
+ * A hit counts its reference in this thread's slot, not in the region's word
+ * (cache.c, "Thread references"): a region held only through hits is held all
+ * the same, by an invalidation, by destroy and by the stats. (Without the
+ * drain's move of the slot counts into the word, the invalidation below
+ * deregisters the held region at once.)
+ */
+static void region_held_only_by_hits_is_held(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *a, *h1, *h2;
+    unsigned long ida;
+
+    (void)state;
+    a = get_ok(c, at(0, 0), pg(), LW);
+    assert_int_equal(drc_put(c, a), 0);
+    h1 = get_ok(c, at(0, 64), 64, LW);
+    h2 = get_ok(c, at(0, 128), 64, LW);
+    assert_ptr_equal(h1, a);
+    assert_ptr_equal(h2, a);
+    ida = rid(a);
+    EXPECT_STATS(c, .hits = 2, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_cache_destroy(c), -EBUSY);
+    assert_int_equal(drc_region_invalidate(c, h1), 1);
+    assert_int_equal(tb_is_live(b, ida), 1);
+    assert_int_equal(drc_put(c, h1), 0);
+    assert_int_equal(tb_is_live(b, ida), 1);     /* one hit's reference left */
+    EXPECT_STATS(c, .hits = 2, .misses = 1, .invalidated = 1, .regs = 1, .in_use = 1);
+    assert_int_equal(drc_put(c, h2), 0);
+    assert_int_equal(tb_is_live(b, ida), 0);
+    assert_int_equal(drc_put(c, h2), -EINVAL);
+    EXPECT_STATS(c, .hits = 2, .misses = 1, .invalidated = 1, .regs = 1, .deregs = 1);
+    done(b, c);
+}
+
 static void invalidate_marks_superseded_held_region(void **state)
 {
     struct tb *b = tb_new();
@@ -1188,6 +1224,7 @@ int main(void)
         cmocka_unit_test(invalidate_superseded_by_handle),
         cmocka_unit_test(invalidate_idle_deregisters_before_return),
         cmocka_unit_test(invalidate_busy_defers_dereg_to_last_put),
+        cmocka_unit_test(region_held_only_by_hits_is_held),
         cmocka_unit_test(invalidate_marks_superseded_held_region),
         cmocka_unit_test(registration_raced_by_invalidation_is_dropped),
         cmocka_unit_test(registration_always_raced_fails_with_nothing_cached),

@@ -320,6 +320,9 @@ static void *hitter_thread(void *p)
         for (i = first; i < first + npages && i < SPACE; i++)
             if (rid(r) <= snap[i])
                 __atomic_fetch_add(&x->violations, 1, __ATOMIC_RELAXED);
+        /* still held: still registered, whatever was invalidated meanwhile */
+        if (!tb_is_live(x->b, rid(r)))
+            __atomic_fetch_add(&x->not_live, 1, __ATOMIC_RELAXED);
         drc_put(x->c, r);
     }
     return NULL;
@@ -464,6 +467,127 @@ static void stats_are_kept_as_they_change(void **state)
     for (i = 0; i < 2; i++)
         pthread_join(th[i], NULL);
     EXPECT_STATS(c, .hits = 2 * 20000 * 2 - 16, .misses = 16, .regs = 16, .regions = 16, .bytes = 16 * pg());
+    done(b, c);
+}
+
+/* ---- references that cross threads ------------------------------------- */
+
+/*
+ * A hit counts its reference in its own thread's slot of the cache (cache.c,
+ * "Thread references"), and a user may put it from another thread, as a
+ * transfer engine that posts on one thread and completes on another does.
+ * What a user would check: the put succeeds, a put too many fails, the
+ * region stays registered while any thread holds it after an invalidation,
+ * is deregistered once when the last one lets go, and stats count a region
+ * that two threads hold once. (Tried by hand: without the drain's move of
+ * the slot counts into the word, invalidated_region_lives_while_two_threads_hold_it
+ * sees the region deregistered under the first holder; with a put that
+ * looks only in its own slot and the word, the handed-over puts fail with
+ * -EINVAL.)
+ */
+enum { HANDED = 8 };
+
+struct handover {
+    drc_cache_t *c;
+    drc_region_t *r[HANDED];
+    int err[HANDED];
+    int extra;          /* what one put too many returned */
+};
+
+static void *put_thread(void *p)
+{
+    struct handover *h = p;
+    int i;
+
+    for (i = 0; i < HANDED; i++)
+        h->err[i] = drc_put(h->c, h->r[i]);
+    h->extra = drc_put(h->c, h->r[0]);
+    return NULL;
+}
+
+static void references_put_by_another_thread(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct handover h = { .c = c };
+    pthread_t th;
+    int i;
+
+    (void)state;
+    /* four misses (the word's references), then hits: this thread's three slots, then the word */
+    for (i = 0; i < HANDED; i++)
+        assert_int_equal(drc_get(c, at((size_t)i % 4, 0), pg(), LW, &h.r[i]), 0);
+    EXPECT_STATS(c, .hits = HANDED - 4, .misses = 4, .regs = 4, .regions = 4, .bytes = 4 * pg(), .in_use = 4);
+    pthread_create(&th, NULL, put_thread, &h);
+    pthread_join(th, NULL);
+    for (i = 0; i < HANDED; i++)
+        assert_int_equal(h.err[i], 0);
+    assert_int_equal(h.extra, -EINVAL);
+    EXPECT_STATS(c, .hits = HANDED - 4, .misses = 4, .regs = 4, .regions = 4, .bytes = 4 * pg(), .in_use = 0);
+    assert_int_equal(drc_put(c, h.r[1]), -EINVAL);  /* and none left for this thread either */
+    /* idle now: an invalidation deregisters all at once */
+    assert_int_equal(drc_invalidate(c, at(0, 0), 4 * pg()), 4);
+    assert_int_equal(tb_live(b), 0);
+    done(b, c);
+}
+
+struct holder {
+    drc_cache_t *c;
+    drc_region_t *r;
+    pthread_barrier_t *held, *invalidated;
+    int err, live_after;
+    struct tb *b;
+};
+
+static void *holder_thread(void *p)
+{
+    struct holder *h = p;
+
+    h->err = drc_get(h->c, at(0, 64), 64, LW, &h->r);     /* a hit: this thread's slot */
+    pthread_barrier_wait(h->held);
+    pthread_barrier_wait(h->invalidated);
+    h->live_after = h->r && tb_is_live(h->b, rid(h->r));
+    return NULL;
+}
+
+static void invalidated_region_lives_while_two_threads_hold_it(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    pthread_barrier_t held, invalidated;
+    struct holder h[2];
+    pthread_t th[2];
+    drc_region_t *r;
+    int i;
+
+    (void)state;
+    assert_int_equal(drc_get(c, at(0, 0), pg(), LW, &r), 0);
+    assert_int_equal(drc_put(c, r), 0);
+    pthread_barrier_init(&held, NULL, 3);
+    pthread_barrier_init(&invalidated, NULL, 3);
+    for (i = 0; i < 2; i++) {
+        h[i] = (struct holder){ .c = c, .held = &held, .invalidated = &invalidated, .b = b };
+        pthread_create(&th[i], NULL, holder_thread, &h[i]);
+    }
+    pthread_barrier_wait(&held);
+    assert_ptr_equal(h[0].r, r);
+    assert_ptr_equal(h[1].r, r);
+    EXPECT_STATS(c, .hits = 2, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    assert_int_equal(drc_invalidate(c, at(0, 0), pg()), 1);
+    assert_int_equal(tb_live(b), 1);            /* held twice: not deregistered */
+    pthread_barrier_wait(&invalidated);
+    for (i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(h[i].err, 0);
+        assert_true(h[i].live_after);
+    }
+    assert_int_equal(drc_put(c, r), 0);         /* one holder's reference, put by this thread */
+    assert_int_equal(tb_live(b), 1);
+    assert_int_equal(drc_put(c, r), 0);         /* the last */
+    assert_int_equal(tb_live(b), 0);
+    assert_int_equal(drc_put(c, r), -EINVAL);
+    pthread_barrier_destroy(&held);
+    pthread_barrier_destroy(&invalidated);
     done(b, c);
 }
 
@@ -644,6 +768,8 @@ int main(void)
         cmocka_unit_test_setup(free_events_find_regions_inserted_while_the_hints_grow, setup_alarm),
         cmocka_unit_test_setup(stats_are_kept_as_they_change, setup_alarm),
         cmocka_unit_test_setup(getter_sleeps_through_a_free_in_flight, setup_alarm),
+        cmocka_unit_test_setup(references_put_by_another_thread, setup_alarm),
+        cmocka_unit_test_setup(invalidated_region_lives_while_two_threads_hold_it, setup_alarm),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
