@@ -7,6 +7,8 @@
 #ifndef DRC_TEST_CACHETEST_H
 #define DRC_TEST_CACHETEST_H
 
+#include <infiniband/verbs.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,6 +51,38 @@ static inline void done(struct tb *b, drc_cache_t *c)
     assert_int_equal(tb_live(b), 0);
     assert_int_equal(tb_all_released_once(b), 0);
     tb_free(b);
+}
+
+/*
+ * Hits count their references in their thread's slot (cache.c, "Thread
+ * references") only once a second thread hit the cache: hit_from_another_thread()
+ * makes one get and put @addr (which must hit) on a thread of its own.
+ */
+struct other_hit {
+    drc_cache_t *c;
+    const void *addr;
+    int err;
+};
+
+static inline void *other_hit_thread(void *p)
+{
+    struct other_hit *o = p;
+    drc_region_t *r;
+
+    o->err = drc_get(o->c, o->addr, 1, IBV_ACCESS_LOCAL_WRITE, &r);
+    if (!o->err)
+        o->err = drc_put(o->c, r);
+    return NULL;
+}
+
+static inline void hit_from_another_thread(drc_cache_t *c, const void *addr)
+{
+    struct other_hit o = { c, addr, 0 };
+    pthread_t t;
+
+    assert_int_equal(pthread_create(&t, NULL, other_hit_thread, &o), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(o.err, 0);
 }
 
 /* A deadlock fails the test (SIGALRM) instead of hanging it. */

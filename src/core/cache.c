@@ -322,7 +322,9 @@ struct drc_cache {
     struct hint_tab *hint;          /* atomic: replaced under c->lock (release store) */
     unsigned page_shift;
     int inert;                      /* atomic: inherited by a fork() child (drc__cache_forked) */
-    uint64_t refmask;               /* atomic: bit i (63: 63 and up) set once thread slot i took a ref[] */
+    uint64_t refmask;               /* atomic, set under c->lock: bit i (63: 63 and up) once thread slot i
+                                     * may count references in its ref[] (join_refs) */
+    uint64_t hitters;               /* atomic: bit i once thread slot i hit (tryget_fast) */
     int overlapping;                /* atomic, set under c->lock, never cleared: live regions may overlap */
     unsigned npending;              /* atomic, changed under c->lock: registrations pending or being inserted */
 
@@ -703,6 +705,10 @@ static int tryget(drc_cache_t *c, struct drc_region *r)
  * getter's that sees DEAD and undoes it, so its word stays the sum and its
  * last put releases it without the lock, as before. A cache with limits
  * keeps no thread references: its LRU needs every put that idles a region.
+ * Nor does a cache that only one thread hits (join_refs): there a slot saves
+ * nothing, and a drain costs an invalidation two more locked instructions
+ * (the slot's CAS, the word's final one); with refmask 0 every release is
+ * the word's CAS alone, as before.
  */
 static inline uint64_t ref_bit(int i)
 {
@@ -717,16 +723,41 @@ static inline int bit_last_slot(int b)
 
 static int put_ref(drc_cache_t *c, struct drc_region *r);
 
+/*
+ * May this thread count its hits' references in its slot? Only once a
+ * second thread hit the cache: a cache one thread uses keeps every
+ * reference in the word, and its invalidations drain nothing (refmask 0).
+ * A thread joins under c->lock, once per cache, so that a drainer, which
+ * holds the lock, reads a refmask that no thread changes meanwhile: with
+ * no bit set, no slot holds anything and none can until it unlocks.
+ */
+static __attribute__((noinline)) int join_refs(drc_cache_t *c, int i)
+{
+    uint64_t h;
+
+    if (c->limited)
+        return 0;
+    h = LD(c->hitters);
+    if (!(h & ref_bit(i)))
+        h = __atomic_or_fetch(&c->hitters, ref_bit(i), __ATOMIC_RELAXED);
+    if (!(h & (h - 1)))
+        return 0;           /* the only thread that hit it so far */
+    lock(c);
+    __atomic_store_n(&c->refmask, LD(c->refmask) | ref_bit(i), __ATOMIC_SEQ_CST);
+    unlock(c);
+    return 1;
+}
+
 static int tryget_fast(drc_cache_t *c, struct drc_region *r)
 {
     int i = drc__tslot(), k, empty;
     struct stat_slot *st = &c->st[i];
     uintptr_t e;
 
-    if (c->limited || (LD(r->word) & (HELD | DEAD | DRAIN)) != HELD)
+    if ((LD(r->word) & (HELD | DEAD | DRAIN)) != HELD)
         return tryget(c, r);    /* released (tryget fails), invalidated or being drained: the word */
-    if (!(LD(c->refmask) & ref_bit(i)))
-        __atomic_fetch_or(&c->refmask, ref_bit(i), __ATOMIC_SEQ_CST);
+    if (!(LD(c->refmask) & ref_bit(i)) && (LD(c->hitters) == ref_bit(i) || !join_refs(c, i)))
+        return tryget(c, r);    /* the only thread that hits this cache: the word */
 again:
     empty = -1;
     for (k = 0; k < REFS; k++) {
@@ -937,10 +968,10 @@ static int try_release_w(struct drc_region *r, uint64_t w, struct drc_region **d
 
 static int try_release(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
 {
-    if (c->limited)
-        return try_release_w(r, HELD, dead);    /* no thread references: the word is every user */
     uint64_t moved;
 
+    if (c->limited || !LD(c->refmask))
+        return try_release_w(r, HELD, dead);    /* no slot counts references (join_refs): the word is all */
     return drain_begin(c, r, 0, &moved) && drain_end(c, r, dead, 1, moved, NULL);
 }
 
@@ -994,7 +1025,7 @@ static void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dea
          */
         INC(c->ndetached, 1);
         __atomic_store_n(&r->detached, DETACHED_OFF, __ATOMIC_RELEASE);
-        if (!c->limited) {
+        if (LD(c->refmask)) {
             /* the threads' references into the word, once: after it, any slot count of r is undone */
             if (drain_begin(c, r, DEAD, &moved) && drain_end(c, r, dead, 1, moved, NULL))
                 INC(c->ndetached, -1);
@@ -1786,6 +1817,9 @@ static __attribute__((noinline)) int put_other(drc_cache_t *c, struct drc_region
     uint64_t m, moved;
     int b, i, k, take = 1;
 
+    if (!LD(c->refmask))
+        return -EINVAL;     /* no slot counts references: the word's 0 says there is none to put */
+
     for (m = LD_SC(c->refmask); m; m &= m - 1) {
         for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++) {
             st = &c->st[i];
@@ -1823,6 +1857,8 @@ static int held(drc_cache_t *c, struct drc_region *r)
 
     if (USERS(LD_SC(r->word)) || slot_refs(c, r, 0))
         return 1;
+    if (!LD(c->refmask))
+        return 0;
     lock(c);
     if (!drain_begin(c, r, 0, &moved)) {
         unlock(c);
@@ -1841,19 +1877,20 @@ static int held(drc_cache_t *c, struct drc_region *r)
 
 static int put_ref(drc_cache_t *c, struct drc_region *r)
 {
-    struct stat_slot *st = &c->st[drc__tslot()];
+    int i = drc__tslot(), k;
+    struct stat_slot *st = &c->st[i];
     uintptr_t e;
     uint64_t w;
-    int k;
 
-    /* this thread's slot first: the hit's reference (tryget_fast) */
-    for (k = 0; k < REFS; k++) {
-        e = LD(st->ref[k]);
-        while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
-            if (__atomic_compare_exchange_n(&st->ref[k], &e, (e & REF_N) == 1 ? 0 : e - 1, 0, __ATOMIC_SEQ_CST,
-                                            __ATOMIC_RELAXED))
-                return 0;
-    }
+    /* this thread's slot first: the hit's reference (tryget_fast), if it ever counted one there */
+    if (LD(c->refmask) & ref_bit(i))
+        for (k = 0; k < REFS; k++) {
+            e = LD(st->ref[k]);
+            while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
+                if (__atomic_compare_exchange_n(&st->ref[k], &e, (e & REF_N) == 1 ? 0 : e - 1, 0,
+                                                __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+                    return 0;
+        }
     w = LD(r->word);
     for (;;) {
         if (!USERS(w)) {

@@ -581,9 +581,9 @@ static void invalidate_busy_defers_dereg_to_last_put(void **state)
 }
 
 /*
- * A hit counts its reference in this thread's slot, not in the region's word
- * (cache.c, "Thread references"): a region held only through hits is held all
- * the same, by an invalidation, by destroy and by the stats. (Without the
+ * Once two threads hit a cache, a hit counts its reference in its thread's
+ * slot, not in the region's word (cache.c, "Thread references"): a region
+ * held only through such hits is held all the same, by an invalidation, by destroy and by the stats. (Without the
  * drain's move of the slot counts into the word, the invalidation below
  * deregisters the held region at once.)
  */
@@ -597,22 +597,23 @@ static void region_held_only_by_hits_is_held(void **state)
     (void)state;
     a = get_ok(c, at(0, 0), pg(), LW);
     assert_int_equal(drc_put(c, a), 0);
+    hit_from_another_thread(c, at(0, 0));  /* two threads hit it: this one's hits go to its slot */
     h1 = get_ok(c, at(0, 64), 64, LW);
     h2 = get_ok(c, at(0, 128), 64, LW);
     assert_ptr_equal(h1, a);
     assert_ptr_equal(h2, a);
     ida = rid(a);
-    EXPECT_STATS(c, .hits = 2, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
+    EXPECT_STATS(c, .hits = 3, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
     assert_int_equal(drc_cache_destroy(c), -EBUSY);
     assert_int_equal(drc_region_invalidate(c, h1), 1);
     assert_int_equal(tb_is_live(b, ida), 1);
     assert_int_equal(drc_put(c, h1), 0);
     assert_int_equal(tb_is_live(b, ida), 1);     /* one hit's reference left */
-    EXPECT_STATS(c, .hits = 2, .misses = 1, .invalidated = 1, .regs = 1, .in_use = 1);
+    EXPECT_STATS(c, .hits = 3, .misses = 1, .invalidated = 1, .regs = 1, .in_use = 1);
     assert_int_equal(drc_put(c, h2), 0);
     assert_int_equal(tb_is_live(b, ida), 0);
     assert_int_equal(drc_put(c, h2), -EINVAL);
-    EXPECT_STATS(c, .hits = 2, .misses = 1, .invalidated = 1, .regs = 1, .deregs = 1);
+    EXPECT_STATS(c, .hits = 3, .misses = 1, .invalidated = 1, .regs = 1, .deregs = 1);
     done(b, c);
 }
 
