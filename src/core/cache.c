@@ -748,16 +748,13 @@ static __attribute__((noinline)) int join_refs(drc_cache_t *c, int i)
     return 1;
 }
 
-static int tryget_fast(drc_cache_t *c, struct drc_region *r)
+/* tryget_fast's reference in thread slot @i (joined). */
+static __attribute__((noinline)) int tryget_slot(drc_cache_t *c, struct drc_region *r, int i)
 {
-    int i = drc__tslot(), k, empty;
     struct stat_slot *st = &c->st[i];
     uintptr_t e;
+    int k, empty;
 
-    if ((LD(r->word) & (HELD | DEAD | DRAIN)) != HELD)
-        return tryget(c, r);    /* released (tryget fails), invalidated or being drained: the word */
-    if (!(LD(c->refmask) & ref_bit(i)) && (LD(c->hitters) == ref_bit(i) || !join_refs(c, i)))
-        return tryget(c, r);    /* the only thread that hits this cache: the word */
 again:
     empty = -1;
     for (k = 0; k < REFS; k++) {
@@ -782,6 +779,17 @@ check:
         return 1;
     put_ref(c, r);          /* released, invalidated or being drained: undo, and do as the word says */
     return tryget(c, r);
+}
+
+static inline int tryget_fast(drc_cache_t *c, struct drc_region *r)
+{
+    int i = drc__tslot();
+
+    if ((LD(r->word) & (HELD | DEAD | DRAIN)) != HELD)
+        return tryget(c, r);    /* released (tryget fails), invalidated or being drained: the word */
+    if (!(LD(c->refmask) & ref_bit(i)) && (LD(c->hitters) == ref_bit(i) || !join_refs(c, i)))
+        return tryget(c, r);    /* the only thread that hits this cache: the word */
+    return tryget_slot(c, r, i);
 }
 
 /*
@@ -1875,22 +1883,30 @@ static int held(drc_cache_t *c, struct drc_region *r)
     return n != 0;
 }
 
+/* A reference to r in this thread's slot, put: 1, else 0 (none there). */
+static __attribute__((noinline)) int put_slot(drc_cache_t *c, struct drc_region *r)
+{
+    struct stat_slot *st = &c->st[drc__tslot()];
+    uintptr_t e;
+    int k;
+
+    for (k = 0; k < REFS; k++) {
+        e = LD(st->ref[k]);
+        while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
+            if (__atomic_compare_exchange_n(&st->ref[k], &e, (e & REF_N) == 1 ? 0 : e - 1, 0, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_RELAXED))
+                return 1;
+    }
+    return 0;
+}
+
 static int put_ref(drc_cache_t *c, struct drc_region *r)
 {
-    int i = drc__tslot(), k;
-    struct stat_slot *st = &c->st[i];
-    uintptr_t e;
     uint64_t w;
 
-    /* this thread's slot first: the hit's reference (tryget_fast), if it ever counted one there */
-    if (LD(c->refmask) & ref_bit(i))
-        for (k = 0; k < REFS; k++) {
-            e = LD(st->ref[k]);
-            while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
-                if (__atomic_compare_exchange_n(&st->ref[k], &e, (e & REF_N) == 1 ? 0 : e - 1, 0,
-                                                __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-                    return 0;
-        }
+    /* a thread slot first, if any thread joined (a hit's reference: tryget_fast) */
+    if (LD(c->refmask) && put_slot(c, r))
+        return 0;
     w = LD(r->word);
     for (;;) {
         if (!USERS(w)) {
