@@ -16,7 +16,9 @@
  * comes from the cache's arena (arena.c), with the hint tables, and goes
  * back only in drc_cache_destroy().
  *
- * The reference word, r->word = HELD | DEAD? | users:
+ * The reference word, r->word = HELD | DEAD? | DRAIN? | users (with the
+ * counts in threads' slots once two threads hit the cache: "Thread
+ * references", below, and DRAIN there):
  *   HELD is set while the region is live or detached. It is cleared only
  *   by CAS(HELD -> 0) under c->lock, or by CAS(HELD|DEAD -> 0), so only when
  *   no user holds the region; the thread whose CAS succeeds deregisters it.
@@ -689,9 +691,10 @@ static int tryget(drc_cache_t *c, struct drc_region *r)
  * every release of a live or superseded region drains first, under c->lock:
  *
  *   getter (tryget_fast)                 drainer (drain_begin, c->lock held)
- *   refmask |= my bit (SC, once)         r->word |= DRAIN (CAS, SC)
- *   slot: r|n -> r|n+1 (CAS, SC)         for each slot of refmask (SC):
- *   w = r->word (SC)                       r|n -> 0 (CAS, SC); word += n
+ *   (joined: refmask has my bit)         r->word |= DRAIN (CAS, SC)
+ *   slot: r|n -> r|n+1 (CAS, SC)         for each slot of refmask:
+ *   w = r->word (SC)                       r|n -> 0 (CAS, SC); moved += n
+ *                                        one CAS: word += moved, and
  *   w has HELD, no DEAD, no DRAIN ?      USERS(word) == 0 ? release : clear DRAIN
  *     hit : undo, then tryget (word)
  *
