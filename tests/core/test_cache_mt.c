@@ -594,6 +594,126 @@ static void invalidated_region_lives_while_two_threads_hold_it(void **state)
     done(b, c);
 }
 
+/*
+ * The same, racing: two threads get (their hits in their slots) and hand
+ * every region to a third, which checks it is still registered and puts
+ * it, while this thread invalidates the pages under them. What a user would
+ * check: every put succeeds, no region is deregistered while a thread still
+ * holds it, and at the end nothing is held and every registration was
+ * deregistered once. (With the drain's move of slot counts taken out, the
+ * putter finds regions deregistered under it: tried by hand.)
+ */
+enum { QN = 64, HANDOVERS = 30000, HO_PAGES = 8 };
+
+struct hoq {
+    drc_cache_t *c;
+    struct tb *b;
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    drc_region_t *q[QN];
+    unsigned head, tail;        /* m */
+    int getters_left;           /* m */
+    unsigned long put_errors, not_live, puts, get_errors;   /* atomic */
+};
+
+static void *ho_getter(void *p)
+{
+    struct hoq *h = p;
+    uint64_t rng = (uint64_t)(uintptr_t)&rng | 1;
+    drc_region_t *r;
+    int i, err;
+
+    for (i = 0; i < HANDOVERS; i++) {
+        err = drc_get(h->c, at(xs(&rng) % HO_PAGES, 64), 64, LW, &r);
+        if (err) {
+            if (err != -EAGAIN)
+                __atomic_fetch_add(&h->get_errors, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        pthread_mutex_lock(&h->m);
+        while (h->tail - h->head == QN)
+            pthread_cond_wait(&h->cv, &h->m);
+        h->q[h->tail++ % QN] = r;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->m);
+    }
+    pthread_mutex_lock(&h->m);
+    h->getters_left--;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->m);
+    return NULL;
+}
+
+static void *ho_putter(void *p)
+{
+    struct hoq *h = p;
+    drc_region_t *r;
+
+    for (;;) {
+        pthread_mutex_lock(&h->m);
+        while (h->tail == h->head && h->getters_left)
+            pthread_cond_wait(&h->cv, &h->m);
+        if (h->tail == h->head) {
+            pthread_mutex_unlock(&h->m);
+            return NULL;
+        }
+        r = h->q[h->head++ % QN];
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->m);
+        if (!tb_is_live(h->b, rid(r)))
+            __atomic_fetch_add(&h->not_live, 1, __ATOMIC_RELAXED);
+        if (drc_put(h->c, r))
+            __atomic_fetch_add(&h->put_errors, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&h->puts, 1, __ATOMIC_RELAXED);
+    }
+}
+
+static void handed_over_references_race_invalidations(void **state)
+{
+    struct hoq h = { 0 };
+    struct drc_stats st = { .comp_mask = DRC_STATS_ALL };
+    pthread_t g[2], pt;
+    uint64_t rng = 7;
+    unsigned long k = 0;
+    int i;
+
+    (void)state;
+    h.b = tb_new();
+    h.c = mk(h.b, NULL);
+    pthread_mutex_init(&h.m, NULL);
+    pthread_cond_init(&h.cv, NULL);
+    h.getters_left = 2;
+    for (i = 0; i < 2; i++)
+        pthread_create(&g[i], NULL, ho_getter, &h);
+    pthread_create(&pt, NULL, ho_putter, &h);
+    while (__atomic_load_n(&h.puts, __ATOMIC_RELAXED) < 2 * HANDOVERS - 64 && k < 200000) {
+        pthread_mutex_lock(&h.m);
+        i = h.getters_left;
+        pthread_mutex_unlock(&h.m);
+        if (!i)
+            break;
+        assert_true(drc_invalidate(h.c, at(xs(&rng) % HO_PAGES, 0), pg()) >= 0);
+        if (++k % 16 == 0)
+            sched_yield();
+    }
+    for (i = 0; i < 2; i++)
+        pthread_join(g[i], NULL);
+    pthread_join(pt, NULL);
+    drc_cache_stats(h.c, &st);
+    print_message("%lu references handed over and put, %lu invalidations, %llu hits\n", h.puts, k,
+                  (unsigned long long)st.hits);
+    assert_int_equal(h.get_errors, 0);
+    assert_int_equal(h.put_errors, 0);
+    assert_int_equal(h.not_live, 0);
+    assert_int_equal(st.in_use, 0);
+    assert_int_equal(st.detached, 0);
+    assert_int_equal(st.regs - st.deregs, tb_live(h.b));
+    assert_true(st.hits > 0);
+    pthread_cond_destroy(&h.cv);
+    pthread_mutex_destroy(&h.m);
+    done(h.b, h.c);
+}
+
 /* ---- a getter meeting a free in flight sleeps until it ends ------------- */
 
 struct freewait {
@@ -773,6 +893,7 @@ int main(void)
         cmocka_unit_test_setup(getter_sleeps_through_a_free_in_flight, setup_alarm),
         cmocka_unit_test_setup(references_put_by_another_thread, setup_alarm),
         cmocka_unit_test_setup(invalidated_region_lives_while_two_threads_hold_it, setup_alarm),
+        cmocka_unit_test_setup(handed_over_references_race_invalidations, setup_alarm),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
