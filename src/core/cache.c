@@ -811,6 +811,22 @@ static int slot_holds(const struct stat_slot *st, const struct drc_region *r)
     return 0;
 }
 
+/* Take one reference to r from thread slot @st (a put): 1, else 0 (it counts none). */
+static int slot_put(struct stat_slot *st, const struct drc_region *r)
+{
+    uintptr_t e;
+    int k;
+
+    for (k = 0; k < REFS; k++) {
+        e = LD_SC(st->ref[k]);
+        while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
+            if (__atomic_compare_exchange_n(&st->ref[k], &e, (e & REF_N) == 1 ? 0 : e - 1, 0, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_RELAXED))
+                return 1;
+    }
+    return 0;
+}
+
 static __attribute__((noinline)) uint64_t slot_refs(const drc_cache_t *c, const struct drc_region *r, int any)
 {
     const struct drc_region *seen[(DRC__TSLOTS + 1) * REFS], *q;
@@ -1823,26 +1839,16 @@ static void released_detached(drc_cache_t *c, struct drc_region *r)
 static __attribute__((noinline)) int put_other(drc_cache_t *c, struct drc_region *r)
 {
     struct drc_region *dead = NULL;
-    struct stat_slot *st;
-    uintptr_t e;
     uint64_t m, moved;
-    int b, i, k, take = 1;
+    int b, i, take = 1;
 
     if (!LD(c->refmask))
         return -EINVAL;     /* no slot counts references: the word's 0 says there is none to put */
 
-    for (m = LD_SC(c->refmask); m; m &= m - 1) {
-        for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++) {
-            st = &c->st[i];
-            for (k = 0; k < REFS; k++) {
-                e = LD_SC(st->ref[k]);
-                while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
-                    if (__atomic_compare_exchange_n(&st->ref[k], &e, (e & REF_N) == 1 ? 0 : e - 1, 0,
-                                                    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-                        return 0;
-            }
-        }
-    }
+    for (m = LD_SC(c->refmask); m; m &= m - 1)
+        for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++)
+            if (slot_put(&c->st[i], r))
+                return 0;
     lock(c);
     if (!drain_begin(c, r, 0, &moved)) {
         unlock(c);
@@ -1889,18 +1895,7 @@ static int held(drc_cache_t *c, struct drc_region *r)
 /* A reference to r in this thread's slot, put: 1, else 0 (none there). */
 static __attribute__((noinline)) int put_slot(drc_cache_t *c, struct drc_region *r)
 {
-    struct stat_slot *st = &c->st[drc__tslot()];
-    uintptr_t e;
-    int k;
-
-    for (k = 0; k < REFS; k++) {
-        e = LD(st->ref[k]);
-        while ((e & ~(uintptr_t)REF_N) == (uintptr_t)r)
-            if (__atomic_compare_exchange_n(&st->ref[k], &e, (e & REF_N) == 1 ? 0 : e - 1, 0, __ATOMIC_SEQ_CST,
-                                            __ATOMIC_RELAXED))
-                return 1;
-    }
-    return 0;
+    return slot_put(&c->st[drc__tslot()], r);
 }
 
 static int put_ref(drc_cache_t *c, struct drc_region *r)
