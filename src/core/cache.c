@@ -1821,7 +1821,7 @@ static __attribute__((noinline)) int put_released(drc_cache_t *c, struct drc_reg
     return release_list(c, r);
 }
 
-/* Is r's state one that a release of a region out of the tree leaves to its last put (c->lock)? */
+/* A region out of the tree that a drain released (c->lock): off the detached tree, or counted as gone (off_held). */
 static void released_detached(drc_cache_t *c, struct drc_region *r)
 {
     if (LD(r->detached) == DETACHED_TREE)
