@@ -898,8 +898,6 @@ static int drain_begin(drc_cache_t *c, struct drc_region *r, uint64_t bits, uint
         if (!(w & HELD))
             return 0;
     } while (!__atomic_compare_exchange_n(&r->word, &w, w | DRAIN | bits, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
-    if (c->limited)
-        return 1;
     for (m = LD_SC(c->refmask); m; m &= m - 1)
         for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++)
             *moved += drain_slot(&c->st[i], r);
@@ -997,8 +995,8 @@ static int try_release(drc_cache_t *c, struct drc_region *r, struct drc_region *
 {
     uint64_t moved;
 
-    if (c->limited || !LD(c->refmask))
-        return try_release_w(r, HELD, dead);    /* no slot counts references (join_refs): the word is all */
+    if (!LD(c->refmask))
+        return try_release_w(r, HELD, dead);    /* no slot counts references (join_refs; never with limits) */
     return drain_begin(c, r, 0, &moved) && drain_end(c, r, dead, 1, moved, NULL);
 }
 
