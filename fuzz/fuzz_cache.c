@@ -20,12 +20,25 @@
  *     or not (a held one reads a NULL handle); without it, a held one is;
  * and at the end (and at every re-creation), with everything put, destroy
  * succeeds and every handle was deregistered exactly once.
+ *
+ * With bit 5 of the configuration byte the program runs as four threads in
+ * turn (threads mode): each step's op byte names the thread slot it runs
+ * in (tslot.h: 0, 1, 63, or the shared 64, whose references bit 63 of
+ * refmask covers together), so that once two of them hit the cache, hits
+ * count their references in thread slots ("Thread references" in cache.c),
+ * puts take them from their own slot, the word or another thread's, and
+ * every release drains. One real thread: the interleavings inside a get or
+ * a put are the thread tests' (tests/core/test_cache_mt.c, under TSan);
+ * here it is the counting, with every check above, and a burst op that
+ * takes one region more times than a slot counts (REF_N), invalidates it
+ * or not, and puts it back from all four threads.
  */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "core/cache.h"
+#include "core/tslot.h"
 #include "fuzz.h"
 
 enum { PAGES = 16, MAX_HANDLES = 1 << 14, MAX_HOLDS = 32 };
@@ -137,6 +150,7 @@ struct state {
     drc_cache_t *c;
     struct drc_config cfg;
     size_t max_len;
+    int threads;        /* threads mode: steps run in four thread slots */
     struct hold holds[MAX_HOLDS];
     int nholds;
 };
@@ -198,6 +212,7 @@ static void create(struct state *st, struct fuzz_in *in)
     st->cfg.max_bytes = f & 2 ? fuzz_range(in, 1, 8) * page : 0;
     st->cfg.flags = (f & 4 ? DRC_F_NO_MERGE : 0) | (f & 16 ? DRC_F_REVOKE : 0);
     st->max_len = f & 8 ? fuzz_range(in, 1, 6) * page : 0;
+    st->threads = !!(f & 32);
     o.max_len = st->max_len;
     FUZZ_ASSERT(drc__cache_create(&be, &st->cfg, &o, &st->c) == 0);
     B.c = st->c;
@@ -221,6 +236,15 @@ static void finish(struct state *st)
         FUZZ_ASSERT(B.h[i].deregs == 1);
     }
     B.n = 0;
+}
+
+/* Threads mode: the next step runs as thread slot 0, 1, 63 or 64 (shared), picked by @b. */
+static void as_thread(const struct state *st, unsigned b)
+{
+    static const int slots[] = { 0, 1, 63, DRC__TSLOTS };
+
+    if (st->threads)
+        drc__my_tslot = slots[b % 4];
 }
 
 static void op_get(struct state *st, struct fuzz_in *in, int fail, int race)
@@ -298,14 +322,24 @@ static void op_put(struct state *st, struct fuzz_in *in)
     FUZZ_ASSERT(drc_put(st->c, r) == 0);
     for (still = 0, i = 0; i < st->nholds; i++)
         still |= st->holds[i].r == r;
-    /* one put too many, while its registration is known to be this region's and idle in the cache */
-    if (!still && handle_of(r)->live && fuzz_u8(in) & 1) {
+    /*
+     * One put too many, or an invalidation by handle of a region nobody
+     * holds, while its registration is known to be this region's and idle
+     * in the cache (in threads mode, possibly from another thread than took
+     * the references): refused, and nothing changes.
+     */
+    if (!still && handle_of(r)->live && (k = fuzz_u8(in)) & 1) {
         struct drc_stats a = { .comp_mask = DRC_STATS_ALL }, b = { .comp_mask = DRC_STATS_ALL };
 
+        as_thread(st, (unsigned)k >> 2);
         drc_cache_stats(st->c, &a);
-        FUZZ_ASSERT(drc_put(st->c, r) == -EINVAL);
+        if (k & 2)
+            FUZZ_ASSERT(drc_region_invalidate(st->c, r) == -EINVAL);
+        else
+            FUZZ_ASSERT(drc_put(st->c, r) == -EINVAL);
         drc_cache_stats(st->c, &b);
         FUZZ_ASSERT(memcmp(&a, &b, sizeof(a)) == 0);
+        FUZZ_ASSERT(drc_region_valid(r) == 1 && handle_of(r)->live);
     }
 }
 
@@ -338,11 +372,76 @@ static void op_invalidate_handle(struct state *st, struct fuzz_in *in)
     FUZZ_ASSERT(h->live == !(st->cfg.flags & DRC_F_REVOKE));
 }
 
+/*
+ * Threads mode: one thread takes one range BURST times (more than a slot's
+ * REF_N), all the same region; maybe it is invalidated, by range or by
+ * handle; then the four threads put the references back in turn. The
+ * registration lives until the last put if it was invalidated (unless
+ * DRC_F_REVOKE), and is deregistered by that put; in_use counts the region
+ * until then.
+ */
+static void op_burst(struct state *st, struct fuzz_in *in)
+{
+    enum { BURST = 70 };
+    uintptr_t a = BASE + fuzz_range(in, 0, PAGES * page - 1);
+    size_t len = 1 + fuzz_range(in, 0, 2 * page);
+    unsigned how = fuzz_u8(in), who = fuzz_u8(in);
+    drc_region_t *r = NULL, *q;
+    struct handle *h;
+    int i, k, others;
+
+    as_thread(st, who);
+    for (i = 0; i < BURST; i++) {
+        if (drc_get(st->c, (const void *)a, len, 0, &q) != 0) {
+            FUZZ_ASSERT(i == 0 && st->max_len);    /* -E2BIG: larger than the backend takes */
+            return;
+        }
+        FUZZ_ASSERT(!r || q == r);
+        r = q;
+    }
+    h = handle_of(r);
+    for (others = 0, k = 0; k < st->nholds; k++)
+        others |= st->holds[k].r == r;
+    if (how % 3 == 1) {
+        uintptr_t rs;
+        size_t rl;
+        int want;
+
+        drc_region_bounds(r, &rs, &rl);
+        want = model_invalidate(rs, rl);    /* first: the idle ones are deregistered inside drc's */
+        FUZZ_ASSERT(drc_invalidate(st->c, (const void *)rs, rl) == want);
+    } else if (how % 3 == 2) {
+        FUZZ_ASSERT(drc_region_invalidate(st->c, r) == h->valid);
+        h->valid = 0;
+    }
+    for (i = BURST; i > 0; i--) {
+        struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
+
+        drc_cache_stats(st->c, &s);
+        FUZZ_ASSERT(s.in_use == distinct_held(st) + !others);
+        FUZZ_ASSERT(h->live == (h->valid || !(st->cfg.flags & DRC_F_REVOKE)));
+        FUZZ_ASSERT(drc_region_valid(r) == h->valid);
+        as_thread(st, who + (unsigned)i);
+        FUZZ_ASSERT(drc_put(st->c, r) == 0);
+    }
+    if (!h->valid && !others)
+        FUZZ_ASSERT(!h->live && h->deregs == 1);    /* released by the last put */
+    if (!others && h->live && how & 8) {
+        struct drc_stats x = { .comp_mask = DRC_STATS_ALL }, y = { .comp_mask = DRC_STATS_ALL };
+
+        drc_cache_stats(st->c, &x);
+        FUZZ_ASSERT(drc_put(st->c, r) == -EINVAL);   /* one too many, from any thread */
+        drc_cache_stats(st->c, &y);
+        FUZZ_ASSERT(memcmp(&x, &y, sizeof(x)) == 0);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fuzz_in in = { data, size };
     static struct state st;
-    int steps = 0;
+    int steps = 0, me = drc__tslot();
+    uint8_t op;
 
     page = (size_t)sysconf(_SC_PAGESIZE);
     memset(&st, 0, sizeof(st));
@@ -351,7 +450,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     B.raced = 0;
     create(&st, &in);
     while (fuzz_more(&in) && steps++ < 2048) {
-        switch (fuzz_u8(&in) % 8) {
+        op = fuzz_u8(&in);
+        as_thread(&st, op >> 3);
+        switch (op % 8) {
         case 0:
         case 1:
             op_get(&st, &in, 0, 0);
@@ -375,9 +476,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 op_put(&st, &in);
             break;
         case 7:
-            if (fuzz_u8(&in) % 8 == 0) {
+            op = fuzz_u8(&in);
+            if (op % 8 == 0) {
                 finish(&st);            /* a new cache with a new configuration */
                 create(&st, &in);
+            } else if (op % 8 == 1 && st.threads) {
+                op_burst(&st, &in);
             } else {
                 op_get(&st, &in, 0, 0);
             }
@@ -386,5 +490,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_invariants(&st);
     }
     finish(&st);
+    drc__my_tslot = me;
     return 0;
 }
