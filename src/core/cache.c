@@ -125,6 +125,14 @@ struct region_mem {
 #define DRAIN    (1ull << 61)
 #define USERS(w) ((w) & ~(HELD | DEAD | DRAIN))
 
+/*
+ * Small helpers of a hit (tally, count_hit, covers, handed_over) are always
+ * inlined: gcc -O2 kept them out of line, for their many callers, and a hint
+ * hit paid six calls with their spills (callgrind, a drc-only loop of
+ * interior hits over 1,024 regions: 305 -> 251 instructions a get+put).
+ */
+#define HIT_INLINE inline __attribute__((always_inline))
+
 #define LD(x)       __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v)    __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 #define LD_SC(x)    __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
@@ -380,7 +388,7 @@ static void check_trees(const drc_cache_t *c);
 
 static void invq_run(drc_cache_t *c);
 static int release_list(drc_cache_t *c, struct drc_region *dead);
-static void tally(drc_cache_t *c, int what);
+static HIT_INLINE void tally(drc_cache_t *c, int what);
 static uint64_t tally_sum(const drc_cache_t *c, int what);
 
 /*
@@ -579,7 +587,7 @@ static struct drc_region *region_of(struct drc__itree_node *n)
  * load and store (atomic, relaxed) counts exactly. Threads beyond
  * DRC__TSLOTS share the last slot with atomic adds.
  */
-static void tally(drc_cache_t *c, int what)
+static HIT_INLINE void tally(drc_cache_t *c, int what)
 {
     int i = drc__tslot();
 
@@ -589,7 +597,7 @@ static void tally(drc_cache_t *c, int what)
         ST(c->st[i].n[what], LD(c->st[i].n[what]) + 1);
 }
 
-static void count_hit(drc_cache_t *c)
+static HIT_INLINE void count_hit(drc_cache_t *c)
 {
     tally(c, ST_HITS);
 }
@@ -1324,7 +1332,7 @@ static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
     return &t->slot[(s >> t->grain) & (~(uintptr_t)0 >> t->shift)];
 }
 
-static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
+static HIT_INLINE int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
 {
     return LD(r->node.start) <= s && LD(r->node.last) >= last && serves(LD(r->access), access);
 }
@@ -1336,7 +1344,7 @@ static int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsig
  * after r is otherwise validated and before the final detached check, so
  * that a queue run in between is seen there.
  */
-static int handed_over(const drc_cache_t *c, const struct drc_region *r)
+static HIT_INLINE int handed_over(const drc_cache_t *c, const struct drc_region *r)
 {
     return LD_SC(c->ninvq) && queued(c, LD(r->node.start), LD(r->node.last));
 }
@@ -1667,6 +1675,9 @@ static int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access
     unsigned grow;
 
     DRC_ASSERT_NO_LOCK();
+    if ((last | (c->page - 1)) - (s & ~(uintptr_t)(c->page - 1)) == UINTPTR_MAX)
+        return -EINVAL;     /* page-rounded, it is the whole address space: its length does not fit (no
+                             * region can contain it, so a lookup has missed it already) */
     err = drc__mem_classify(s, last - s + 1, &m);   /* a driver call: before the lock */
     if (err)
         return err;
@@ -1783,8 +1794,6 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
     err = closed_range(addr, len, &s, &last);
     if (err)
         return err;
-    if ((last | (c->page - 1)) - (s & ~(uintptr_t)(c->page - 1)) == UINTPTR_MAX)
-        return -EINVAL;     /* page-rounded, it is the whole address space: its length does not fit */
     if (LD(c->inert))
         return -ESTALE;
     for (tries = 0; tries < REG_RETRIES; tries++) {
