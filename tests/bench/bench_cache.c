@@ -36,7 +36,14 @@
  *   2 threads hit       both threads hit the same regions (the random
  *                       row's lookups, in its order, thread 1 starting
  *                       halfway); ns per op per thread, and the pair's
- *                       throughput over one thread's
+ *                       throughput over one thread's: over the one-thread
+ *                       random row's (measured a minute earlier, on
+ *                       another cache), and paired: one thread on the same
+ *                       cache and lookups just before each two-thread run,
+ *                       the ratio taken run by run, so that the machine's
+ *                       drift between rows does not enter it; beside each
+ *                       pair, the same ratio of a loop without a cache
+ *                       (ceiling(): what this machine gives two threads)
  *   2 threads free      each thread, on its own half: a free event over a
  *                       region (invalidated, deregistered), then a get
  *                       that registers it again (ns per pair per thread)
@@ -306,6 +313,106 @@ static double pair_hit(struct cache *c)
 }
 
 /*
+ * The machine's ceiling for the two-thread hit row: no cache, the same
+ * lookups (seq_i) over memory of drc's shape for N regions, read only: a
+ * table of four slot pointers per region, each naming a 192-byte record,
+ * in memory advised to huge pages as drc's arena is. A hit is the slot
+ * load, a load from the record it names (two dependent loads, as a drc
+ * hint hit is), and two locked adds to a line of the thread's own (a get's
+ * and a put's reference in its thread slot: each a full barrier, so that
+ * one thread's misses do not overlap from hit to hit, as drc's do not).
+ * One thread, then two threads reading the same memory as pair_hit reads
+ * its lookups; 2 * one / two is what two threads can gain on this machine
+ * when they write nothing that the other reads.
+ */
+struct rec {
+    uint64_t v[24];
+};
+
+struct ceil_arg {
+    uint64_t refs __attribute__((aligned(64)));     /* the thread's own line */
+    struct rec *const *slot;
+    pthread_barrier_t *go;
+    int id;
+    uint64_t sum;
+    double ns;
+};
+
+static void *ceil_thread(void *v)
+{
+    struct ceil_arg *a = v;
+    uint64_t t0, sum = 0;
+    size_t k, j;
+
+    if (a->go)
+        pthread_barrier_wait(a->go);
+    t0 = now_ns();
+    for (k = 0; k < HITS; k++) {
+        j = (k + (size_t)a->id * (HITS / 2)) % HITS;
+        sum += a->slot[(size_t)seq_i[j] * 4 + (seq_off[j] >> 14)]->v[seq_off[j] >> 3 & 7];
+        __atomic_fetch_add(&a->refs, 1, __ATOMIC_SEQ_CST);
+        __atomic_fetch_sub(&a->refs, 1, __ATOMIC_SEQ_CST);
+    }
+    a->ns = (double)(now_ns() - t0) / HITS;
+    a->sum = sum;
+    return NULL;
+}
+
+/* @size bytes, 2 MiB-aligned and advised MADV_HUGEPAGE (as src/core/arena.c maps); free with huge_free */
+static void *huge_alloc(size_t size)
+{
+    size_t h = 2 << 20;
+    char *p = mmap(NULL, size + h, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), *q;
+
+    if (p == MAP_FAILED)
+        exit(2);
+    q = (char *)(((uintptr_t)p + h - 1) & ~(uintptr_t)(h - 1));
+    (void)madvise(q, size, MADV_HUGEPAGE);
+    *(char **)(q + size - sizeof(char *)) = p;      /* the mapping, for huge_free */
+    return q;
+}
+
+static void huge_free(void *q, size_t size)
+{
+    munmap(*(char **)((char *)q + size - sizeof(char *)), size + (2 << 20));
+}
+
+static double ceiling(uint32_t n)
+{
+    size_t rsize = (size_t)n * sizeof(struct rec) + 64, ssize = (size_t)n * 4 * sizeof(struct rec *) + 64;
+    struct rec *recs = huge_alloc(rsize), **slot = huge_alloc(ssize);
+    static struct ceil_arg one, two[2];
+    pthread_barrier_t go;
+    pthread_t t[2];
+    double r;
+    size_t i;
+    int k;
+
+    memset(recs, 1, (size_t)n * sizeof(*recs));
+    for (i = 0; i < (size_t)n * 4; i++)
+        slot[i] = &recs[i / 4];
+    one = (struct ceil_arg){ .slot = slot };
+    ceil_thread(&one);                  /* warm, pinned like the one-thread rows */
+    ceil_thread(&one);
+    pin(0);
+    pthread_barrier_init(&go, NULL, 2);
+    for (k = 0; k < 2; k++) {
+        two[k] = (struct ceil_arg){ .slot = slot, .go = &go, .id = k };
+        pthread_create(&t[k], NULL, ceil_thread, &two[k]);
+    }
+    for (k = 0; k < 2; k++)
+        pthread_join(t[k], NULL);
+    pthread_barrier_destroy(&go);
+    pin(1);
+    r = 2 * one.ns / (two[0].ns > two[1].ns ? two[0].ns : two[1].ns);
+    if (one.sum + two[0].sum + two[1].sum == 42)
+        putchar(' ');                   /* keeps the loads */
+    huge_free(slot, ssize);
+    huge_free(recs, rsize);
+    return r;
+}
+
+/*
  * Two threads at once, each on its own half of the regions (@kind):
  *   PAIR_FREE   a free event over one of its regions (which invalidates and
  *               deregisters it), then a get that registers it again
@@ -559,7 +666,8 @@ static double median(double *v, int n)
 /* One process: every row RUNS times, each row's median written to @fd. */
 static void child(int ucx, int fd)
 {
-    double res[ROWS], v[RUNS];
+    double res[3][ROWS], v[RUNS], w[RUNS], x[RUNS];    /* PAIR_HIT rows: res[1] the paired throughput ratio,
+                                                         * res[2] the machine's ceiling for it (ceiling()) */
     uint32_t *perm = malloc(MAXN * sizeof(*perm));
     int k, run;
 
@@ -575,14 +683,14 @@ static void child(int ucx, int fd)
         const char *only = getenv("BENCH_ONLY");
         struct cache c;
 
-        res[k] = 0;
+        res[0][k] = res[1][k] = res[2][k] = 0;
         if (only && !strstr(kind_name[rw->kind], only))
             continue;   /* BENCH_ONLY=<part of a row name>: measure those rows only */
         draw(rw->n, rw->kind == HIT_SEQ);
         if (rw->kind == MISS_FRESH || rw->kind == PAIR_MISS) {
             for (run = 0; run < RUNS; run++)
                 v[run] = rw->kind == MISS_FRESH ? miss_fresh(ucx, rw->n) : pair_miss(ucx, rw->n);
-            res[k] = median(v, RUNS);
+            res[0][k] = median(v, RUNS);
             continue;
         }
         c = cache_new(ucx);
@@ -606,7 +714,10 @@ static void child(int ucx, int fd)
                 v[run] = free_gaps(&c, rw->n);
                 break;
             case PAIR_HIT:
+                w[run] = hit_loop(&c, 0);   /* one thread (pinned), the same cache and lookups, just before */
                 v[run] = pair_hit(&c);
+                w[run] = 2 * w[run] / v[run];
+                x[run] = ceiling(rw->n);
                 break;
             case PAIR_FREE:
                 v[run] = pair_free(&c, rw->n);
@@ -620,7 +731,11 @@ static void child(int ucx, int fd)
                 break;
             }
         }
-        res[k] = median(v, RUNS);
+        res[0][k] = median(v, RUNS);
+        if (rw->kind == PAIR_HIT) {
+            res[1][k] = median(w, RUNS);
+            res[2][k] = median(x, RUNS);
+        }
         cache_free(&c);
     }
     CHECK(regs == deregs, "%s: %llu registrations, %llu deregistrations", ucx ? "ucx" : "drc",
@@ -632,7 +747,7 @@ static void child(int ucx, int fd)
 
 int main(void)
 {
-    double res[2][REPS][ROWS], v[REPS];
+    double res[2][REPS][3][ROWS], v[REPS];
     int rep, order, ucx, fds[2], st, k;
     pid_t pid;
 
@@ -671,13 +786,13 @@ int main(void)
         double d, u, dmin = 1e30, dmax = 0, umin = 1e30, umax = 0;
 
         for (rep = 0; rep < REPS; rep++) {
-            v[rep] = res[0][rep][k];
+            v[rep] = res[0][rep][0][k];
             dmin = v[rep] < dmin ? v[rep] : dmin;
             dmax = v[rep] > dmax ? v[rep] : dmax;
         }
         d = median(v, REPS);
         for (rep = 0; rep < REPS; rep++) {
-            v[rep] = res[1][rep][k];
+            v[rep] = res[1][rep][0][k];
             umin = v[rep] < umin ? v[rep] : umin;
             umax = v[rep] > umax ? v[rep] : umax;
         }
@@ -699,15 +814,43 @@ int main(void)
             if (rows[j].kind != HIT_RAND || rows[j].n != rows[k].n)
                 continue;
             for (rep = 0; rep < REPS; rep++) {
-                d1[rep] = res[0][rep][j];
-                d2[rep] = res[0][rep][k];
-                u1[rep] = res[1][rep][j];
-                u2[rep] = res[1][rep][k];
+                d1[rep] = res[0][rep][0][j];
+                d2[rep] = res[0][rep][0][k];
+                u1[rep] = res[1][rep][0][j];
+                u2[rep] = res[1][rep][0][k];
             }
             if (median(d1, REPS) == 0 || median(d2, REPS) == 0)
                 continue;   /* not measured (BENCH_ONLY) */
             printf("| 2-thread throughput / 1 thread | %u | %.2fx | %.2fx | |\n", rows[k].n,
                    2 * median(d1, REPS) / median(d2, REPS), 2 * median(u1, REPS) / median(u2, REPS));
+        }
+    }
+    /*
+     * The same, paired run by run in each process (res[.][.][1]), and the
+     * machine's ceiling measured beside each pair (res[.][.][2], ceiling():
+     * no cache, in both caches' processes): medians and ranges over the
+     * processes.
+     */
+    for (k = 0; k < ROWS; k++) {
+        static const char *const what[3] = { NULL, "2-thread throughput / 1 thread, paired",
+                                             "the machine: 2 threads / 1 of a read-only two-load loop" };
+        int m;
+
+        if (rows[k].kind != PAIR_HIT || res[0][0][1][k] == 0)
+            continue;
+        for (m = 1; m < 3; m++) {
+            double d[REPS], u[REPS], dmin = 1e30, dmax = 0, umin = 1e30, umax = 0;
+
+            for (rep = 0; rep < REPS; rep++) {
+                d[rep] = res[0][rep][m][k];
+                u[rep] = res[1][rep][m][k];
+                dmin = d[rep] < dmin ? d[rep] : dmin;
+                dmax = d[rep] > dmax ? d[rep] : dmax;
+                umin = u[rep] < umin ? u[rep] : umin;
+                umax = u[rep] > umax ? u[rep] : umax;
+            }
+            printf("| %s | %u | %.2fx [%.2f-%.2f] | %.2fx [%.2f-%.2f] | |\n", what[m], rows[k].n,
+                   median(d, REPS), dmin, dmax, median(u, REPS), umin, umax);
         }
     }
     munmap(arena, (size_t)MAXN * STRIDE);
