@@ -452,7 +452,7 @@ static inline int lock_looks_free(drc_cache_t *c)
  * 1.2 us, depending on the host, so a contended pthread_mutex_lock that
  * sleeps, and the unlock that must then wake it, cost as much as the section
  * they wait for or more. The sparse checks matter as much as the spin
- * (README, "Two threads on two vCPUs"): a waiter that checks after every
+ * (tests/bench/RESULTS.md, "Two threads on two vCPUs"): a waiter that checks after every
  * pause (or every 16) takes the lock the moment it is released, so the
  * cache's lines cross between the cores on every section; one that checks
  * every 512 pauses (8-10 us here) lets the holder run several sections back
