@@ -726,10 +726,18 @@ static inline uint64_t ref_bit(int i)
     return 1ull << (i < 63 ? i : 63);
 }
 
-/* The last thread slot whose references bit @b of refmask covers (from b itself). */
-static inline int bit_last_slot(int b)
+/*
+ * The thread slots that refmask @m lets count references, in order: the
+ * first after slot @i (-1 for the first of all), or -1 after the last. Bit
+ * 63 covers slots 63 to DRC__TSLOTS (ref_bit).
+ *   for (i = joined_next(m, -1); i >= 0; i = joined_next(m, i))
+ */
+static inline int joined_next(uint64_t m, int i)
 {
-    return b < 63 ? b : DRC__TSLOTS;
+    if (i >= 63)
+        return i < DRC__TSLOTS ? i + 1 : -1;    /* inside bit 63's run: it is set, or i was not given */
+    m &= ~0ull << (i + 1);
+    return m ? __builtin_ctzll(m) : -1;
 }
 
 static int put_ref(drc_cache_t *c, struct drc_region *r);
@@ -838,34 +846,33 @@ static int slot_put(struct stat_slot *st, const struct drc_region *r)
 static __attribute__((noinline)) uint64_t slot_refs(const drc_cache_t *c, const struct drc_region *r, int any)
 {
     const struct drc_region *seen[(DRC__TSLOTS + 1) * REFS], *q;
-    uint64_t m, n = 0;
+    uint64_t m = LD_SC(c->refmask), n = 0;
     unsigned j;
     uintptr_t e;
-    int b, i, k;
+    int i, k;
 
     if (r && slot_holds(&c->st[drc__tslot()], r))
         return 1;       /* the caller's own reference, most likely */
-    for (m = LD_SC(c->refmask); m; m &= m - 1)
-        for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++) {
-            if (r) {
-                if (slot_holds(&c->st[i], r))
-                    return 1;
-                continue;
-            }
-            for (k = 0; k < REFS; k++) {
-                if (!(e = LD_SC(c->st[i].ref[k])))
-                    continue;
-                if (any)
-                    return 1;
-                q = (const struct drc_region *)(e & ~(uintptr_t)REF_N);
-                if (USERS(LD_SC(q->word)))
-                    continue;
-                for (j = 0; j < n && seen[j] != q; j++)
-                    ;
-                if (j == n)
-                    seen[n++] = q;
-            }
+    for (i = joined_next(m, -1); i >= 0; i = joined_next(m, i)) {
+        if (r) {
+            if (slot_holds(&c->st[i], r))
+                return 1;
+            continue;
         }
+        for (k = 0; k < REFS; k++) {
+            if (!(e = LD_SC(c->st[i].ref[k])))
+                continue;
+            if (any)
+                return 1;
+            q = (const struct drc_region *)(e & ~(uintptr_t)REF_N);
+            if (USERS(LD_SC(q->word)))
+                continue;
+            for (j = 0; j < n && seen[j] != q; j++)
+                ;
+            if (j == n)
+                seen[n++] = q;
+        }
+    }
     return r ? 0 : n;
 }
 
@@ -898,7 +905,7 @@ static __attribute__((noinline)) uint64_t drain_slot(struct stat_slot *st, const
 static int drain_begin(drc_cache_t *c, struct drc_region *r, uint64_t bits, uint64_t *moved)
 {
     uint64_t w = LD(r->word), m;
-    int b, i;
+    int i;
 
     ASSERT_LOCKED(c);
     *moved = 0;
@@ -906,9 +913,9 @@ static int drain_begin(drc_cache_t *c, struct drc_region *r, uint64_t bits, uint
         if (!(w & HELD))
             return 0;
     } while (!__atomic_compare_exchange_n(&r->word, &w, w | DRAIN | bits, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
-    for (m = LD_SC(c->refmask); m; m &= m - 1)
-        for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++)
-            *moved += drain_slot(&c->st[i], r);
+    m = LD_SC(c->refmask);
+    for (i = joined_next(m, -1); i >= 0; i = joined_next(m, i))
+        *moved += drain_slot(&c->st[i], r);
     return 1;
 }
 
@@ -1231,7 +1238,7 @@ static int release_list(drc_cache_t *c, struct drc_region *dead)
  *   retire (DEAD: in no tree); unlock                              seq, drops r; never returns it)
  *                                         drc_put: word-1, users left
  *   dereg(handle) -- keys dead now        (no release: ours holds it)
- *   unref: word-1 -> last? release,       drc_region_handle: NULL
+ *   put_ref: word-1 -> last? release,     drc_region_handle: NULL
  *          no dereg (revoked)
  *                                         or the holder's put is the last:
  *                                         release, no dereg (revoked)
@@ -1243,8 +1250,6 @@ static int release_list(drc_cache_t *c, struct drc_region *dead)
  * stored before the invalidator's decrement, and the release that reads it
  * comes after that decrement in r->word's order, so it always sees it.
  */
-static int unref(drc_cache_t *c, struct drc_region *r);
-
 static void revoke_take(drc_cache_t *c, struct drc_region *r, struct drc_region **revoking)
 {
     ASSERT_LOCKED(c);
@@ -1266,9 +1271,9 @@ static void revoke_list(drc_cache_t *c, struct drc_region *r)
     struct drc_region *next;
 
     for (; r; r = next) {
-        next = r->next;     /* before unref: the last one reuses r->next for a release list */
+        next = r->next;     /* before put_ref: the last one reuses r->next for a release list */
         be_dereg(c, r->handle);
-        unref(c, r);
+        put_ref(c, r);
     }
 }
 
@@ -1318,11 +1323,6 @@ static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
     }
     unlock(c);
     return release_list(c, dead);
-}
-
-static int unref(drc_cache_t *c, struct drc_region *r)
-{
-    return put_ref(c, r);
 }
 
 static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
@@ -1375,7 +1375,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
                                  * leaves it here; no descent for nothing */
         if (covers(r, s, last, access) && !handed_over(c, r) && LD_SC(r->detached) == LIVE)
             return r;
-        unref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
+        put_ref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
     }
     /*
      * Beyond the hull (a cache filled in address order), or over grains no
@@ -1399,7 +1399,7 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
             __atomic_store_n(hs, r, __ATOMIC_RELEASE);
             return r;
         }
-        unref(c, r);
+        put_ref(c, r);
     }
     return NULL;
 }
@@ -1809,7 +1809,7 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
         if (err == 0 && stale_hit(c, r, s, last)) {
             /* freed and reallocated behind every hook: treat it as the invalidation it was */
             drc_region_bounds(r, &rs, &rlen);
-            unref(c, r);
+            put_ref(c, r);
             drc_invalidate(c, (const void *)rs, rlen);
             continue;
         }
@@ -1838,6 +1838,33 @@ static void released_detached(drc_cache_t *c, struct drc_region *r)
 }
 
 /*
+ * Make r's word the sum of its references (takes c->lock), and take one of
+ * them if *@take (cleared if there was none to take): how many users r had
+ * (before the take), 0 if it was released already or is released here. A
+ * region out of the tree left with none is released here: a put that idled
+ * it while a drain was moving counts left its release to the drain's end.
+ */
+static uint64_t drain_locked(drc_cache_t *c, struct drc_region *r, int *take)
+{
+    struct drc_region *dead = NULL;
+    uint64_t moved, n = 0;
+
+    lock(c);
+    if (drain_begin(c, r, 0, &moved)) {
+        n = USERS(LD_SC(r->word)) + moved;
+        if (drain_end(c, r, &dead, LD(r->detached) != LIVE, moved, take)) {
+            released_detached(c, r);
+            n = 0;
+        }
+    } else if (take) {
+        *take = 0;      /* released: nobody holds it */
+    }
+    unlock(c);
+    release_list(c, dead);
+    return n;
+}
+
+/*
  * A put that found no reference in its own thread slot nor in the word: a
  * reference another thread took and handed over (counted in that thread's
  * slot), or a put too many. Another slot's count, else, under c->lock, a
@@ -1845,27 +1872,15 @@ static void released_detached(drc_cache_t *c, struct drc_region *r)
  */
 static __attribute__((noinline)) int put_other(drc_cache_t *c, struct drc_region *r)
 {
-    struct drc_region *dead = NULL;
-    uint64_t m, moved;
-    int b, i, take = 1;
+    uint64_t m = LD_SC(c->refmask);
+    int i, take = 1;
 
-    if (!LD(c->refmask))
+    if (!m)
         return -EINVAL;     /* no slot counts references: the word's 0 says there is none to put */
-
-    for (m = LD_SC(c->refmask); m; m &= m - 1)
-        for (b = __builtin_ctzll(m), i = b; i <= bit_last_slot(b); i++)
-            if (slot_put(&c->st[i], r))
-                return 0;
-    lock(c);
-    if (!drain_begin(c, r, 0, &moved)) {
-        unlock(c);
-        return -EINVAL;     /* released: nobody holds it */
-    }
-    /* out of the tree and idle: released here (its put would have, but for the drain) */
-    if (drain_end(c, r, &dead, LD(r->detached) != LIVE, moved, &take))
-        released_detached(c, r);
-    unlock(c);
-    release_list(c, dead);
+    for (i = joined_next(m, -1); i >= 0; i = joined_next(m, i))
+        if (slot_put(&c->st[i], r))
+            return 0;
+    drain_locked(c, r, &take);
     return take ? 0 : -EINVAL;
 }
 
@@ -1876,27 +1891,9 @@ static __attribute__((noinline)) int put_other(drc_cache_t *c, struct drc_region
  */
 static int held(drc_cache_t *c, struct drc_region *r)
 {
-    struct drc_region *dead = NULL;
-    uint64_t moved, n;
-
     if (USERS(LD_SC(r->word)) || slot_refs(c, r, 0))
         return 1;
-    if (!LD(c->refmask))
-        return 0;
-    lock(c);
-    if (!drain_begin(c, r, 0, &moved)) {
-        unlock(c);
-        return 0;
-    }
-    n = USERS(LD_SC(r->word)) + moved;
-    /* a put that idled r out of the tree during the drain left its release to the drain's end */
-    if (drain_end(c, r, &dead, LD(r->detached) != LIVE, moved, NULL)) {
-        released_detached(c, r);
-        n = 0;
-    }
-    unlock(c);
-    release_list(c, dead);
-    return n != 0;
+    return LD(c->refmask) && drain_locked(c, r, NULL) != 0;
 }
 
 /* A reference to r in this thread's slot, put: 1, else 0 (none there). */
