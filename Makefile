@@ -300,8 +300,31 @@ $B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/v
 	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) -c tests/hooks/verbs_standin.c -o $(@D)/verbs_standin.o
 	ln -sf ../../libdrc.so $(@D)/libdrc.so.0
 	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/verbs_standin.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
+# hook_child's "dlsym-race" mode: objects that call dlsym, 4 drc-like (exporting drc_notify_free) and 4
+# ordinary ones, copies of tests/hooks/dlsym_caller.c; and the preload with from_drc's windows widened
+# (DRC_PRELOAD_RACE_WINDOW, tests/hooks/race_window.c), so that a torn answer shows in a few thousand calls.
+$B/hooktest/caller/drc.so: tests/hooks/dlsym_caller.c
+	@mkdir -p $(@D)
+	$(CC) -DDRC_LIKE -O1 -g -fno-optimize-sibling-calls $(WARN) -fPIC -shared -o $@ $< -ldl
+$B/hooktest/caller/app.so: tests/hooks/dlsym_caller.c
+	@mkdir -p $(@D)
+	$(CC) -O1 -g -fno-optimize-sibling-calls $(WARN) -fPIC -shared -o $@ $< -ldl
+RACE_CALLERS := $(foreach i,0 1 2 3,$B/hooktest/caller/drc$i.so $B/hooktest/caller/app$i.so)
+$B/hooktest/caller/drc%.so: $B/hooktest/caller/drc.so
+	cp $< $@
+$B/hooktest/caller/app%.so: $B/hooktest/caller/app.so
+	cp $< $@
+$B/hooktest/race/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/preload.c,$(PRELOAD_SRCS))) \
+                                    src/preload/preload.c tests/hooks/race_window.c $B/libdrc.so $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) '-DDRC_PRELOAD_RACE_WINDOW()=drc__test_race_window()' \
+	  -c src/preload/preload.c -o $(@D)/preload.o
+	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) -c tests/hooks/race_window.c -o $(@D)/race_window.o
+	ln -sf ../../libdrc.so $(@D)/libdrc.so.0
+	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/preload.o $(@D)/race_window.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
 $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child \
-  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/fakecuda/libcupti.so
+  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/fakecuda/libcupti.so \
+  $B/hooktest/race/libdrc_preload.so $(RACE_CALLERS)
 
 # ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
 # DOUBLES (no NIC, no GPU in CI): libibverbs.so.1 is the loopback provider with its record

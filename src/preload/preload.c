@@ -56,6 +56,17 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+/*
+ * A test build (tests/hooks/race_window.c) widens the windows of from_drc's
+ * cache with a sleep, so that the race test sees a torn answer at once where
+ * there is one; the product compiles it to nothing.
+ */
+#ifdef DRC_PRELOAD_RACE_WINDOW
+void drc__test_race_window(void);
+#else
+#define DRC_PRELOAD_RACE_WINDOW() ((void)0)
+#endif
+
 enum { MAX_DRCS = 4 };
 
 static const struct drc__hook_ops *drcs[MAX_DRCS];  /* atomic: filled in order, never emptied */
@@ -370,8 +381,10 @@ static int from_drc(const void *ra)
     if (!dladdr(ra, &self) || !self.dli_fbase)
         return 0;
     for (i = 0; i < 4; i++)
-        if (__atomic_load_n(&known_base[i], __ATOMIC_ACQUIRE) == self.dli_fbase)
+        if (__atomic_load_n(&known_base[i], __ATOMIC_ACQUIRE) == self.dli_fbase) {
+            DRC_PRELOAD_RACE_WINDOW();
             return __atomic_load_n(&known_drc[i], __ATOMIC_ACQUIRE);
+        }
     h = self.dli_fname && self.dli_fname[0] ? dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
     if (h) {
         p = drc__hook_real_dlsym(h, "drc_notify_free");
@@ -380,6 +393,7 @@ static int from_drc(const void *ra)
     }
     i = __atomic_fetch_add(&next_slot, 1, __ATOMIC_RELAXED) % 4;
     __atomic_store_n(&known_drc[i], yes, __ATOMIC_RELEASE);
+    DRC_PRELOAD_RACE_WINDOW();
     __atomic_store_n(&known_base[i], self.dli_fbase, __ATOMIC_RELEASE);
     return yes;
 }

@@ -34,7 +34,10 @@ extern char **environ;
 static char build[PATH_MAX];
 static const char *variant = "";    /* "" or "O0/": the preload built at -O0 without sibling calls */
 
-enum { NO_HOOK = 0, HOOK = 1, BOTH_NAMES = 2, STANDIN = 3 };
+enum { NO_HOOK = 0, HOOK = 1, BOTH_NAMES = 2, STANDIN = 3, ALL = 4, HOST_OFF = 5, RACE = 6 };
+static const char *const preload_name[] = { "no hook", "preload", "both names", "stand-in verbs front",
+                                            "libdrc_preload.so", "libdrc_preload.so, DRC_PRELOAD=cuda,verbs",
+                                            "preload with from_drc's windows widened" };
 
 /* The build folder: the one above this binary that holds hooktest/hook_child. */
 static int find_build(void **state)
@@ -53,7 +56,9 @@ static int find_build_O0(void **state)
 /*
  * Run the child in @mode; @preload: NO_HOOK, HOOK (libdrc_hook.so), BOTH_NAMES
  * (libdrc_hook.so and libdrc_verbs.so), STANDIN (the preload with a stand-in
- * verbs front); @monitor: DRC_MONITOR or NULL. Its exit status.
+ * verbs front), ALL (libdrc_preload.so: every part), HOST_OFF (the same with
+ * the host part off), RACE (the test build whose from_drc sleeps in its
+ * windows); @monitor: DRC_MONITOR or NULL. Its exit status.
  */
 static int run_child(const char *mode, int preload, const char *monitor, char *out, size_t outlen)
 {
@@ -70,11 +75,17 @@ static int run_child(const char *mode, int preload, const char *monitor, char *o
         snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/libdrc_hook.so:%s/libdrc_verbs.so", build, build);
     else if (preload == STANDIN)
         snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/hooktest/standin/libdrc_preload.so", build);
+    else if (preload == ALL || preload == HOST_OFF)
+        snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/libdrc_preload.so", build);
+    else if (preload == RACE)
+        snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/hooktest/race/libdrc_preload.so", build);
     else
         snprintf(pre, sizeof(pre), "LD_PRELOAD=%s/%slibdrc_hook.so", build, variant);
     envp[e++] = "PATH=/usr/bin:/bin";
     if (preload)
         envp[e++] = pre;
+    if (preload == HOST_OFF)
+        envp[e++] = "DRC_PRELOAD=cuda,verbs";
     if (monitor) {
         snprintf(mon, sizeof(mon), "DRC_MONITOR=%s", monitor);
         envp[e++] = mon;
@@ -97,7 +108,7 @@ static int run_child(const char *mode, int preload, const char *monitor, char *o
     out[total] = 0;
     close(fds[0]);
     assert_int_equal(waitpid(pid, &status, 0), pid);
-    printf("  [%s%s%s%s] %s", preload ? "preload" : "no hook", preload == HOOK ? variant : "",
+    printf("  [%s%s%s%s] %s", preload_name[preload], preload == HOOK ? variant : "",
            monitor ? ", DRC_MONITOR=" : "", monitor ? monitor : "", out);
     assert_true(WIFEXITED(status));
     return WEXITSTATUS(status);
@@ -304,6 +315,90 @@ static void test_ibv_dlsym_on_any_handle(void **state)
     assert_int_equal(run_child("ibv-dlsym", NO_HOOK, NULL, out, sizeof(out)), 2);
 }
 
+/*
+ * Issue 23 item 1: a libc call that puts new pages over registered host
+ * memory without munmap is a free of the range it replaces. Through the
+ * preload (every part on), the region on the old pages is invalid, its idle
+ * neighbour deregistered and the next registration a miss once the call
+ * returned; the control, the same program with the host part off, keeps all
+ * three: the stale hit a NIC would write through.
+ */
+static void replaced(const char *mode)
+{
+    char out[512], want[64];
+
+    snprintf(want, sizeof(want), "%s: invalidated", mode);
+    assert_int_equal(run_child(mode, ALL, NULL, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof(want), "%s: kept", mode);
+    assert_int_equal(run_child(mode, HOST_OFF, NULL, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, want));
+}
+
+static void test_mmap_fixed_over_host_memory(void **state)
+{
+    (void)state;
+    replaced("host-mmap");
+    replaced("host-mmap64");
+}
+
+/* MAP_FIXED_NOREPLACE replaces nothing: failing with EEXIST over live memory, it leaves the regions alone. */
+static void test_mmap_fixed_noreplace_keeps(void **state)
+{
+    char out[512];
+
+    (void)state;
+    assert_int_equal(run_child("host-noreplace", ALL, NULL, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "host-noreplace: kept"));
+}
+
+static void test_shmat_remap_over_host_memory(void **state)
+{
+    (void)state;
+    replaced("host-shmat");
+}
+
+static void test_mremap_fixed_onto_host_memory(void **state)
+{
+    (void)state;
+    replaced("host-mremap");
+}
+
+static void test_remap_file_pages_over_host_memory(void **state)
+{
+    (void)state;
+    replaced("host-remap-file");
+}
+
+/* mremap shrinking in place frees the whole pages past the new end, and nothing before them. */
+static void test_mremap_shrink_frees_the_tail_only(void **state)
+{
+    char out[512];
+
+    (void)state;
+    assert_int_equal(run_child("host-mremap-shrink", ALL, NULL, out, sizeof(out)), 0);
+}
+
+/*
+ * Issue 23 item 6: the preload answers dlsym by its caller (drc's own lookups
+ * get the real function, a program's the wrapper), with a small cache of
+ * answers per object. 8 threads call dlsym from 8 objects (4 drc-like) at
+ * once, and every answer must be the one for its caller. Run against the
+ * product, and against a test build that sleeps inside from_drc's windows:
+ * there, a cache whose entry is two words (base, answer) pairs one object
+ * with another's answer within the first few hundred calls.
+ */
+static void test_dlsym_answers_per_caller_under_threads(void **state)
+{
+    char out[512];
+
+    (void)state;
+    assert_int_equal(run_child("dlsym-race", ALL, NULL, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "dlsym-race: 0 wrong answers of 3200"));
+    assert_int_equal(run_child("dlsym-race", RACE, NULL, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "dlsym-race: 0 wrong answers of 3200"));
+}
+
 int main(void)
 {
     const struct CMUnitTest O0[] = {
@@ -316,6 +411,13 @@ int main(void)
         cmocka_unit_test(test_free_without_a_context),
     };
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mmap_fixed_over_host_memory),
+        cmocka_unit_test(test_mmap_fixed_noreplace_keeps),
+        cmocka_unit_test(test_shmat_remap_over_host_memory),
+        cmocka_unit_test(test_mremap_fixed_onto_host_memory),
+        cmocka_unit_test(test_remap_file_pages_over_host_memory),
+        cmocka_unit_test(test_mremap_shrink_frees_the_tail_only),
+        cmocka_unit_test(test_dlsym_answers_per_caller_under_threads),
         cmocka_unit_test(test_free_without_a_context),
         cmocka_unit_test(test_pinned_host),
         cmocka_unit_test(test_teardowns),
