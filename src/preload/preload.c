@@ -369,32 +369,55 @@ static void *default_for(const void *ra, const char *name, const char *version)
     return p;
 }
 
-/* 1 if the code at @ra belongs to a drc (an object that exports drc_notify_free). */
+/*
+ * 1 if the code at @ra belongs to a drc (an object that exports drc_notify_free).
+ *
+ * The answer per object is kept in a few slots, each ONE word: the object's
+ * base (where its first mapping starts: page-aligned) with the answer in bit
+ * 0, stored and loaded whole. A slot so always pairs a base with that
+ * object's own answer, whatever the threads do; the worst a race does is
+ * replace an entry another thread just wrote, and the next call for that
+ * object asks again. With the base and the answer in two words, a thread
+ * could pair them across objects:
+ *
+ *   thread A (object X, slot i)          thread B (object Y, slot i)
+ *   known_drc[i] = X's answer
+ *                                        known_drc[i] = Y's answer
+ *                                        known_base[i] = Y
+ *   known_base[i] = X                    -> X now reads Y's answer
+ *
+ * and a program then got the provider's real ibv_dereg_mr (freeing a struct
+ * it never allocated when handed drc's MR), or drc's own lookups got drc's
+ * wrappers (re-entry).
+ */
 static int from_drc(const void *ra)
 {
-    static const void *known_base[4];
-    static int known_drc[4], next_slot;
+    static uintptr_t known[4];          /* atomic: base | answer, 0 for none */
+    static unsigned next_slot;          /* atomic */
     Dl_info self, found;
+    uintptr_t base, k;
     void *h, *p;
     int i, yes = 0;
 
     if (!dladdr(ra, &self) || !self.dli_fbase)
         return 0;
-    for (i = 0; i < 4; i++)
-        if (__atomic_load_n(&known_base[i], __ATOMIC_ACQUIRE) == self.dli_fbase) {
-            DRC_PRELOAD_RACE_WINDOW();
-            return __atomic_load_n(&known_drc[i], __ATOMIC_ACQUIRE);
-        }
+    base = (uintptr_t)self.dli_fbase;
+    for (i = 0; i < 4; i++) {
+        k = __atomic_load_n(&known[i], __ATOMIC_RELAXED);
+        DRC_PRELOAD_RACE_WINDOW();
+        if ((k & ~(uintptr_t)1) == base)
+            return (int)(k & 1);
+    }
     h = self.dli_fname && self.dli_fname[0] ? dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
     if (h) {
         p = drc__hook_real_dlsym(h, "drc_notify_free");
         yes = p && dladdr(p, &found) && found.dli_fbase == self.dli_fbase;
         dlclose(h);
     }
-    i = __atomic_fetch_add(&next_slot, 1, __ATOMIC_RELAXED) % 4;
-    __atomic_store_n(&known_drc[i], yes, __ATOMIC_RELEASE);
     DRC_PRELOAD_RACE_WINDOW();
-    __atomic_store_n(&known_base[i], self.dli_fbase, __ATOMIC_RELEASE);
+    if (!(base & 1))    /* always so: a base is where a mapping starts */
+        __atomic_store_n(&known[__atomic_fetch_add(&next_slot, 1, __ATOMIC_RELAXED) % 4], base | (uintptr_t)yes,
+                         __ATOMIC_RELAXED);
     return yes;
 }
 
