@@ -324,7 +324,7 @@ $B/hooktest/race/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/prel
 	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/preload.o $(@D)/race_window.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
 $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child \
   $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/fakecuda/libcupti.so \
-  $B/hooktest/race/libdrc_preload.so $(RACE_CALLERS)
+  $B/hooktest/race/libdrc_preload.so $(RACE_CALLERS) $B/libdrc_verbs.so
 
 # ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
 # DOUBLES (no NIC, no GPU in CI): libibverbs.so.1 is the loopback provider with its record

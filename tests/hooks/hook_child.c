@@ -407,7 +407,8 @@ static int dlsym_race(const char *self)
     for (i = 0; i < RACE_OBJECTS; i++) {
         snprintf(path, sizeof(path), "%.*scaller/%s%u.so", slash ? (int)(slash - self + 1) : 0, self,
                  i % 2 ? "app" : "drc", i / 2);
-        if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) || !(race.lookup[i] = (lookup_fn *)dlsym(h, "drc_test_caller_lookup")))
+        if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) ||
+            !(race.lookup[i] = (lookup_fn *)dlsym(h, "drc_test_caller_lookup")))
             return 1;
         /* one thread: the answer each object must get, from the objects that define it */
         race.want[i] = race.lookup[i](race.cuda, "cuMemFree_v2");
