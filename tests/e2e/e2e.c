@@ -8,9 +8,12 @@
  *   e2e_engine  an engine on plain verbs (ibv_reg_mr / ibv_dereg_mr) that knows nothing of drc;
  *               run with build/libdrc_verbs.so preloaded, drc serves its registrations and sees
  *               its munmaps.
- * Both link the system's -libverbs. On the loopback provider (LD_LIBRARY_PATH=build/loopnic) the
- * provider's control API (found with dlsym) adds its counters: stale uses, live MRs, injected
- * failures. On a real NIC (make test-hw) the tests that need that API skip, the others run as is.
+ * Both link the system's -libverbs. make test runs the matrix: e2e_api on the loopback provider
+ * in place (LD_LIBRARY_PATH=build/loopnic), e2e_engine the same way under the preload, and
+ * e2e_engine with drc and then the provider preloaded over the system's libibverbs; every test,
+ * the same assertions, in each. The provider's control API (found with dlsym) adds its counters:
+ * stale uses, live MRs, injected failures. On a real NIC (make test-hw) the tests that need that
+ * API skip, the others run as is.
  *
  * The controls: the hazard test runs again with a target that has no invalidation (e2e_api: no
  * drc_notify_free; e2e_engine: DRC_PRELOAD=verbs, the interposer without its unmap hooks); the
@@ -24,7 +27,9 @@
  * MR registered: the provider counts the stale uses (a real NIC would write into the orphaned pages).
  *
  * Environment: E2E_DEVICE (device name, default the first), E2E_GID_INDEX (default 0),
- * E2E_REQUIRE_HW (refuse to run on loopnic). --probe: exit 0 if libibverbs sees a device, 77 if not.
+ * E2E_REQUIRE_HW (refuse to run on loopnic), E2E_REQUIRE_GPU (no CUDA driver is a failure, not a
+ * skip), E2E_MODE (the matrix column, printed). --probe: exit 0 if libibverbs sees a device, 77
+ * if not.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -1411,6 +1416,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "e2e_engine: drc is not preloaded: the control and the coalescing checks will fail\n");
     snprintf(group, sizeof(group), "e2e_engine%s%s", mode ? " " : "", mode ? mode : "");
 #endif
+    fprintf(stderr, "%s\n", group);      /* which column of the matrix failed */
     rc = cmocka_run_group_tests_name(group, tests, NULL, NULL);
     if (reg_path[0])
         unlink(reg_path);
