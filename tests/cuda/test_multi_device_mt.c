@@ -5,8 +5,9 @@
  *
  * Getter threads (each with device 0's, device 1's or no context current)
  * get and put regions of SLOTS allocations, slot i on device i % 2, while a
- * freer (the main thread, until the getters are done) frees each slot from either device's context and allocates it again
- * at the same address (the double's first fit: a new buffer id there). A
+ * freer (the main thread) frees each slot from either device's context and
+ * allocates it again at the same address (the double's first fit: a new
+ * buffer id there). A
  * getter checks every region it got against the buffer id of the memory at
  * that address now (a region's memory is that of its dmabuf, as a NIC maps
  * it, when it has one: what the VA held at reg() may differ, see rec_reg),
@@ -16,6 +17,13 @@
  * region, regs == deregs once the cache is gone, the fds back to what they
  * were. The control (the same run freeing with the plain cuMemFree, drc not
  * told) must show stale regions, or the check proves nothing.
+ *
+ * The run ends on events, never on how fast the machine is: the freer goes on
+ * until it has made MIN_ROUNDS rounds and the getters have made MIN_EXPOSED
+ * checked gets of a slot freed at least once (a get that could be stale);
+ * the control goes on until it has seen a stale region, or until EXPOSED_CAP
+ * such gets, which only a cache that is never stale gets through. A
+ * wall-clock limit is only a hang guard: reaching it fails, with the counts.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -27,6 +35,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -35,7 +44,7 @@
 #include "fake_cuda.h"
 
 #define MiB (1ul << 20)
-enum { SLOTS = 4, GETTERS = 4, GETS = 20000 };
+enum { SLOTS = 4, GETTERS = 4, MIN_ROUNDS = 2000, MIN_EXPOSED = 50000, EXPOSED_CAP = 1000000, HANG_S = 300 };
 
 struct mr {
     unsigned long long buffer_id;   /* of the memory registered: the dmabuf's, else the region's start's at reg() */
@@ -91,18 +100,17 @@ static int rec_dereg(void *ctx, void *h)
 
 static unsigned long long slot[SLOTS];  /* atomic */
 static unsigned gen[SLOTS];             /* atomic: odd while slot i is freed and reallocated */
-static int done;                        /* atomic: getters finished */
-static long stale, checked;             /* atomic */
+static int stop;                        /* atomic: the freer is done, getters return */
+static long stale, checked, exposed;    /* atomic: gets checked, of them after a free of their slot, stale */
 static drc_cache_t *cache;
 
 static void *getter(void *arg)
 {
     unsigned seed = (unsigned)(uintptr_t)arg;
-    long my_stale = 0, my_checked = 0;
-    int n;
+    long n;
 
     fc_current = seed % 3 == 2 ? NULL : FC_PRIMARY(seed % 3);  /* device 0's, device 1's, or none */
-    for (n = 0; n < GETS; n++) {
+    for (n = 0; !__atomic_load_n(&stop, __ATOMIC_ACQUIRE); n++) {
         int i = (int)(rand_r(&seed) % SLOTS);
         unsigned g1 = __atomic_load_n(&gen[i], __ATOMIC_ACQUIRE), g2;
         unsigned long long p = __atomic_load_n(&slot[i], __ATOMIC_ACQUIRE), now = 0;
@@ -115,17 +123,16 @@ static void *getter(void *arg)
         cuPointerGetAttribute(&now, DRC__CU_POINTER_ATTRIBUTE_BUFFER_ID, p + MiB);
         g2 = __atomic_load_n(&gen[i], __ATOMIC_ACQUIRE);
         if (g1 == g2) {     /* no free overlapped this get: the region must be on the memory there now */
-            my_checked++;
+            __atomic_fetch_add(&checked, 1, __ATOMIC_RELAXED);
+            if (g1 >= 2)    /* the slot was freed and reallocated before: a stale region could be here */
+                __atomic_fetch_add(&exposed, 1, __ATOMIC_RELAXED);
             if (((struct mr *)drc_region_handle(r))->buffer_id != now)
-                my_stale++;
+                __atomic_fetch_add(&stale, 1, __ATOMIC_RELAXED);
         }
         drc_put(cache, r);
         if (n % 16 == 0)
             sched_yield();  /* let the freer in: two cores are shared by five threads */
     }
-    __atomic_fetch_add(&stale, my_stale, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&checked, my_checked, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&done, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -146,13 +153,15 @@ static void run(int with_drc)
     struct drc_backend be = { .reg = rec_reg, .dereg = rec_dereg };
     struct drc_config cfg = { .policy = DRC_DMABUF_THEN_PEERMEM };
     pthread_t t[GETTERS];
-    int i, k, fds, rounds;
+    int i, k, fds, rounds, hung = 0;
+    struct timespec t0, now;
 
     fc_reset();
     fc.strict_ctx = 1;
     fds = open_fds();
     regs = deregs = 0;
-    stale = checked = done = 0;
+    stale = checked = exposed = 0;
+    stop = 0;
     memset(gen, 0, sizeof(gen));
     assert_int_equal(drc_cache_create(&be, &cfg, &cache), 0);
     for (i = 0; i < SLOTS; i++) {
@@ -161,8 +170,20 @@ static void run(int with_drc)
     }
     for (k = 0; k < GETTERS; k++)
         assert_int_equal(pthread_create(&t[k], NULL, getter, (void *)(uintptr_t)(k + 1)), 0);
-    for (k = 0; __atomic_load_n(&done, __ATOMIC_ACQUIRE) < GETTERS; k++) {
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (k = 0;; k++) {
         unsigned long long p;
+        long ex = __atomic_load_n(&exposed, __ATOMIC_RELAXED);
+
+        if (with_drc ? k >= MIN_ROUNDS && ex >= MIN_EXPOSED
+                     : (k >= MIN_ROUNDS && ex >= MIN_EXPOSED && __atomic_load_n(&stale, __ATOMIC_RELAXED) > 0) ||
+                           ex >= EXPOSED_CAP)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > HANG_S) {
+            hung = 1;
+            break;
+        }
 
         i = k % SLOTS;
         fc_current = FC_PRIMARY((k / SLOTS) & 1);      /* free from either device's context */
@@ -176,19 +197,23 @@ static void run(int with_drc)
         sched_yield();
     }
     rounds = k;
+    __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
     for (k = 0; k < GETTERS; k++)
         pthread_join(t[k], NULL);
     for (i = 0; i < SLOTS; i++)
         assert_int_equal(drc_cuMemFree(slot[i]), 0);
     assert_int_equal(drc_cache_destroy(cache), 0);
-    print_message("  %s: %d free+realloc rounds, %ld checked gets, %ld stale, %d registrations, %d deregistrations\n",
-                  with_drc ? "drc_cuMemFree" : "control, plain cuMemFree", rounds, checked, stale, regs, deregs);
+    print_message("  %s: %d free+realloc rounds, %ld checked gets (%ld after a free), %ld stale, %d registrations, "
+                  "%d deregistrations\n", with_drc ? "drc_cuMemFree" : "control, plain cuMemFree", rounds, checked,
+                  exposed, stale, regs, deregs);
+    if (hung)
+        fail_msg("hang guard: not done after %d s (%d rounds, %ld gets after a free)", HANG_S, rounds, exposed);
     assert_int_equal(regs, deregs);
     assert_int_equal(open_fds(), fds);
     fc_current = NULL;
     drc__cuda_set_driver(NULL);
     if (with_drc) {
-        assert_true(checked > 1000 && rounds > 100);
+        assert_true(rounds >= MIN_ROUNDS && exposed >= MIN_EXPOSED);   /* what the loop waited for */
         assert_int_equal(stale, 0);
     } else {
         assert_true(stale > 0);     /* else the check above could not fail */

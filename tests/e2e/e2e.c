@@ -8,9 +8,12 @@
  *   e2e_engine  an engine on plain verbs (ibv_reg_mr / ibv_dereg_mr) that knows nothing of drc;
  *               run with build/libdrc_verbs.so preloaded, drc serves its registrations and sees
  *               its munmaps.
- * Both link the system's -libverbs. On the loopback provider (LD_LIBRARY_PATH=build/loopnic) the
- * provider's control API (found with dlsym) adds its counters: stale uses, live MRs, injected
- * failures. On a real NIC (make test-hw) the tests that need that API skip, the others run as is.
+ * Both link the system's -libverbs. make test runs the matrix: e2e_api on the loopback provider
+ * in place (LD_LIBRARY_PATH=build/loopnic), e2e_engine the same way under the preload, and
+ * e2e_engine with drc and then the provider preloaded over the system's libibverbs; every test,
+ * the same assertions, in each. The provider's control API (found with dlsym) adds its counters:
+ * stale uses, live MRs, injected failures. On a real NIC (make test-hw) the tests that need that
+ * API skip, the others run as is.
  *
  * The controls: the hazard test runs again with a target that has no invalidation (e2e_api: no
  * drc_notify_free; e2e_engine: DRC_PRELOAD=verbs, the interposer without its unmap hooks); the
@@ -24,11 +27,14 @@
  * MR registered: the provider counts the stale uses (a real NIC would write into the orphaned pages).
  *
  * Environment: E2E_DEVICE (device name, default the first), E2E_GID_INDEX (default 0),
- * E2E_REQUIRE_HW (refuse to run on loopnic). --probe: exit 0 if libibverbs sees a device, 77 if not.
+ * E2E_REQUIRE_HW (refuse to run on loopnic), E2E_REQUIRE_GPU (no CUDA driver is a failure, not a
+ * skip), E2E_MODE (the matrix column, printed). --probe: exit 0 if libibverbs sees a device, 77
+ * if not.
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -97,7 +103,8 @@ struct side {
 #endif
 };
 
-static int side_open(struct side *s)
+/* Open device number @dev (-1: E2E_DEVICE, else the first), a PD, a CQ and an RC QP. */
+static int side_open_dev(struct side *s, int dev)
 {
     const char *want = getenv("E2E_DEVICE");
     struct ibv_qp_init_attr ia;
@@ -109,7 +116,9 @@ static int side_open(struct side *s)
     s->gid_index = getenv("E2E_GID_INDEX") ? atoi(getenv("E2E_GID_INDEX")) : 0;
     if (!(s->devs = ibv_get_device_list(&n)) || n < 1)
         return -1;
-    if (want)
+    if (dev >= 0)
+        i = dev < n ? dev : n;
+    else if (want)
         for (i = 0; i < n && strcmp(ibv_get_device_name(s->devs[i]), want); i++) {}
     if (i == n || !(s->ctx = ibv_open_device(s->devs[i])) || !(s->pd = ibv_alloc_pd(s->ctx)) ||
         !(s->cq = ibv_create_cq(s->ctx, 256, NULL, NULL, 0)))
@@ -139,6 +148,11 @@ static int side_open(struct side *s)
     }
 #endif
     return 0;
+}
+
+static int side_open(struct side *s)
+{
+    return side_open_dev(s, -1);
 }
 
 /* RESET -> INIT -> RTR -> RTS towards s->peer */
@@ -177,9 +191,9 @@ static void side_close(struct side *s)
         ibv_free_device_list(s->devs);
 }
 
-/* Register [addr, addr+len): drc_get (e2e_api) or ibv_reg_mr (e2e_engine). Returns the slot, or
- * a negative errno. */
-static int reg(struct side *s, void *addr, size_t len)
+/* Register [addr, addr+len) with @access: drc_get (e2e_api) or ibv_reg_mr (e2e_engine). Returns
+ * the slot, or a negative errno. */
+static int reg_access(struct side *s, void *addr, size_t len, unsigned access)
 {
     int i;
 
@@ -189,17 +203,22 @@ static int reg(struct side *s, void *addr, size_t len)
 #ifdef E2E_API
     {
         drc_region_t *r;
-        int rc = drc_get(s->cache, addr, len, ACC, &r);
+        int rc = drc_get(s->cache, addr, len, access, &r);
         if (rc)
             return rc;
         s->reg[i].region = r;
         s->reg[i].mr = drc_region_mr(r);
     }
 #else
-    if (!(s->reg[i].mr = ibv_reg_mr(s->pd, addr, len, ACC)))
+    if (!(s->reg[i].mr = ibv_reg_mr(s->pd, addr, len, (int)access)))
         return -errno;
 #endif
     return i;
+}
+
+static int reg(struct side *s, void *addr, size_t len)
+{
+    return reg_access(s, addr, len, ACC);
 }
 
 static int unreg(struct side *s, int i)
@@ -272,11 +291,85 @@ static void *map(size_t len)
 }
 
 /* ---- the target: does what the initiator asks, one message at a time ---- */
-enum op { T_ALLOC, T_FILL, T_CHECK, T_REG, T_UNREG, T_REMAP, T_POST, T_COUNTERS, T_NONZERO, T_STATE, T_QUIT };
+enum op { T_ALLOC, T_FILL, T_CHECK, T_REG, T_UNREG, T_REMAP, T_POST, T_COUNTERS, T_NONZERO, T_STATE, T_FORK, T_QUIT };
 struct msg { uint32_t op, arg; uint64_t a, b, c, d, e; };
 
-static int run_target(int fd, int no_invalidation)
+/* How a target is started (start(); the target gets them as its third argument). */
+enum {
+    TF_NO_INVALIDATION = 1,  /* e2e_api: no drc_notify_free; e2e_engine: DRC_PRELOAD=verbs (no unmap hooks) */
+    TF_REVOKE = 2,           /* DRC_VERBS_REVOKE=1 */
+    TF_MISSPELT = 4,         /* DRC_PRELOAD with a misspelt part */
+    TF_NO_DRC = 8,           /* e2e_engine: DRC_VERBS=off; e2e_api: a fork child releases through the provider */
+};
+enum { T_REMAP_MUNMAP = 0, T_REMAP_FIXED = 1 };
+#define MISSPELT_PARTS "cuda,verbs,hots"
+
+#define CHILD_CHECK(n, cond)  \
+    do {                      \
+        if (!(cond))          \
+            _exit(n);         \
+    } while (0)
+
+/*
+ * fork() in a target that registered [buf, buf+len) (its slot @slot). The child, as a worker that
+ * a program forks would: opens the device anew (its own PD, QPs, and through drc its own cache),
+ * registers the inherited buffer (the parent's VA, the child's copy of the pages) and writes into
+ * it over a QP pair of its own; then releases the registration it inherited (as destructors do at
+ * a child's exit) and unmaps its copy. Returns the child's exit status: 0, the number of the
+ * failed check, or 2 if it hung (SIGALRM) and 100 + the signal if it died.
+ */
+static int fork_child(struct side *parent, int slot, unsigned char *buf, size_t len, int flags)
 {
+    pid_t pid = fork();
+    int st;
+
+    if (pid == 0) {
+        struct side a, b;
+        unsigned char *src;
+        int si, bi;
+
+        alarm(30);       /* a hang guard only */
+        src = map(len);
+        CHILD_CHECK(10, src);
+        CHILD_CHECK(11, side_open(&a) == 0 && side_open(&b) == 0);
+        a.peer = b.me;
+        b.peer = a.me;
+        CHILD_CHECK(12, side_connect(&a) == 0 && side_connect(&b) == 0);
+        si = reg(&a, src, len);
+        bi = reg(&b, buf, len);
+        CHILD_CHECK(13, si >= 0 && bi >= 0);
+        fill(src, len, 50);
+        CHILD_CHECK(14, post(&a, 1, src, a.reg[si].mr->lkey, len, (uintptr_t)buf, b.reg[bi].mr->rkey) ==
+                            IBV_WC_SUCCESS);
+        CHILD_CHECK(15, bad_bytes(buf, len, 50) == 0);     /* in the child's copy */
+        CHILD_CHECK(16, unreg(&a, si) == 0 && unreg(&b, bi) == 0);
+        side_close(&a);
+        side_close(&b);
+#ifdef E2E_API
+        if (flags & TF_NO_DRC) {    /* the control: the release reaches the provider */
+            struct ibv_mr *mr = drc_region_mr(parent->reg[slot].region);
+            CHILD_CHECK(17, mr && ibv_dereg_mr(mr) == 0);
+        } else
+#endif
+        {
+            (void)flags;
+            CHILD_CHECK(17, unreg(parent, slot) == 0);
+        }
+        CHILD_CHECK(18, munmap(buf, len) == 0);
+        _exit(0);
+    }
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return 1;
+    if (WIFSIGNALED(st))
+        return WTERMSIG(st) == SIGALRM ? 2 : 100 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+static int run_target(int fd, int flags)
+{
+    int no_invalidation = flags & TF_NO_INVALIDATION;
+
+    (void)no_invalidation;     /* e2e_engine: DRC_PRELOAD did it */
     struct side s;
     struct msg m, r;
     int rc = 1;
@@ -298,8 +391,8 @@ static int run_target(int fd, int no_invalidation)
         case T_CHECK:            /* -> a = bytes that differ */
             r.a = bad_bytes((unsigned char *)(uintptr_t)m.a, m.b, m.arg);
             break;
-        case T_REG: {            /* -> arg = slot or negative errno; a = rkey; b = lkey */
-            int i = reg(&s, (void *)(uintptr_t)m.a, m.b);
+        case T_REG: {            /* c = access (0: ACC) -> arg = slot or negative errno; a = rkey; b = lkey */
+            int i = reg_access(&s, (void *)(uintptr_t)m.a, m.b, m.c ? (unsigned)m.c : ACC);
             r.arg = (uint32_t)i;
             if (i >= 0) {
                 r.a = s.reg[i].mr->rkey;
@@ -310,13 +403,14 @@ static int run_target(int fd, int no_invalidation)
         case T_UNREG:
             r.arg = (uint32_t)unreg(&s, (int)m.arg);
             break;
-        case T_REMAP: {          /* free a, b bytes and map the same VA again (zeroed) */
+        case T_REMAP: {          /* free a, b bytes and map the same VA again (zeroed): arg T_REMAP_MUNMAP
+                                  * munmap then mmap; T_REMAP_FIXED mmap(MAP_FIXED) over it, no munmap */
             void *p = (void *)(uintptr_t)m.a;
 #ifdef E2E_API
             if (!no_invalidation)
                 drc_notify_free(p, m.b);   /* what the allocator tells drc before it frees */
 #endif
-            r.arg = munmap(p, m.b) != 0 ||
+            r.arg = (m.arg == T_REMAP_MUNMAP && munmap(p, m.b) != 0) ||
                     mmap(p, m.b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != p;
             break;
         }
@@ -349,6 +443,9 @@ static int run_target(int fd, int no_invalidation)
 #endif
             break;
         }
+        case T_FORK:             /* arg = slot of the registration of [a, a+b) -> arg = the child's status */
+            r.arg = (uint32_t)fork_child(&s, (int)m.arg, (unsigned char *)(uintptr_t)m.a, m.b, flags);
+            break;
         case T_QUIT:
             side_close(&s);
             rc = 0;
@@ -360,7 +457,6 @@ static int run_target(int fd, int no_invalidation)
         if (write(fd, &r, sizeof(r)) != sizeof(r))
             break;
     }
-    (void)no_invalidation;
     return rc;
 }
 
@@ -369,6 +465,7 @@ struct env {
     struct side s;
     int fd;
     pid_t pid;
+    int err;            /* the target's stderr: an unlinked file, copied to ours at teardown */
 };
 
 static struct msg ask(struct env *e, uint32_t op, uint32_t arg, uint64_t a, uint64_t b, uint64_t c, uint64_t d,
@@ -381,24 +478,32 @@ static struct msg ask(struct env *e, uint32_t op, uint32_t arg, uint64_t a, uint
     return r;
 }
 
-/* Start a target (with or without drc's invalidation) and connect a QP pair to it. */
-static int start(void **state, int no_invalidation, int revoke)
+/* Start a target (TF_* flags) and connect a QP pair to it. */
+static int start(void **state, int flags)
 {
     struct env *e = calloc(1, sizeof(*e));
+    char errpath[] = "/tmp/drc-e2e-err-XXXXXX";
     int sv[2];
 
-    if (!e || socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+    if (!e || socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0 || (e->err = mkstemp(errpath)) < 0)
         return -1;
+    unlink(errpath);
     e->pid = fork();
     if (e->pid == 0) {
-        char fdarg[16];
+        char fdarg[16], flagarg[16];
         close(sv[0]);
+        dup2(e->err, 2);
         snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
-        if (no_invalidation)
+        snprintf(flagarg, sizeof(flagarg), "%d", flags);
+        if (flags & TF_NO_INVALIDATION)
             setenv("DRC_PRELOAD", "verbs", 1);   /* e2e_engine: the interposer without its unmap hooks */
-        if (revoke)
+        if (flags & TF_MISSPELT)
+            setenv("DRC_PRELOAD", MISSPELT_PARTS, 1);
+        if (flags & TF_REVOKE)
             setenv("DRC_VERBS_REVOKE", "1", 1);  /* the interposer's switch; e2e_api's target reads it too */
-        execl("/proc/self/exe", "e2e-target", "--target", fdarg, no_invalidation ? "control" : "drc", (char *)NULL);
+        if (flags & TF_NO_DRC)
+            setenv("DRC_VERBS", "off", 1);       /* e2e_engine: the interposer forwards every call */
+        execl("/proc/self/exe", "e2e-target", "--target", fdarg, flagarg, (char *)NULL);
         _exit(127);
     }
     close(sv[1]);
@@ -412,9 +517,21 @@ static int start(void **state, int no_invalidation, int revoke)
     return 0;
 }
 
-static int setup(void **state) { return start(state, 0, 0); }
-static int setup_control(void **state) { return start(state, 1, 0); }
-static int setup_revoke(void **state) { return start(state, 0, 1); }
+static int setup(void **state) { return start(state, 0); }
+static int setup_control(void **state) { return start(state, TF_NO_INVALIDATION); }
+static int setup_revoke(void **state) { return start(state, TF_REVOKE); }
+static int setup_misspelt(void **state) { return start(state, TF_MISSPELT); }
+static int setup_no_drc(void **state) { return start(state, TF_NO_DRC); }
+
+/* Does a line of what the target wrote on stderr so far contain @what? */
+static int target_said(struct env *e, const char *what)
+{
+    char buf[8192];
+    ssize_t n = pread(e->err, buf, sizeof(buf) - 1, 0);
+
+    buf[n > 0 ? n : 0] = 0;
+    return strstr(buf, what) != NULL;
+}
 
 static int teardown(void **state)
 {
@@ -426,6 +543,17 @@ static int teardown(void **state)
         fprintf(stderr, "e2e: the target did not answer QUIT\n");
     waitpid(e->pid, &st, 0);
     close(e->fd);
+    {
+        char buf[4096];
+        ssize_t n;
+        off_t off = 0;
+
+        while ((n = pread(e->err, buf, sizeof(buf), off)) > 0) {
+            fwrite(buf, 1, (size_t)n, stderr);
+            off += n;
+        }
+        close(e->err);
+    }
     side_close(&e->s);
     free(e);
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
@@ -482,9 +610,10 @@ static void test_patterns_both_ways(void **state)
     munmap(mine, LEN);
 }
 
-/* register, transfer, free, map the same VA again, register, transfer, verify. Returns the bytes
- * of the second transfer that did not land in the new memory; *stale gets loopnic's count. */
-static size_t hazard(struct env *e, uint64_t *stale)
+/* register, transfer, free, map the same VA again (how: T_REMAP_*), register, transfer, verify.
+ * Returns the bytes of the second transfer that did not land in the new memory; *stale gets
+ * loopnic's count. */
+static size_t hazard_how(struct env *e, uint32_t how, uint64_t *stale)
 {
     enum { LEN = 16 * PAGE };
     unsigned char *mine = map(LEN);
@@ -504,7 +633,7 @@ static size_t hazard(struct env *e, uint64_t *stale)
     assert_int_equal(ask(e, T_CHECK, 7, theirs, LEN, 0, 0, 0).a, 0);
     /* the target's engine is done with it and frees it; the same VA comes back */
     assert_int_equal((int)ask(e, T_UNREG, t1.arg, 0, 0, 0, 0, 0).arg, 0);
-    assert_int_equal(ask(e, T_REMAP, 0, theirs, LEN, 0, 0, 0).arg, 0);
+    assert_int_equal(ask(e, T_REMAP, how, theirs, LEN, 0, 0, 0).arg, 0);
     t2 = ask(e, T_REG, 0, theirs, LEN, 0, 0, 0);
     assert_true((int)t2.arg >= 0);
     fill(mine, LEN, 8);
@@ -517,12 +646,21 @@ static size_t hazard(struct env *e, uint64_t *stale)
     return bad;
 }
 
+static size_t hazard(struct env *e, uint64_t *stale)
+{
+    return hazard_how(e, T_REMAP_MUNMAP, stale);
+}
+
+/* The interposer's complaint about a DRC_PRELOAD it cannot read names the variable. */
+#define PRELOAD_COMPLAINT "DRC_PRELOAD"
+
 static void test_hazard_with_drc(void **state)
 {
     uint64_t stale;
 
     assert_int_equal(hazard(*state, &stale), 0);   /* every byte in the new memory */
     assert_int_equal(stale, 0);
+    assert_false(target_said(*state, PRELOAD_COMPLAINT));   /* a sound configuration: no complaint */
 }
 
 /* The control: the same program, the target's drc not told of the free. */
@@ -533,6 +671,41 @@ static void test_hazard_control_without_invalidation(void **state)
     assert_true(hazard(*state, &stale) > 0);       /* the transfer missed the new memory */
     if (ln_counters)
         assert_true(stale > 0);                    /* and the provider saw the stale MR used */
+    assert_false(target_said(*state, PRELOAD_COMPLAINT));   /* DRC_PRELOAD=verbs is a valid choice */
+}
+
+/* mmap(MAP_FIXED) over registered memory, no munmap (what an allocator that recycles address
+ * space does), then a registration of the same VA: it must be of the new pages. */
+static void test_remap_fixed_with_drc(void **state)
+{
+    uint64_t stale;
+
+    assert_int_equal(hazard_how(*state, T_REMAP_FIXED, &stale), 0);
+    assert_int_equal(stale, 0);
+}
+
+/* The control: the same without the host part (DRC_PRELOAD=verbs; e2e_api: no drc_notify_free). */
+static void test_remap_fixed_control_without_invalidation(void **state)
+{
+    uint64_t stale;
+
+    assert_true(hazard_how(*state, T_REMAP_FIXED, &stale) > 0);
+    if (ln_counters)
+        assert_true(stale > 0);
+}
+
+/* A misspelt DRC_PRELOAD (MISSPELT_PARTS) leaves protection on and says so on stderr once. The
+ * controls are the two tests above: a sound setting makes no complaint, and without the host part
+ * the hazard is seen. */
+static void test_misspelt_preload_keeps_protection(void **state)
+{
+    uint64_t stale;
+
+    assert_int_equal(hazard(*state, &stale), 0);
+    assert_int_equal(stale, 0);
+#ifndef E2E_API
+    assert_true(target_said(*state, PRELOAD_COMPLAINT));
+#endif
 }
 
 /* The target's engine keeps its MR across a free of its memory; the same VA comes back, and both
@@ -657,6 +830,121 @@ static void test_coalesced_host_subbuffers(void **state)
     munmap(mine, PAGE);
 }
 
+/*
+ * What the C API promises a drc_get() that asks no remote bit, while a region of the same memory
+ * has some (drc.h, DRC_ACCESS_REMOTE): it may share that region, and its rkey must not be given to
+ * a peer. 0: a peer's WRITE through that rkey lands (the documented rule); 1: it is refused, as
+ * through the interposer. Flip it here if the C API takes the strict rule.
+ */
+#define E2E_API_LOCAL_ONLY_RKEY_REFUSES_PEER 0
+
+/*
+ * rkey scope: two components of the target register the same buffer, A with REMOTE_WRITE, then B
+ * with LOCAL_WRITE only. A peer that gets B's rkey may not write: the WRITE completes with a
+ * remote access error and no byte lands, as on the NIC without drc. The control in the same test:
+ * A's rkey writes.
+ */
+static void test_rkey_scope_local_only_registration(void **state)
+{
+    struct env *e = *state;
+    enum { LEN = 4 * PAGE };
+    unsigned char *mine = map(LEN);
+    uint64_t theirs = ask(e, T_ALLOC, 0, LEN, 0, 0, 0, 0).a;
+    struct msg a, b;
+    int mi, st, strict = 1;
+
+#ifdef E2E_API
+    strict = E2E_API_LOCAL_ONLY_RKEY_REFUSES_PEER;
+#endif
+    assert_true(mine && theirs);
+    mi = reg(&e->s, mine, LEN);
+    assert_true(mi >= 0);
+    a = ask(e, T_REG, 0, theirs, LEN, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, 0, 0);
+    b = ask(e, T_REG, 0, theirs, LEN, IBV_ACCESS_LOCAL_WRITE, 0, 0);
+    assert_true((int)a.arg >= 0 && (int)b.arg >= 0);
+    /* the control: A's rkey lets the peer write */
+    fill(mine, LEN, 20);
+    assert_int_equal(post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)a.a), IBV_WC_SUCCESS);
+    assert_int_equal(ask(e, T_CHECK, 20, theirs, LEN, 0, 0, 0).a, 0);
+    /* B's rkey does not (the QP goes to the error state: this is the last transfer) */
+    fill(mine, LEN, 21);
+    st = post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)b.a);
+    if (strict) {
+        assert_int_equal(st, IBV_WC_REM_ACCESS_ERR);
+        assert_int_equal(ask(e, T_CHECK, 20, theirs, LEN, 0, 0, 0).a, 0);   /* no byte landed */
+    } else {
+        assert_int_equal(st, IBV_WC_SUCCESS);
+        assert_int_equal(ask(e, T_CHECK, 21, theirs, LEN, 0, 0, 0).a, 0);
+    }
+    assert_int_equal((int)ask(e, T_UNREG, b.arg, 0, 0, 0, 0, 0).arg, 0);
+    assert_int_equal((int)ask(e, T_UNREG, a.arg, 0, 0, 0, 0, 0).arg, 0);
+    assert_int_equal(unreg(&e->s, mi), 0);
+    munmap(mine, LEN);
+}
+
+/*
+ * fork() of a target that holds a registration: the child (fork_child) registers the inherited
+ * buffer on a device it opened itself and writes into it, then releases what it inherited and
+ * unmaps its copy, all without hanging (its hang guard is SIGALRM). *child gets its exit status.
+ * Then the initiator writes through the parent's rkey: the status of that transfer in *st.
+ * Returns the bytes of the parent's buffer that differ from that last write.
+ */
+static uint64_t fork_case(struct env *e, int *child, int *st, uint64_t *stale)
+{
+    enum { LEN = 4 * PAGE };
+    unsigned char *mine = map(LEN);
+    uint64_t theirs = ask(e, T_ALLOC, 0, LEN, 0, 0, 0, 0).a, bad;
+    struct loopnic_counters c0;
+    struct msg t;
+    int mi;
+
+    assert_true(mine && theirs);
+    mi = reg(&e->s, mine, LEN);
+    assert_true(mi >= 0);
+    t = ask(e, T_REG, 0, theirs, LEN, 0, 0, 0);
+    assert_true((int)t.arg >= 0);
+    fill(mine, LEN, 7);
+    assert_int_equal(post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)t.a), IBV_WC_SUCCESS);
+    *child = (int)ask(e, T_FORK, t.arg, theirs, LEN, 0, 0, 0).arg;
+    /* the child wrote into its own copy: the parent's pages are as they were */
+    assert_int_equal(ask(e, T_CHECK, 7, theirs, LEN, 0, 0, 0).a, 0);
+    c0 = counters();
+    fill(mine, LEN, 8);
+    *st = post(&e->s, 1, mine, e->s.reg[mi].mr->lkey, LEN, theirs, (uint32_t)t.a);
+    bad = ask(e, T_CHECK, 8, theirs, LEN, 0, 0, 0).a;
+    *stale = counters().stale_uses - c0.stale_uses;
+    ask(e, T_UNREG, t.arg, 0, 0, 0, 0, 0);     /* checked by the callers' teardown (the target's exit) */
+    assert_int_equal(unreg(&e->s, mi), 0);
+    munmap(mine, LEN);
+    return bad;
+}
+
+/* The child's registration works and does not hang; the parent's MR outlives what the child did. */
+static void test_fork_child_leaves_parent_mr(void **state)
+{
+    int child, st;
+    uint64_t stale;
+
+    assert_int_equal(fork_case(*state, &child, &st, &stale), 0);
+    assert_int_equal(child, 0);
+    assert_int_equal(st, IBV_WC_SUCCESS);
+    assert_int_equal(stale, 0);
+}
+
+/* The control: without drc (e2e_engine: DRC_VERBS=off; e2e_api: the child deregisters the
+ * inherited ibv_mr itself) the child's release reaches the provider, which takes the parent's MR
+ * down, as the kernel does for a child on an inherited verbs context: the parent's WRITE fails. */
+static void test_fork_control_child_release_reaches_nic(void **state)
+{
+    int child, st;
+    uint64_t stale;
+
+    NEED_LOOPNIC();    /* what a NIC does with a child's command on the parent's context is the kernel's */
+    assert_true(fork_case(*state, &child, &st, &stale) > 0);
+    assert_int_equal(child, 0);
+    assert_int_equal(st, IBV_WC_REM_ACCESS_ERR);
+}
+
 static int count_fds(void)
 {
     DIR *d = opendir("/proc/self/fd");
@@ -727,6 +1015,12 @@ static struct {
     void *h;
 } cu;
 
+static int double_memcpy(unsigned long long dst, unsigned long long src, size_t n)
+{
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return 0;
+}
+
 /* The CUDA driver (the real one, or loopnic's double through LD_LIBRARY_PATH), a context current. */
 static int cuda_up(void)
 {
@@ -742,6 +1036,8 @@ static int cuda_up(void)
     *(void **)&cu.alloc = dlsym(h, "cuMemAlloc_v2");
     *(void **)&cu.free_ = dlsym(h, "cuMemFree_v2");
     *(void **)&cu.memcpy_ = dlsym(h, "cuMemcpy");
+    if (!cu.memcpy_ && dlsym(h, "fakecu_exports"))
+        cu.memcpy_ = double_memcpy;     /* the CUDA double: its device memory is host memory */
     *(void **)&cu.export_ = dlsym(h, "cuMemGetHandleForAddressRange");
     return cu.init && cu.dev_get && cu.retain && cu.set_cur && cu.alloc && cu.free_ && cu.memcpy_ && cu.export_ &&
            cu.init(0) == 0 && cu.dev_get(&dev, 0) == 0 && cu.retain(&ctx, dev) == 0 && cu.set_cur(ctx) == 0;
@@ -749,16 +1045,31 @@ static int cuda_up(void)
 
 struct local { struct side a, b; unsigned char *src; int si; };   /* a writes into b's memory */
 
-static int setup_local(void **state)
+/* Two sides of device @dev (-1: the one E2E_DEVICE names) connected to each other. */
+static int local_open(struct local *l, int dev)
 {
-    struct local *l = calloc(1, sizeof(*l));
-
-    if (!l || side_open(&l->a) || side_open(&l->b))
+    if (side_open_dev(&l->a, dev) || side_open_dev(&l->b, dev))
         return -1;
     l->a.peer = l->b.me;
     l->b.peer = l->a.me;
     if (side_connect(&l->a) || side_connect(&l->b) || !(l->src = map(16 * PAGE)) ||
         (l->si = reg(&l->a, l->src, 16 * PAGE)) < 0)
+        return -1;
+    return 0;
+}
+
+static void local_close(struct local *l)
+{
+    side_close(&l->a);
+    side_close(&l->b);
+    munmap(l->src, 16 * PAGE);
+}
+
+static int setup_local(void **state)
+{
+    struct local *l = calloc(1, sizeof(*l));
+
+    if (!l || local_open(l, -1))
         return -1;
     *state = l;
     return 0;
@@ -768,17 +1079,53 @@ static int teardown_local(void **state)
 {
     struct local *l = *state;
 
-    side_close(&l->a);
-    side_close(&l->b);
-    munmap(l->src, 16 * PAGE);
+    local_close(l);
     free(l);
     return 0;
 }
 
+/* Two NICs (devices 0 and 1), a local pair on each; NULL state if there is one device only. */
+static int setup_two_nics(void **state)
+{
+    struct local *l = calloc(2, sizeof(*l));
+    struct ibv_device **devs;
+    int n = 0;
+
+    devs = ibv_get_device_list(&n);
+    if (devs)
+        ibv_free_device_list(devs);
+    if (!l)
+        return -1;
+    *state = NULL;
+    if (n < 2) {
+        free(l);
+        return 0;
+    }
+    if (local_open(&l[0], 0) || local_open(&l[1], 1))
+        return -1;
+    *state = l;
+    return 0;
+}
+
+static int teardown_two_nics(void **state)
+{
+    struct local *l = *state;
+
+    if (l) {
+        local_close(&l[0]);
+        local_close(&l[1]);
+        free(l);
+    }
+    return 0;
+}
+
+/* E2E_REQUIRE_GPU (make test's wrappers, which bring the CUDA double): no driver is a failure. */
 #define NEED_GPU()                                                              \
     do {                                                                        \
         if (!cuda_up()) {                                                       \
             fprintf(stderr, "skipped: no CUDA driver (libcuda.so.1)\n");        \
+            if (getenv("E2E_REQUIRE_GPU"))                                      \
+                fail_msg("E2E_REQUIRE_GPU: the CUDA driver did not load");      \
             skip();                                                             \
         }                                                                       \
     } while (0)
@@ -934,6 +1281,80 @@ static void test_failed_dmabuf_registration_leaks_nothing(void **state)
     assert_int_equal(cu.free_(d), 0);
 }
 
+/*
+ * Two NICs, one buffer (host memory, or GPU memory through dmabuf) registered on each: each MR is
+ * of its own NIC's PD, and a WRITE through each NIC lands. The control: one NIC's rkey on the
+ * other NIC is refused (loopnic only: a real NIC's key numbers are its own business), so the
+ * check would see a registration handed to the wrong NIC.
+ */
+static void two_nics(struct local *l, uint64_t d, int gpu)
+{
+    enum { LEN = 4 * PAGE };
+    unsigned char *h = malloc(LEN);
+    int i[2];
+
+    assert_non_null(h);
+    for (int k = 0; k < 2; k++) {
+        i[k] = reg(&l[k].b, (void *)(uintptr_t)d, LEN);
+        assert_true(i[k] >= 0);
+        assert_ptr_equal(l[k].b.reg[i[k]].mr->pd, l[k].b.pd);
+        assert_ptr_equal(l[k].b.reg[i[k]].mr->context, l[k].b.ctx);
+    }
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(local_write(&l[k], d, LEN, l[k].b.reg[i[k]].mr->rkey, 700u + (unsigned)k), IBV_WC_SUCCESS);
+        if (gpu)
+            assert_int_equal(cu.memcpy_((uintptr_t)h, d, LEN), 0);
+        else
+            memcpy(h, (void *)(uintptr_t)d, LEN);
+        assert_int_equal(bad_bytes(h, LEN, 700u + (unsigned)k), 0);
+    }
+    if (ln_counters) {
+        assert_int_equal(local_write(&l[1], d, LEN, l[0].b.reg[i[0]].mr->rkey, 710), IBV_WC_REM_ACCESS_ERR);
+        if (gpu)
+            assert_int_equal(cu.memcpy_((uintptr_t)h, d, LEN), 0);
+        else
+            memcpy(h, (void *)(uintptr_t)d, LEN);
+        assert_int_equal(bad_bytes(h, LEN, 701), 0);    /* nothing landed */
+    }
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(unreg(&l[k].b, i[k]), 0);
+    free(h);
+}
+
+#define NEED_TWO_NICS(l)                                                        \
+    do {                                                                        \
+        if (!(l)) {                                                             \
+            fprintf(stderr, "skipped: one RDMA device (tests/nics covers many NICs)\n"); \
+            skip();                                                             \
+        }                                                                       \
+    } while (0)
+
+static void test_two_nics_host_memory(void **state)
+{
+    enum { LEN = 4 * PAGE };
+    void *p;
+
+    NEED_TWO_NICS(*state);
+    p = map(LEN);
+    assert_non_null(p);
+    two_nics(*state, (uintptr_t)p, 0);
+    munmap(p, LEN);
+}
+
+static void test_two_nics_gpu_memory(void **state)
+{
+    unsigned long long d;
+
+    NEED_TWO_NICS(*state);
+    NEED_GPU();
+    assert_int_equal(cu.alloc(&d, 1 << 20), 0);
+    two_nics(*state, d, 1);
+#ifdef E2E_API
+    assert_true(drc_notify_free((void *)(uintptr_t)d, 1 << 20) >= 1);
+#endif
+    assert_int_equal(cu.free_(d), 0);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -943,11 +1364,21 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_held_mr_revoked_by_free, setup_revoke, teardown),
         cmocka_unit_test_setup_teardown(test_held_mr_control_without_revoke, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coalesced_host_subbuffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remap_fixed_with_drc, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remap_fixed_control_without_invalidation, setup_control, teardown),
+        cmocka_unit_test_setup_teardown(test_misspelt_preload_keeps_protection, setup_misspelt, teardown),
+        cmocka_unit_test_setup_teardown(test_rkey_scope_local_only_registration, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fork_child_leaves_parent_mr, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fork_control_child_release_reaches_nic, setup_no_drc, teardown),
         cmocka_unit_test_setup_teardown(test_failures_leak_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coalesced_gpu_subbuffers, setup_local, teardown_local),
         cmocka_unit_test_setup_teardown(test_control_wrong_dmabuf_offset_is_caught, setup_local, teardown_local),
         cmocka_unit_test_setup_teardown(test_failed_dmabuf_registration_leaks_nothing, setup_local, teardown_local),
+        cmocka_unit_test_setup_teardown(test_two_nics_host_memory, setup_two_nics, teardown_two_nics),
+        cmocka_unit_test_setup_teardown(test_two_nics_gpu_memory, setup_two_nics, teardown_two_nics),
     };
+    const char *mode = getenv("E2E_MODE");    /* the wrapper's name for the matrix's column */
+    char group[64];
     char reg_path[64];
     int n = 0, rc;
     struct ibv_device **devs;
@@ -956,7 +1387,7 @@ int main(int argc, char **argv)
     ln_fail_reg = (loopnic_fail_fn *)dlsym(RTLD_DEFAULT, "loopnic_fail_reg");
     ln_fail_wr = (loopnic_fail_fn *)dlsym(RTLD_DEFAULT, "loopnic_fail_wr");
     if (argc == 4 && !strcmp(argv[1], "--target"))
-        return run_target(atoi(argv[2]), !strcmp(argv[3], "control"));
+        return run_target(atoi(argv[2]), atoi(argv[3]));
     if (ln_counters && getenv("E2E_REQUIRE_HW")) {
         fprintf(stderr, "e2e: libibverbs.so.1 is the loopback provider (LD_LIBRARY_PATH?), not the real one\n");
         return 1;
@@ -979,12 +1410,14 @@ int main(int argc, char **argv)
         return 0;
     }
 #ifdef E2E_API
-    rc = cmocka_run_group_tests_name("e2e_api", tests, NULL, NULL);
+    snprintf(group, sizeof(group), "e2e_api%s%s", mode ? " " : "", mode ? mode : "");
 #else
     if (!dlsym(RTLD_DEFAULT, "drc_notify_free"))
         fprintf(stderr, "e2e_engine: drc is not preloaded: the control and the coalescing checks will fail\n");
-    rc = cmocka_run_group_tests_name("e2e_engine", tests, NULL, NULL);
+    snprintf(group, sizeof(group), "e2e_engine%s%s", mode ? " " : "", mode ? mode : "");
 #endif
+    fprintf(stderr, "%s\n", group);      /* which column of the matrix failed */
+    rc = cmocka_run_group_tests_name(group, tests, NULL, NULL);
     if (reg_path[0])
         unlink(reg_path);
     return rc;
