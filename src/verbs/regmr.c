@@ -351,7 +351,7 @@ static void add_stats(struct drc_stats *to, const struct drc_stats *s)
 
 int drc_pd_release(struct ibv_pd *pd)
 {
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };     /* drc.h's ABI rule, as for any caller */
     struct pd_entry *e;
     int err;
 
