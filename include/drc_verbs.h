@@ -131,9 +131,12 @@ DRC_API int drc_dereg_mr(struct ibv_mr *mr);
  * that serialises registrations anyway). GPU memory is
  * exported once for all of them (one dmabuf per allocation and mapping type,
  * shared by every PD). All or nothing: on any failure every MR already made
- * is released, the range is invalidated in those PDs' caches (so that the NIC
- * MRs made for it are deregistered), every mrs[i] is NULL, and the first
- * failing PD's error (in @pds order) is returned.
+ * is released (drc_dereg_mr: one reference each, nothing else), every mrs[i]
+ * is NULL, and the first failing PD's error (in @pds order) is returned.
+ * Other callers' MRs of the same memory, which some of these registrations
+ * may have hit, and the shared export are left as they were; the NIC MRs
+ * this call registered stay cached, idle, until the memory is freed or
+ * drc_pd_release.
  * Returns 0, -EINVAL (NULL @pds or @mrs, a NULL PD, @n outside 1..1024,
  * @len 0), -ENOMEM, or a registration's error as drc_reg_mr gives it in
  * errno (negated). Release each MR with drc_dereg_mr. Thread-safe; the same
