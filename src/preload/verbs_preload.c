@@ -124,15 +124,10 @@ static void resolve_next(void)
 
     pthread_mutex_lock(&resolve_lock);
     drc__verbs_ops_fill(&found, next_lookup, NULL);
-#define KEEP(field)                                                                                    \
+#define KEEP(field, name, version)                                                                     \
     if (!__atomic_load_n(&next_ops.field, __ATOMIC_RELAXED) && found.field)                        \
-    __atomic_store_n(&next_ops.field, found.field, __ATOMIC_RELEASE)
-    KEEP(query_device);
-    KEEP(reg_mr_iova2);
-    KEEP(reg_dmabuf_mr);
-    KEEP(dereg_mr);
-    KEEP(dealloc_pd);
-    KEEP(rereg_mr);
+        __atomic_store_n(&next_ops.field, found.field, __ATOMIC_RELEASE);
+    DRC__VERBS_OPS(KEEP)
 #undef KEEP
     pthread_mutex_unlock(&resolve_lock);
 }
@@ -199,7 +194,62 @@ static int fwd_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *a
     return f(mr, flags, pd, addr, length, access);
 }
 
-/* drc's table inside the preload: the forwarders (the doctor's entries are not used here). */
+static struct ibv_device **fwd_get_device_list(int *num)
+{
+    __typeof__(next_ops.get_device_list) f = NEXT(get_device_list);
+
+    if (!f)
+        errno = ENOSYS;
+    return f ? f(num) : NULL;
+}
+
+static void fwd_free_device_list(struct ibv_device **list)
+{
+    __typeof__(next_ops.free_device_list) f = NEXT(free_device_list);
+
+    if (f)
+        f(list);
+}
+
+static const char *fwd_get_device_name(struct ibv_device *dev)
+{
+    __typeof__(next_ops.get_device_name) f = NEXT(get_device_name);
+
+    return f ? f(dev) : NULL;
+}
+
+static struct ibv_context *fwd_open_device(struct ibv_device *dev)
+{
+    __typeof__(next_ops.open_device) f = NEXT(open_device);
+
+    if (!f)
+        errno = ENOSYS;
+    return f ? f(dev) : NULL;
+}
+
+static int fwd_close_device(struct ibv_context *ctx)
+{
+    __typeof__(next_ops.close_device) f = NEXT(close_device);
+
+    return f ? f(ctx) : ENOSYS;
+}
+
+static struct ibv_pd *fwd_alloc_pd(struct ibv_context *ctx)
+{
+    __typeof__(next_ops.alloc_pd) f = NEXT(alloc_pd);
+
+    if (!f)
+        errno = ENOSYS;
+    return f ? f(ctx) : NULL;
+}
+
+/*
+ * drc's table inside the preload: a forwarder for every entry. Each decision
+ * drc makes per NIC reads this table as drc_reg_mr does outside the preload
+ * (get_device_name: the dmabuf mapping type from the NIC's place on the PCI
+ * bus), so an entry left NULL here is a decision made differently here;
+ * test_verbs_preload checks that none is.
+ */
 static const struct drc__verbs_ops forward_ops = {
     .query_device = fwd_query_device,
     .reg_mr_iova2 = fwd_reg_mr_iova2,
@@ -207,6 +257,12 @@ static const struct drc__verbs_ops forward_ops = {
     .dereg_mr = fwd_dereg_mr,
     .dealloc_pd = fwd_dealloc_pd,
     .rereg_mr = fwd_rereg_mr,
+    .get_device_list = fwd_get_device_list,
+    .free_device_list = fwd_free_device_list,
+    .get_device_name = fwd_get_device_name,
+    .open_device = fwd_open_device,
+    .close_device = fwd_close_device,
+    .alloc_pd = fwd_alloc_pd,
 };
 
 /* ---- configuration -------------------------------------------------------- */
