@@ -633,8 +633,11 @@ static void seq_end(drc_cache_t *c)
  * request only if it has exactly the bits asked: a peer handed the key of a
  * LOCAL_WRITE-only registration must find it refuses remote access, whoever
  * else registered the memory and with what (an unmodified engine publishes
- * every rkey). One compare, no cheaper hit exists; engines register a buffer
- * with one set of bits, so their hits are unchanged. DRC_F_ACCESS_SUPERSET
+ * every rkey). This strict hit rule, rather than a region of its own for
+ * every local-only request: requests with the same bits still share, which
+ * is every engine's steady state (one set of bits per buffer), and the test
+ * is one compare on the hit path. A request with other bits misses once and
+ * then hits its own region, which may overlap the others. DRC_F_ACCESS_SUPERSET
  * relaxes it to: every bit asked, and exactly the remote bits asked when any
  * is asked (a purely local request may share a region with remote bits).
  */

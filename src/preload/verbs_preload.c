@@ -16,7 +16,12 @@
  * A registration is served from the PD's drc cache (drc_reg_mr) when drc can
  * serve it: iova equal to the address, access bits within DRC_ACCESS_MASK,
  * and, under DRC_VERBS_HOST=passthrough, GPU memory only. Anything else goes
- * to the next ibv_reg_mr_iova2 as asked. ibv_dereg_mr releases a caller MR
+ * to the next ibv_reg_mr_iova2 as asked. A registration shares a cached MR
+ * only with registrations that asked the same access bits (the cache's
+ * default rule, drc.h): an engine publishes every MR's rkey to its peers,
+ * so an MR must never allow more than its own request asked, whatever
+ * another component of the process registered the same memory with. The
+ * preload never opts into DRC_F_ACCESS_SUPERSET. ibv_dereg_mr releases a caller MR
  * of drc (drc_dereg_mr) and hands every other MR to the next ibv_dereg_mr:
  * an MR of drc never reaches the provider, which would take it for one of
  * its own. ibv_rereg_mr of an MR of drc is refused (EINVAL,

@@ -7,7 +7,9 @@
  * (created on the PD's first registration) and every deregistration the
  * matching drc_put(): overlapping registrations share one coalesced MR, a
  * repeated one costs a lockless hit, and GPU memory is registered through
- * dmabuf by the verbs backend.
+ * dmabuf by the verbs backend. Sharing is among registrations that ask the
+ * same access bits (unless the configuration opts into
+ * DRC_F_ACCESS_SUPERSET): every caller's keys allow what it asked, no more.
  *
  * The caller gets an ibv_mr of its own, so that its fields read as if
  * ibv_reg_mr had made it: addr and length as asked (the cached MR covers a
