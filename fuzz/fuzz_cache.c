@@ -1,13 +1,14 @@
 /*
  * Fuzz target for src/cache.c: the cache against a model, one thread.
  *
- * The input first picks a configuration (limits, DRC_F_NO_MERGE, DRC_F_REVOKE,
+ * The input first picks a configuration (limits, DRC_F_NO_MERGE, DRC_F_REVOKE, DRC_F_ACCESS_SUPERSET,
  * a backend size limit), then becomes a program of get / put / invalidate / failing
  * registrations / registrations raced by an invalidation / re-creation, on
  * 16 fake pages (the cache never touches the memory; the backend below is a
  * recording double that registers nothing). After every step:
- *   - a returned region contains the request and has its access bits (the
- *     remote bits exactly, if any is asked: an rkey grants only what was asked), its
+ *   - a returned region contains the request and has exactly its access bits
+ *     (with DRC_F_ACCESS_SUPERSET, bit 6 of the configuration: at least them,
+ *     the remote bits exactly if any is asked: an rkey grants only what was asked), its
  *     handle is a live registration whose arguments are its bounds, and it
  *     was not registered before an invalidation of a range it overlaps;
  *   - refcounts balance: stats.in_use is the number of distinct regions the
@@ -210,7 +211,7 @@ static void create(struct state *st, struct fuzz_in *in)
     memset(&st->cfg, 0, sizeof(st->cfg));
     st->cfg.max_regions = f & 1 ? fuzz_range(in, 1, 4) : 0;
     st->cfg.max_bytes = f & 2 ? fuzz_range(in, 1, 8) * page : 0;
-    st->cfg.flags = (f & 4 ? DRC_F_NO_MERGE : 0) | (f & 16 ? DRC_F_REVOKE : 0);
+    st->cfg.flags = (f & 4 ? DRC_F_NO_MERGE : 0) | (f & 16 ? DRC_F_REVOKE : 0) | (f & 64 ? DRC_F_ACCESS_SUPERSET : 0);
     st->max_len = f & 8 ? fuzz_range(in, 1, 6) * page : 0;
     st->threads = !!(f & 32);
     o.max_len = st->max_len;
@@ -290,6 +291,7 @@ static void op_get(struct state *st, struct fuzz_in *in, int fail, int race)
     drc_region_bounds(r, &rs, &rl);
     FUZZ_ASSERT(rs <= a && a + len <= rs + rl);
     FUZZ_ASSERT((drc_region_access(r) & access) == access);
+    FUZZ_ASSERT((st->cfg.flags & DRC_F_ACCESS_SUPERSET) || drc_region_access(r) == access);
     FUZZ_ASSERT(!(access & DRC_ACCESS_REMOTE) ||
                 (drc_region_access(r) & DRC_ACCESS_REMOTE) == (access & DRC_ACCESS_REMOTE));
     FUZZ_ASSERT(h->live && h->valid);

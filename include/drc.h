@@ -85,15 +85,22 @@ enum drc_mem_type { DRC_MEM_HOST = 0, DRC_MEM_CUDA = 1 };
 #define DRC_ACCESS_MASK 0x0010001fu
 
 /*
- * An rkey grants only what was asked. The remote bits (REMOTE_WRITE,
- * REMOTE_READ, REMOTE_ATOMIC) decide what a peer holding the rkey may do, so
- * a request with any remote bit gets only a region whose remote bits are
- * exactly those asked, and a miss joins only regions with the same remote
- * bits: a region's rkey never allows more, anywhere in it, than was asked by
- * the requests it was registered for. A request with no remote bit (it has
- * use only for the lkey) may share a region with remote bits; its rkey must
- * not be given to a peer. The local bits (LOCAL_WRITE, MW_BIND,
- * RELAXED_ORDERING) may be more than asked, and a merge takes their union.
+ * An rkey grants only what was asked. By default a region serves a request
+ * only if its access bits are exactly those asked, and a miss joins only
+ * regions with the same bits: whatever else registered the memory, a key
+ * never allows more than its own request asked (a LOCAL_WRITE-only request
+ * gets a region whose rkey refuses every remote access; one without
+ * RELAXED_ORDERING never gets a relaxed-ordering MR), so every rkey may be
+ * given to a peer. Requests for the same memory with different bits get
+ * regions of their own, which may overlap.
+ *
+ * DRC_F_ACCESS_SUPERSET (opt-in, drc_config.flags) relaxes this: a region
+ * serves a request if it has every bit asked and, when any remote bit
+ * (DRC_ACCESS_REMOTE: REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC) is asked,
+ * exactly the remote bits asked; a miss joins regions with the same remote
+ * bits and takes the union of the local ones (LOCAL_WRITE, MW_BIND,
+ * RELAXED_ORDERING). A request with no remote bit may then share a region
+ * with remote bits: its rkey must not be given to a peer.
  */
 #define DRC_ACCESS_REMOTE 0x0000000eu
 
@@ -134,6 +141,8 @@ struct drc_backend {
                                       * cache decides per (GPU, NIC) pair from the topology (drc_verbs.h), any
                                       * other cache uses the default type */
 #define DRC_F_REVOKE      (1u << 3)  /* an invalidation deregisters held regions at once: see below */
+#define DRC_F_ACCESS_SUPERSET (1u << 4)  /* a hit may have more access bits than asked (the relaxed rule: see
+                                          * DRC_ACCESS_REMOTE); never for keys a peer may be given */
 
 /*
  * DRC_F_REVOKE: a held registration dies with its memory.
@@ -199,12 +208,13 @@ DRC_API int  drc_cache_create(const struct drc_backend *be, const struct drc_con
 DRC_API int  drc_cache_destroy(drc_cache_t *c);
 
 /*
- * Find or register a region covering [addr, addr+len) with at least the
- * IBV_ACCESS_* bits in @access (and exactly its DRC_ACCESS_REMOTE bits, if it
- * has any), and take a reference on it.
+ * Find or register a region covering [addr, addr+len) with exactly the
+ * IBV_ACCESS_* bits in @access (with DRC_F_ACCESS_SUPERSET: at least them,
+ * and exactly their DRC_ACCESS_REMOTE bits if any: see there), and take a
+ * reference on it.
  * A hit takes no lock. A miss registers [addr rounded down to the host page,
  * addr+len rounded up), coalesced with every overlapping valid region of the
- * same memory and the same remote bits (unless DRC_F_NO_MERGE, or unless the
+ * same memory and the same access bits (unless DRC_F_NO_MERGE, or unless the
  * union would be more than twice the request's own page range: then the
  * request is registered alone, overlapping its neighbours, so that buffers
  * packed side by side never re-register a growing union), through the

@@ -100,7 +100,15 @@ DRC_API int drc_cache_verbs_method(drc_cache_t *c, int device);
  * registration). The returned ibv_mr is the caller's own: addr and length as
  * asked; context, pd, handle, lkey and rkey of the cached MR, which covers at
  * least the range. Overlapping and repeated registrations of the same memory
- * share one NIC MR. GPU memory may be widened to its allocation (see
+ * share one NIC MR when they ask the same access bits; a registration asking
+ * other bits gets an MR of its own, so that its keys allow exactly what it
+ * asked (a LOCAL_WRITE-only MR's rkey refuses every remote access, whoever
+ * else registered the memory for remote writes) and may be given to a peer
+ * like any ibv_reg_mr key. DRC_F_ACCESS_SUPERSET in drc_reg_mr_configure()
+ * opts into sharing across bits (drc.h, DRC_ACCESS_REMOTE): fewer NIC MRs
+ * where one program registers the same memory with several access sets,
+ * but then a local-only registration's rkey must never leave the process.
+ * GPU memory may be widened to its allocation (see
  * DRC_F_WIDEN_REMOTE). Access bits outside DRC_ACCESS_MASK (ON_DEMAND,
  * ZERO_BASED...) go straight to ibv_reg_mr_iova2, uncached.
  * Returns the MR, or NULL with errno: EINVAL (NULL @pd, @len 0), ENOMEM,
@@ -131,9 +139,12 @@ DRC_API int drc_dereg_mr(struct ibv_mr *mr);
  * that serialises registrations anyway). GPU memory is
  * exported once for all of them (one dmabuf per allocation and mapping type,
  * shared by every PD). All or nothing: on any failure every MR already made
- * is released, the range is invalidated in those PDs' caches (so that the NIC
- * MRs made for it are deregistered), every mrs[i] is NULL, and the first
- * failing PD's error (in @pds order) is returned.
+ * is released (drc_dereg_mr: one reference each, nothing else), every mrs[i]
+ * is NULL, and the first failing PD's error (in @pds order) is returned.
+ * Other callers' MRs of the same memory, which some of these registrations
+ * may have hit, and the shared export are left as they were; the NIC MRs
+ * this call registered stay cached, idle, until the memory is freed or
+ * drc_pd_release.
  * Returns 0, -EINVAL (NULL @pds or @mrs, a NULL PD, @n outside 1..1024,
  * @len 0), -ENOMEM, or a registration's error as drc_reg_mr gives it in
  * errno (negated). Release each MR with drc_dereg_mr. Thread-safe; the same

@@ -152,7 +152,7 @@ enum {
     SPIN_MAX      = 4096,  /* lock(): pauses before it sleeps on it */
 };
 
-#define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE | DRC_F_REVOKE)
+#define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE | DRC_F_REVOKE | DRC_F_ACCESS_SUPERSET)
 
 struct drc_region {
     /*
@@ -629,13 +629,22 @@ static void seq_end(drc_cache_t *c)
 }
 
 /*
- * An rkey grants only what was asked (drc.h): a region serves a request if it
- * has every bit asked, and exactly the remote bits asked when any is asked.
- * A purely local request (no remote bit: only the lkey is of use) may share a
- * region whose remote bits were asked, for that range, by its registrants.
+ * An rkey grants only what was asked (drc.h). By default a region serves a
+ * request only if it has exactly the bits asked: a peer handed the key of a
+ * LOCAL_WRITE-only registration must find it refuses remote access, whoever
+ * else registered the memory and with what (an unmodified engine publishes
+ * every rkey). This strict hit rule, rather than a region of its own for
+ * every local-only request: requests with the same bits still share, which
+ * is every engine's steady state (one set of bits per buffer), and the test
+ * is one compare on the hit path. A request with other bits misses once and
+ * then hits its own region, which may overlap the others. DRC_F_ACCESS_SUPERSET
+ * relaxes it to: every bit asked, and exactly the remote bits asked when any
+ * is asked (a purely local request may share a region with remote bits).
  */
-static int serves(unsigned have, unsigned want)
+static HIT_INLINE int serves(const drc_cache_t *c, unsigned have, unsigned want)
 {
+    if (!(c->flags & DRC_F_ACCESS_SUPERSET))
+        return have == want;
     return (have & want) == want &&
            (!(want & DRC_ACCESS_REMOTE) || (have & DRC_ACCESS_REMOTE) == (want & DRC_ACCESS_REMOTE));
 }
@@ -658,7 +667,7 @@ static struct drc_region *find_containing(const drc_cache_t *c, uintptr_t s, uin
      * kept an unchanged count saw a tree without overlaps.
      */
     n = drc__itree_floor(t, s, budget);
-    if (n && LD(n->last) >= last && serves(LD(region_of(n)->access), access))
+    if (n && LD(n->last) >= last && serves(c, LD(region_of(n)->access), access))
         return region_of(n);
     if (!LD(c->overlapping))
         return NULL;
@@ -666,7 +675,7 @@ static struct drc_region *find_containing(const drc_cache_t *c, uintptr_t s, uin
         if (LD(n->start) > s)
             break;      /* in start order: no later node starts early enough */
         r = region_of(n);
-        if (LD(n->last) >= last && serves(LD(r->access), access))
+        if (LD(n->last) >= last && serves(c, LD(r->access), access))
             return r;
     }
     return NULL;
@@ -1332,9 +1341,9 @@ static struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
     return &t->slot[(s >> t->grain) & (~(uintptr_t)0 >> t->shift)];
 }
 
-static HIT_INLINE int covers(const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
+static HIT_INLINE int covers(const drc_cache_t *c, const struct drc_region *r, uintptr_t s, uintptr_t last, unsigned access)
 {
-    return LD(r->node.start) <= s && LD(r->node.last) >= last && serves(LD(r->access), access);
+    return LD(r->node.start) <= s && LD(r->node.last) >= last && serves(c, LD(r->access), access);
 }
 
 /*
@@ -1368,12 +1377,12 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
      */
     hs = hint_slot(c, s);
     r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
-    if (r && covers(r, s, last, access)) {
+    if (r && covers(c, r, s, last, access)) {
         if (!tryget_fast(c, r))
             return NULL;        /* released since it was left here: most likely a miss, and the locked
                                  * path (which any miss takes) finds a region that replaced it, and
                                  * leaves it here; no descent for nothing */
-        if (covers(r, s, last, access) && !handed_over(c, r) && LD_SC(r->detached) == LIVE)
+        if (covers(c, r, s, last, access) && !handed_over(c, r) && LD_SC(r->detached) == LIVE)
             return r;
         put_ref(c, r);            /* left the tree, or was reused: walk it, and the walk replaces the hint */
     }
@@ -1433,12 +1442,18 @@ struct plan {
     int overlaps;       /* a live region overlapping it stays: set c->overlapping */
 };
 
-/* May r be joined into a registration of @m with @access? Same memory, and never wider remote bits. */
-static int joinable(const struct drc_region *r, const struct drc__mem *m, unsigned access)
+/*
+ * May r be joined into a registration of @m with @access? Same memory, and
+ * the same bits (with DRC_F_ACCESS_SUPERSET: the same remote bits; the merge
+ * takes the union of the local ones): a merge never grants what was not asked.
+ */
+static int joinable(const drc_cache_t *c, const struct drc_region *r, const struct drc__mem *m, unsigned access)
 {
+    unsigned same = c->flags & DRC_F_ACCESS_SUPERSET ? DRC_ACCESS_REMOTE : ~0u;
+
     return r->mem.type == m->type && r->mem.device == m->device && LD(r->node.start) >= m->lo &&
            LD(r->node.last) < m->hi &&  /* hi is exclusive (mem.h) */
-           (r->access & DRC_ACCESS_REMOTE) == (access & DRC_ACCESS_REMOTE);
+           (r->access & same) == (access & same);
 }
 
 /*
@@ -1468,11 +1483,11 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned acc
     for (; n; n = drc__itree_next(&c->tree, n, start, end, &budget)) {
         struct drc_region *r = region_of(n);
 
-        if (n->start <= s && n->last >= last && serves(r->access, access)) {
+        if (n->start <= s && n->last >= last && serves(c, r->access, access)) {
             *hit = r;
             return 0;
         }
-        if ((c->flags & DRC_F_NO_MERGE) || !joinable(r, m, access)) {
+        if ((c->flags & DRC_F_NO_MERGE) || !joinable(c, r, m, access)) {
             p->overlaps = 1;
             continue;
         }
@@ -1507,7 +1522,7 @@ static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__me
         struct drc_region *r = region_of(n);
 
         next = drc__itree_next(&c->tree, n, p->start, p->last, &budget);
-        if (joinable(r, m, p->access) && n->start >= p->start && n->last <= p->last)
+        if (joinable(c, r, m, p->access) && n->start >= p->start && n->last <= p->last)
             retire(c, r, dead);
     }
     INC(c->merges, 1);

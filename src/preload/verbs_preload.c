@@ -16,7 +16,12 @@
  * A registration is served from the PD's drc cache (drc_reg_mr) when drc can
  * serve it: iova equal to the address, access bits within DRC_ACCESS_MASK,
  * and, under DRC_VERBS_HOST=passthrough, GPU memory only. Anything else goes
- * to the next ibv_reg_mr_iova2 as asked. ibv_dereg_mr releases a caller MR
+ * to the next ibv_reg_mr_iova2 as asked. A registration shares a cached MR
+ * only with registrations that asked the same access bits (the cache's
+ * default rule, drc.h): an engine publishes every MR's rkey to its peers,
+ * so an MR must never allow more than its own request asked, whatever
+ * another component of the process registered the same memory with. The
+ * preload never opts into DRC_F_ACCESS_SUPERSET. ibv_dereg_mr releases a caller MR
  * of drc (drc_dereg_mr) and hands every other MR to the next ibv_dereg_mr:
  * an MR of drc never reaches the provider, which would take it for one of
  * its own. ibv_rereg_mr of an MR of drc is refused (EINVAL,
@@ -124,15 +129,10 @@ static void resolve_next(void)
 
     pthread_mutex_lock(&resolve_lock);
     drc__verbs_ops_fill(&found, next_lookup, NULL);
-#define KEEP(field)                                                                                    \
+#define KEEP(field, name, version)                                                                     \
     if (!__atomic_load_n(&next_ops.field, __ATOMIC_RELAXED) && found.field)                        \
-    __atomic_store_n(&next_ops.field, found.field, __ATOMIC_RELEASE)
-    KEEP(query_device);
-    KEEP(reg_mr_iova2);
-    KEEP(reg_dmabuf_mr);
-    KEEP(dereg_mr);
-    KEEP(dealloc_pd);
-    KEEP(rereg_mr);
+        __atomic_store_n(&next_ops.field, found.field, __ATOMIC_RELEASE);
+    DRC__VERBS_OPS(KEEP)
 #undef KEEP
     pthread_mutex_unlock(&resolve_lock);
 }
@@ -199,7 +199,62 @@ static int fwd_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *a
     return f(mr, flags, pd, addr, length, access);
 }
 
-/* drc's table inside the preload: the forwarders (the doctor's entries are not used here). */
+static struct ibv_device **fwd_get_device_list(int *num)
+{
+    __typeof__(next_ops.get_device_list) f = NEXT(get_device_list);
+
+    if (!f)
+        errno = ENOSYS;
+    return f ? f(num) : NULL;
+}
+
+static void fwd_free_device_list(struct ibv_device **list)
+{
+    __typeof__(next_ops.free_device_list) f = NEXT(free_device_list);
+
+    if (f)
+        f(list);
+}
+
+static const char *fwd_get_device_name(struct ibv_device *dev)
+{
+    __typeof__(next_ops.get_device_name) f = NEXT(get_device_name);
+
+    return f ? f(dev) : NULL;
+}
+
+static struct ibv_context *fwd_open_device(struct ibv_device *dev)
+{
+    __typeof__(next_ops.open_device) f = NEXT(open_device);
+
+    if (!f)
+        errno = ENOSYS;
+    return f ? f(dev) : NULL;
+}
+
+static int fwd_close_device(struct ibv_context *ctx)
+{
+    __typeof__(next_ops.close_device) f = NEXT(close_device);
+
+    return f ? f(ctx) : ENOSYS;
+}
+
+static struct ibv_pd *fwd_alloc_pd(struct ibv_context *ctx)
+{
+    __typeof__(next_ops.alloc_pd) f = NEXT(alloc_pd);
+
+    if (!f)
+        errno = ENOSYS;
+    return f ? f(ctx) : NULL;
+}
+
+/*
+ * drc's table inside the preload: a forwarder for every entry. Each decision
+ * drc makes per NIC reads this table as drc_reg_mr does outside the preload
+ * (get_device_name: the dmabuf mapping type from the NIC's place on the PCI
+ * bus), so an entry left NULL here is a decision made differently here;
+ * test_verbs_preload checks that none is.
+ */
 static const struct drc__verbs_ops forward_ops = {
     .query_device = fwd_query_device,
     .reg_mr_iova2 = fwd_reg_mr_iova2,
@@ -207,6 +262,12 @@ static const struct drc__verbs_ops forward_ops = {
     .dereg_mr = fwd_dereg_mr,
     .dealloc_pd = fwd_dealloc_pd,
     .rereg_mr = fwd_rereg_mr,
+    .get_device_list = fwd_get_device_list,
+    .free_device_list = fwd_free_device_list,
+    .get_device_name = fwd_get_device_name,
+    .open_device = fwd_open_device,
+    .close_device = fwd_close_device,
+    .alloc_pd = fwd_alloc_pd,
 };
 
 /* ---- configuration -------------------------------------------------------- */

@@ -13,19 +13,8 @@ static const struct drc__verbs_ops *current;    /* atomic: NULL means default_op
 
 int drc__verbs_ops_fill(struct drc__verbs_ops *ops, drc__verbs_lookup_fn *lookup, void *arg)
 {
-#define GET(field, name, version) (*(void **)&ops->field = lookup(arg, name, version))
-    GET(query_device, "ibv_query_device", "IBVERBS_1.1");
-    GET(reg_mr_iova2, "ibv_reg_mr_iova2", "IBVERBS_1.8");
-    GET(reg_dmabuf_mr, "ibv_reg_dmabuf_mr", "IBVERBS_1.12");
-    GET(dereg_mr, "ibv_dereg_mr", "IBVERBS_1.1");
-    GET(dealloc_pd, "ibv_dealloc_pd", "IBVERBS_1.1");
-    GET(rereg_mr, "ibv_rereg_mr", "IBVERBS_1.1");
-    GET(get_device_list, "ibv_get_device_list", "IBVERBS_1.1");
-    GET(free_device_list, "ibv_free_device_list", "IBVERBS_1.1");
-    GET(get_device_name, "ibv_get_device_name", "IBVERBS_1.1");
-    GET(open_device, "ibv_open_device", "IBVERBS_1.1");
-    GET(close_device, "ibv_close_device", "IBVERBS_1.1");
-    GET(alloc_pd, "ibv_alloc_pd", "IBVERBS_1.1");
+#define GET(field, name, version) (*(void **)&ops->field = lookup(arg, name, version));
+    DRC__VERBS_OPS(GET)
 #undef GET
     return ops->query_device && ops->reg_mr_iova2 && ops->dereg_mr && ops->dealloc_pd ? 0 : -ENOSYS;
 }

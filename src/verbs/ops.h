@@ -49,7 +49,7 @@ struct drc__verbs_ops {
     /* the interposer forwards these */
     int (*dealloc_pd)(struct ibv_pd *pd);
     int (*rereg_mr)(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access);
-    /* the doctor */
+    /* the doctor; get_device_name also for the dmabuf mapping type of each (GPU, NIC) pair */
     struct ibv_device **(*get_device_list)(int *num);
     void (*free_device_list)(struct ibv_device **list);
     const char *(*get_device_name)(struct ibv_device *dev);
@@ -57,6 +57,26 @@ struct drc__verbs_ops {
     int (*close_device)(struct ibv_context *ctx);
     struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
 };
+
+/*
+ * Every entry, once: X(field, name, version). The fill below and the
+ * preload's forwarding table are made from it, so that no entry is left out
+ * of either (the preload once lacked get_device_name, and every (GPU, NIC)
+ * pair got the default dmabuf mapping type under it).
+ */
+#define DRC__VERBS_OPS(X)                                                                              \
+    X(query_device, "ibv_query_device", "IBVERBS_1.1")                                                 \
+    X(reg_mr_iova2, "ibv_reg_mr_iova2", "IBVERBS_1.8")                                                 \
+    X(reg_dmabuf_mr, "ibv_reg_dmabuf_mr", "IBVERBS_1.12")                                              \
+    X(dereg_mr, "ibv_dereg_mr", "IBVERBS_1.1")                                                         \
+    X(dealloc_pd, "ibv_dealloc_pd", "IBVERBS_1.1")                                                     \
+    X(rereg_mr, "ibv_rereg_mr", "IBVERBS_1.1")                                                         \
+    X(get_device_list, "ibv_get_device_list", "IBVERBS_1.1")                                           \
+    X(free_device_list, "ibv_free_device_list", "IBVERBS_1.1")                                         \
+    X(get_device_name, "ibv_get_device_name", "IBVERBS_1.1")                                           \
+    X(open_device, "ibv_open_device", "IBVERBS_1.1")                                                   \
+    X(close_device, "ibv_close_device", "IBVERBS_1.1")                                                 \
+    X(alloc_pd, "ibv_alloc_pd", "IBVERBS_1.1")
 
 /* The table in use (never NULL; entries may be NULL when no libibverbs could be loaded). */
 const struct drc__verbs_ops *drc__verbs(void);

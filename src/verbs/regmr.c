@@ -7,7 +7,9 @@
  * (created on the PD's first registration) and every deregistration the
  * matching drc_put(): overlapping registrations share one coalesced MR, a
  * repeated one costs a lockless hit, and GPU memory is registered through
- * dmabuf by the verbs backend.
+ * dmabuf by the verbs backend. Sharing is among registrations that ask the
+ * same access bits (unless the configuration opts into
+ * DRC_F_ACCESS_SUPERSET): every caller's keys allow what it asked, no more.
  *
  * The caller gets an ibv_mr of its own, so that its fields read as if
  * ibv_reg_mr had made it: addr and length as asked (the cached MR covers a
@@ -351,7 +353,7 @@ static void add_stats(struct drc_stats *to, const struct drc_stats *s)
 
 int drc_pd_release(struct ibv_pd *pd)
 {
-    struct drc_stats s;
+    struct drc_stats s = { .comp_mask = DRC_STATS_ALL };     /* drc.h's ABI rule, as for any caller */
     struct pd_entry *e;
     int err;
 
@@ -439,7 +441,6 @@ int drc_reg_mr_multi(struct ibv_pd **pdv, int n, void *addr, size_t len, int acc
     pthread_t tid[MULTI_THREADS - 1];
     struct multi w = { pdv, n, 0, addr, len, access, out, NULL };
     int i, started = 0, err = 0, threads;
-    struct pd_entry *e;
     const char *env;
 
     if (!pdv || !out || n <= 0 || n > MULTI_MAX || !len)
@@ -467,18 +468,20 @@ int drc_reg_mr_multi(struct ibv_pd **pdv, int n, void *addr, size_t len, int acc
         err = w.errs[i];
     if (err) {
         /*
-         * Roll back: every MR this call made is released, and the range is
-         * invalidated in those PDs' caches, so that the NIC MRs made for it
-         * are deregistered now (a region another caller still holds stays
-         * usable until its last put, then goes; later gets register again).
+         * Roll back what this call took, nothing else: one reference per MR
+         * it handed out. A registration of this call may have been a hit on
+         * a region another caller holds; invalidating the range would revoke
+         * that caller's keys (DRC_F_REVOKE) or retire its region and close
+         * the shared export (without), making every caller of that memory
+         * register again, though nothing was freed. The NIC MRs this call
+         * registered stay cached, idle, as after any drc_dereg_mr: the free
+         * of the memory or drc_pd_release deregisters them.
          */
         for (i = 0; i < n; i++) {
             if (!out[i])
                 continue;
             drc_dereg_mr(out[i]);
             out[i] = NULL;
-            if ((e = pd_find(pdv[i])))
-                drc_invalidate(e->cache, addr, len);
         }
     }
     free(w.errs);

@@ -52,8 +52,8 @@ static void hit_returns_containing_region_and_counts_references(void **state)
     assert_int_equal(drc_region_type(r1), DRC_MEM_HOST);
     EXPECT_STATS(c, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
 
-    /* a sub-range with a subset of the local bits (the same remote bits): the same region, one more reference */
-    r2 = get_ok(c, at(0, 300), 10, RR);
+    /* a sub-range with the same bits: the same region, one more reference */
+    r2 = get_ok(c, at(0, 300), 10, LW | RR);
     assert_ptr_equal(r2, r1);
     assert_int_equal(tb_nreg(b), 1);
     EXPECT_STATS(c, .hits = 1, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
@@ -68,7 +68,7 @@ static void hit_returns_containing_region_and_counts_references(void **state)
     /* idle regions stay cached and registered */
     assert_int_equal(tb_dereg_calls(b), 0);
     assert_int_equal(tb_is_live(b, id), 1);
-    r3 = get_ok(c, at(0, 0), pg(), RR);
+    r3 = get_ok(c, at(0, 0), pg(), LW | RR);
     assert_ptr_equal(r3, r1);
     assert_int_equal(rid(r3), id);
     EXPECT_STATS(c, .hits = 2, .misses = 1, .regs = 1, .regions = 1, .bytes = pg(), .in_use = 1);
@@ -177,10 +177,13 @@ static void merge_never_covers_whole_address_space(void **state)
 
 /* ---- 3. coalescing ------------------------------------------------------ */
 
+/* The relaxed access rule, opted into (DRC_F_ACCESS_SUPERSET): hits and merges across local bits. */
+static const struct drc_config superset = { .flags = DRC_F_ACCESS_SUPERSET };
+
 static void merge_covers_union_and_deregisters_idle(void **state)
 {
     struct tb *b = tb_new();
-    drc_cache_t *c = mk(b, NULL);
+    drc_cache_t *c = mk(b, &superset);
     drc_region_t *a, *bb, *u, *h;
     unsigned long ida, idb;
     int k;
@@ -253,7 +256,7 @@ static void merge_with_busy_region_defers_its_dereg(void **state)
 static void local_access_upgrade_merges(void **state)
 {
     struct tb *b = tb_new();
-    drc_cache_t *c = mk(b, NULL);
+    drc_cache_t *c = mk(b, &superset);
     drc_region_t *a, *u;
 
     (void)state;
@@ -269,11 +272,14 @@ static void local_access_upgrade_merges(void **state)
     done(b, c);
 }
 
-/* An rkey grants only what was asked: remote bits are never joined, and a hit has exactly the remote bits asked. */
+/*
+ * An rkey grants only what was asked, under the relaxed rule too: remote bits are never joined, and a hit
+ * has exactly the remote bits asked.
+ */
 static void remote_access_is_never_widened(void **state)
 {
     struct tb *b = tb_new();
-    drc_cache_t *c = mk(b, NULL);
+    drc_cache_t *c = mk(b, &superset);
     drc_region_t *w, *r, *h, *x;
 
     (void)state;
@@ -327,6 +333,66 @@ static void remote_access_is_never_widened(void **state)
  * invalidation of a range (DRC_DEBUG builds also check the tree at every
  * unlock).
  */
+/*
+ * The default rule: a hit has exactly the bits asked. A LOCAL_WRITE-only request over a region registered
+ * with REMOTE_WRITE gets a region of its own whose rkey allows no remote access; one without
+ * RELAXED_ORDERING never gets a relaxed-ordering region; a miss never joins a region with other bits. The
+ * control is the same sequence under DRC_F_ACCESS_SUPERSET, where the local request shares the remote
+ * region (its rkey would let a peer write).
+ */
+static void access_is_exact_by_default(void **state)
+{
+    const unsigned RO = IBV_ACCESS_RELAXED_ORDERING;
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL), *lax;
+    drc_region_t *w, *l, *h, *ro, *plain;
+
+    (void)state;
+    w = get_ok(c, at(0, 0), 4 * pg(), LW | RW);
+    l = get_ok(c, at(1, 0), pg(), LW);
+    assert_ptr_not_equal(l, w);
+    check_args(b, l, at(1, 0), pg(), LW);       /* its own pages, not joined with w */
+    assert_int_equal(drc_region_access(l), LW);
+    assert_int_equal(tb_is_live(b, rid(w)), 1);
+    /* each is found again for its own bits, and only for them */
+    h = get_ok(c, at(1, 8), 16, LW);
+    assert_ptr_equal(h, l);
+    assert_int_equal(drc_put(c, h), 0);
+    h = get_ok(c, at(1, 8), 16, LW | RW);
+    assert_ptr_equal(h, w);
+    assert_int_equal(drc_put(c, h), 0);
+    assert_int_equal(b->reg_calls, 2);
+    /* RELAXED_ORDERING: never handed to a request that did not ask it, and the reverse */
+    ro = get_ok(c, at(8, 0), pg(), LW | RW | RO);
+    plain = get_ok(c, at(8, 0), pg(), LW | RW);
+    assert_ptr_not_equal(plain, ro);
+    assert_int_equal(drc_region_access(plain), LW | RW);
+    assert_int_equal(drc_region_access(ro), LW | RW | RO);
+    assert_int_equal(b->reg_calls, 4);
+    assert_int_equal(drc_put(c, plain), 0);
+    assert_int_equal(drc_put(c, ro), 0);
+    assert_int_equal(drc_put(c, l), 0);
+    assert_int_equal(drc_put(c, w), 0);
+    done(b, c);
+
+    /* control: the relaxed rule shares the remote region with the local request */
+    b = tb_new();
+    lax = mk(b, &superset);
+    w = get_ok(lax, at(0, 0), 4 * pg(), LW | RW);
+    l = get_ok(lax, at(1, 0), pg(), LW);
+    assert_ptr_equal(l, w);
+    assert_int_equal(drc_region_access(l) & DRC_ACCESS_REMOTE, RW);
+    plain = get_ok(lax, at(8, 0), pg(), LW | RW | RO);
+    ro = get_ok(lax, at(8, 0), pg(), LW | RW);
+    assert_ptr_equal(ro, plain);
+    assert_int_equal(b->reg_calls, 2);
+    assert_int_equal(drc_put(lax, ro), 0);
+    assert_int_equal(drc_put(lax, plain), 0);
+    assert_int_equal(drc_put(lax, l), 0);
+    assert_int_equal(drc_put(lax, w), 0);
+    done(b, lax);
+}
+
 static void first_overlap_keeps_every_region_found(void **state)
 {
     enum { N = 300 };
@@ -352,7 +418,7 @@ static void first_overlap_keeps_every_region_found(void **state)
         assert_ptr_equal(h, r[i]);
         assert_int_equal(drc_put(c, h), 0);
     }
-    h = get_ok(c, at(4 * 150 + 2, 0), pg(), RR);
+    h = get_ok(c, at(4 * 150 + 2, 0), pg(), LW | RR);
     assert_ptr_equal(h, o);
     assert_int_equal(drc_put(c, h), 0);
     assert_int_equal(b->reg_calls, N + 1);
@@ -1217,6 +1283,7 @@ int main(void)
         cmocka_unit_test(merge_with_busy_region_defers_its_dereg),
         cmocka_unit_test(local_access_upgrade_merges),
         cmocka_unit_test(remote_access_is_never_widened),
+        cmocka_unit_test(access_is_exact_by_default),
         cmocka_unit_test(first_overlap_keeps_every_region_found),
         cmocka_unit_test(packed_neighbours_do_not_reregister_a_growing_union),
         cmocka_unit_test(adjacent_pages_do_not_merge),

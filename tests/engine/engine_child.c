@@ -20,7 +20,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../doubles/fake_libcuda.h"    /* the CUDA double's record (struct fake_cuda), reached by dlsym */
 #include "loopnic_record.h"
+#include "rcqp.h"
 
 #define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 #define MiB (1ull << 20)
@@ -119,6 +121,21 @@ static int last(enum ibvd_op op, struct ibvd_call *out)
     return found;
 }
 
+/* The @n-th call of @op recorded since index @from, 1 if there is one. */
+static int nth_reg(size_t from, enum ibvd_op op, int n, struct ibvd_call *out)
+{
+    struct ibvd_call c;
+
+    for (; ibvd_call(from, &c); from++)
+        if (c.op == op && n-- == 0) {
+            *out = c;
+            return 1;
+        }
+    return 0;
+}
+
+static unsigned registered_access(uint32_t lkey);
+
 /* The recorded deregistration of the MR with @lkey, 1 if there is one. */
 static int dereg_of(uint32_t lkey, struct ibvd_call *out)
 {
@@ -163,11 +180,11 @@ static void gpu_dedup(void)
     check_caller_mr(part, pd, g + 4096 + 100, 1 * MiB);
     tiny = reg_runtime(pd, g + 8 * MiB + 17, 64, IBV_ACCESS_LOCAL_WRITE);
     check_caller_mr(tiny, pd, g + 8 * MiB + 17, 64);
-    CHECK(since(from, IBVD_REG_DMABUF) == 1, "%zu dmabuf registrations for 3 nested ones, want 1",
+    CHECK(since(from, IBVD_REG_DMABUF) == 2, "%zu dmabuf registrations for 3 nested ones (one local-only), want 2",
           since(from, IBVD_REG_DMABUF));
     CHECK(since(from, IBVD_REG_VA) == 0, "GPU memory reached ibv_reg_mr (peermem path) %zu times",
           since(from, IBVD_REG_VA));
-    CHECK(last(IBVD_REG_DMABUF, &d), "no dmabuf registration recorded");
+    CHECK(nth_reg(from, IBVD_REG_DMABUF, 0, &d), "no dmabuf registration recorded");
     CHECK(d.iova == (uintptr_t)g && d.len == 64 * MiB, "dmabuf MR covers 0x%llx+%zu, want %p+%llu",
           (unsigned long long)d.iova, d.len, (void *)g, 64 * MiB);
     CHECK(d.offset + d.len <= (unsigned long long)d.fd_size, "dmabuf range past the end of the fd");
@@ -175,8 +192,11 @@ static void gpu_dedup(void)
         CHECK(!strncmp(d.fd_link, "/memfd:fake-dmabuf", 18), "fd is %s", d.fd_link);
     else
         CHECK(strstr(d.fd_link, "dmabuf") != NULL, "the fd registered is no dmabuf: %s", d.fd_link);
-    CHECK(whole->lkey == d.lkey && whole->rkey == d.rkey && part->lkey == d.lkey && tiny->rkey == d.rkey,
+    CHECK(whole->lkey == d.lkey && whole->rkey == d.rkey && part->lkey == d.lkey && part->rkey == d.rkey,
           "caller keys differ from the cached MR's");
+    /* the local-only one: an MR of its own (widened to the allocation), whose rkey allows no remote access */
+    CHECK(tiny->rkey != d.rkey && registered_access(tiny->lkey) == IBV_ACCESS_LOCAL_WRITE,
+          "the LOCAL_WRITE registration shares an MR with access 0x%x", registered_access(tiny->lkey));
     CHECK(whole->handle == d.mr->handle, "handle not the cached MR's");
     CHECK(whole != d.mr && part != whole, "callers share an ibv_mr");
     CHECK(d.mr->addr == (void *)(uintptr_t)d.offset, "the double did not leave the offset in mr->addr");
@@ -581,6 +601,178 @@ static void log_run(void)
     CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left after ibv_dealloc_pd");
 }
 
+/* The access the provider registered the MR with @lkey (the last registration with it), or ~0u. */
+static unsigned registered_access(uint32_t lkey)
+{
+    struct ibvd_call c;
+    unsigned access = ~0u;
+    size_t i;
+
+    for (i = 0; ibvd_call(i, &c); i++)
+        if ((c.op == IBVD_REG_VA || c.op == IBVD_REG_DMABUF) && c.lkey == lkey)
+            access = c.access;
+    return access;
+}
+
+/* Two RC QPs of @pd connected to each other (loopback), from any state. */
+static void qp_pair(struct ibv_qp *qp[2])
+{
+    struct rcqp_peer peer[2] = { { .qpn = qp[1]->qp_num }, { .qpn = qp[0]->qp_num } };
+
+    for (int i = 0; i < 2; i++)
+        CHECK(rcqp_connect(qp[i], &peer[i], ACCESS, 0) == 0, "QP %d: %s", i, strerror(errno));
+}
+
+/* RDMA WRITE of 4 KiB from @src (lkey @lkey) to @remote with @rkey, as a peer would; the completion status. */
+static int rdma_write(struct ibv_qp *qp, struct ibv_cq *cq, const void *src, uint32_t lkey, void *remote,
+                      uint32_t rkey)
+{
+    struct ibv_sge sge = { (uintptr_t)src, 4096, lkey };
+    struct ibv_send_wr wr, *bad;
+    struct ibv_wc wc;
+    int got = 0;
+
+    memset(&wr, 0, sizeof(wr));
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = (uintptr_t)remote;
+    wr.wr.rdma.rkey = rkey;
+    CHECK(ibv_post_send(qp, &wr, &bad) == 0, "ibv_post_send");
+    for (int i = 0; i < 1000 && !got; i++)
+        got = ibv_poll_cq(cq, 1, &wc);
+    CHECK(got == 1, "no completion");
+    return wc.status;
+}
+
+/*
+ * What an rkey allows is what its registration asked, whoever else registered the memory. Another
+ * component registers a buffer for remote writes; the engine registers the same buffer LOCAL_WRITE only,
+ * and publishes that MR's rkey, as engines do. A peer's WRITE with it must fail with a remote access
+ * error and change nothing; the control, the same WRITE with the other component's rkey, lands. The
+ * same for host and GPU memory (a local-only GPU registration is also widened to its allocation). And
+ * RELAXED_ORDERING: a registration without it never gets an MR that has it. Every MR the provider made
+ * here has no bit its request did not ask.
+ */
+static void rkey_scope(void)
+{
+    struct ibv_pd *pd = open_pd();
+    struct ibv_cq *cq = ibv_create_cq(pd->context, 16, NULL, NULL, 0);
+    struct ibv_qp *qp[2] = { cq ? rcqp_create(pd, cq, 16, 1) : NULL, cq ? rcqp_create(pd, cq, 16, 1) : NULL };
+    char *src = host_buffer(4096, 0x5c), *buf[2] = { host_buffer(1 * MiB, 0), gpu_alloc(2 * MiB) };
+    struct ibv_mr *src_mr, *other, *mine, *ro, *plain;
+    int st;
+
+    CHECK(cq && qp[0] && qp[1], "CQ/QPs");
+    qp_pair(qp);
+    src_mr = ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(src_mr, "source MR");
+    for (int k = 0; k < 2; k++) {
+        char *b = buf[k] + 8192;
+
+        other = ibv_reg_mr(pd, b, 65536, ACCESS);       /* another component: remote writes wanted */
+        mine = ibv_reg_mr(pd, b, 65536, IBV_ACCESS_LOCAL_WRITE);
+        check_caller_mr(other, pd, b, 65536);
+        check_caller_mr(mine, pd, b, 65536);
+        st = rdma_write(qp[0], cq, src, src_mr->lkey, b, mine->rkey);
+        CHECK(st == IBV_WC_REM_ACCESS_ERR, "%s: a remote WRITE with the rkey of a LOCAL_WRITE registration "
+              "completed with %s", k ? "GPU" : "host", ibv_wc_status_str((enum ibv_wc_status)st));
+        CHECK(b[0] == 0, "%s: the refused WRITE changed the memory", k ? "GPU" : "host");
+        CHECK(!(registered_access(mine->lkey) & ~(unsigned)IBV_ACCESS_LOCAL_WRITE),
+              "%s: a LOCAL_WRITE registration got an MR with access 0x%x", k ? "GPU" : "host",
+              registered_access(mine->lkey));
+        qp_pair(qp);                                    /* the error moved the QP to the error state */
+        st = rdma_write(qp[0], cq, src, src_mr->lkey, b, other->rkey);
+        CHECK(st == IBV_WC_SUCCESS && b[0] == 0x5c && b[4095] == 0x5c,
+              "%s: control: a WRITE with the remote-write rkey did not land (%s)", k ? "GPU" : "host",
+              ibv_wc_status_str((enum ibv_wc_status)st));
+        CHECK(ibv_dereg_mr(mine) == 0 && ibv_dereg_mr(other) == 0, "dereg");
+    }
+    ro = ibv_reg_mr(pd, buf[1], 4096, ACCESS | IBV_ACCESS_RELAXED_ORDERING);
+    plain = ibv_reg_mr(pd, buf[1], 4096, ACCESS);
+    check_caller_mr(ro, pd, buf[1], 4096);
+    check_caller_mr(plain, pd, buf[1], 4096);
+    CHECK(registered_access(plain->lkey) == ACCESS, "a registration without RELAXED_ORDERING got access 0x%x",
+          registered_access(plain->lkey));
+    CHECK(registered_access(ro->lkey) == (ACCESS | IBV_ACCESS_RELAXED_ORDERING), "the relaxed one: 0x%x",
+          registered_access(ro->lkey));
+    CHECK(ibv_dereg_mr(plain) == 0 && ibv_dereg_mr(ro) == 0 && ibv_dereg_mr(src_mr) == 0, "dereg");
+    CHECK(ibv_destroy_qp(qp[0]) == 0 && ibv_destroy_qp(qp[1]) == 0 && ibv_destroy_cq(cq) == 0, "teardown");
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
+/*
+ * The per-NIC decisions, made the same through the interposer and through the C API. The same program
+ * registers one new GPU allocation on every device: under the preload with ibv_reg_mr, without it with
+ * drc_reg_mr of libdrc.so (loaded here). It prints one line: for each device how the memory was
+ * registered (dmabuf, va, or refused: the provider's record) and the dmabuf mapping type of its export
+ * (the CUDA double's record). The parent runs both and compares the lines. ENGINE_PROBE_ERRNO sets the
+ * provider's answer to drc's dmabuf probe (EOPNOTSUPP: a NIC without dmabuf).
+ */
+static void decisions(void)
+{
+    struct ibv_mr *(*reg)(struct ibv_pd *, void *, size_t, int) = NULL;
+    int (*dereg)(struct ibv_mr *) = NULL, (*release)(struct ibv_pd *) = NULL;
+    struct fake_cuda *fcp = dlsym(RTLD_DEFAULT, "fc");
+    struct ibv_device **list;
+    const char *probe = getenv("ENGINE_PROBE_ERRNO");
+    int preloaded = dlsym(RTLD_DEFAULT, "drc_reg_mr") != NULL, n = 0;
+    char line[512] = "decisions:";
+
+    CHECK(fake_cuda && fcp, "needs the CUDA double (its record of exports)");
+    fcp->pcie_unsupported = 0;      /* a driver with the PCIe mapping type */
+    if (probe)
+        ibvd_set_probe_errno(atoi(probe));
+    if (preloaded) {
+        *(void **)&reg = dlsym(RTLD_DEFAULT, "ibv_reg_mr");
+        *(void **)&dereg = dlsym(RTLD_DEFAULT, "ibv_dereg_mr");
+    } else {
+        char path[4096], *slash;
+        ssize_t got = readlink("/proc/self/exe", path, sizeof(path) - 32);
+        void *drc;
+
+        CHECK(got > 0, "readlink");
+        path[got] = 0;
+        slash = strrchr(path, '/');
+        CHECK(slash, "no folder");
+        strcpy(slash, "/../libdrc.so.0");
+        drc = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+        CHECK(drc, "dlopen %s: %s", path, dlerror());
+        *(void **)&reg = dlsym(drc, "drc_reg_mr");
+        *(void **)&dereg = dlsym(drc, "drc_dereg_mr");
+        *(void **)&release = dlsym(drc, "drc_pd_release");
+    }
+    CHECK(reg && dereg && (preloaded || release), "no registration entry points");
+    list = ibv_get_device_list(&n);
+    CHECK(list && n > 0, "no devices");
+    for (int i = 0; i < n; i++) {
+        struct ibv_context *ctx = ibv_open_device(list[i]);
+        struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+        char *g = gpu_alloc(2 * MiB);
+        int exports = fcp->nexports;
+        size_t from = ibvd_ncalls();
+        struct ibv_mr *mr;
+        const char *how;
+
+        CHECK(pd, "PD on %s", ibv_get_device_name(list[i]));
+        mr = reg(pd, g, 1 * MiB, ACCESS);
+        how = !mr ? "refused" : since(from, IBVD_REG_DMABUF) ? "dmabuf" : since(from, IBVD_REG_VA) ? "va" : "?";
+        snprintf(line + strlen(line), sizeof(line) - strlen(line), " %s %s %s", ibv_get_device_name(list[i]), how,
+                 fcp->nexports == exports ? "-"
+                 : fcp->exports[fcp->nexports - 1].flags & 1     /* CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE */
+                     ? "pcie"
+                     : "default");
+        CHECK(!mr || dereg(mr) == 0, "dereg");
+        CHECK(!release || release(pd) == 0, "drc_pd_release");
+        CHECK(ibv_dealloc_pd(pd) == 0 && ibv_close_device(ctx) == 0, "teardown");
+        CHECK(cu_free((uintptr_t)g) == 0, "cuMemFree");
+    }
+    ibv_free_device_list(list);
+    CHECK(ibvd_live() == 0, "MRs left");
+    printf("%s (%s)\n", line, preloaded ? "ibv_reg_mr under the preload" : "drc_reg_mr");
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -593,6 +785,7 @@ int main(int argc, char **argv)
         { "host_jemalloc", host_jemalloc, 0 }, { "host_passthrough", host_passthrough, 1 },
         { "gpu_free", gpu_free, 1 },     { "private_dlopen", private_dlopen, 1 }, { "log", log_run, 1 },
         { "tent", tent, 1 },             { "verbs_off", verbs_off, 1 },     { "widen", widen, 1 },
+        { "rkey_scope", rkey_scope, 1 }, { "decisions", decisions, 1 },
     };
     size_t i;
 

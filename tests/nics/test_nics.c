@@ -12,7 +12,8 @@
  *  - NICs under the GPU's switch get the PCIe type, the others the default;
  *  - a free with exports in the table leaves no fd open;
  *  - drc_reg_mr_multi registers on all 4 or on none: a failure of the 3rd
- *    leaves no MR live and no fd open.
+ *    hands out no MR and leaves no fd open, and never takes another
+ *    caller's MR or the shared export with it.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -352,14 +353,73 @@ static void multi_all_or_nothing(void **state)
     assert_int_equal(drc_reg_mr_multi(pds, NICS, dst, XFER, ACCESS, mrs), -ENOMEM);
     for (int i = 0; i < NICS; i++)
         assert_null(mrs[i]);
-    assert_int_equal(counters().live_mrs, NICS);       /* the source MRs only */
+    /* the source MRs, and the three this call registered, cached idle (the free below takes them) */
+    assert_int_equal(counters().live_mrs, NICS + NICS - 1);
     assert_int_equal(fds_open(), base_fds + drc__cuda_exports_live() + (int)counters().dmabuf_held);   /* no copy left open */
     free_gpu();
+    assert_int_equal(counters().live_mrs, NICS);
     assert_int_equal(fds_open(), base_fds + (int)counters().dmabuf_held);
     assert_int_equal(drc_reg_mr_multi(NULL, NICS, dst, XFER, ACCESS, mrs), -EINVAL);
     assert_int_equal(drc_reg_mr_multi(pds, 0, dst, XFER, ACCESS, mrs), -EINVAL);
     for (int i = 0; i < NICS; i++)
         assert_int_equal(drc_pd_release(nic[i].pd), 0);
+}
+
+/*
+ * A failed drc_reg_mr_multi takes back only its own references. Another caller holds an MR of the range
+ * on loop0; a multi over loop0 (a hit on that region) and loop1 (the same PCIe mapping type: the shared
+ * export) fails on loop1. The other caller's MR still moves data, and its next registration of the range
+ * is a hit: no new NIC registration, no new export. Without DRC_F_REVOKE the rollback used to retire the
+ * region and close the shared export (the other caller registered again); with it, it revoked the other
+ * caller's live keys (the WRITE failed with a remote access error).
+ */
+static void multi_failure_leaves_other_callers_alone(void **state)
+{
+    static const unsigned flags[] = { 0, DRC_F_REVOKE };
+    unsigned char *dst = gpu + (3 << 20);
+    struct ibv_pd *pds[2] = { nic[0].pd, nic[1].pd };
+    struct ibv_mr *held, *again, *mrs[2];
+
+    (void)state;
+    setenv("DRC_DMABUF_MAPPING", "auto", 1);
+    for (size_t f = 0; f < sizeof(flags) / sizeof(flags[0]); f++) {
+        struct drc_config cfg = { .flags = flags[f] };
+        unsigned exports;
+        uint64_t regs;
+
+        printf("  %s\n", flags[f] ? "DRC_F_REVOKE" : "no revoke");
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(drc_pd_release(nic[i].pd), 0);    /* caches made from now on take cfg */
+        assert_int_equal(drc_reg_mr_configure(&cfg), 0);
+        held = drc_reg_mr(nic[0].pd, dst, XFER, ACCESS);
+        assert_non_null(held);
+        exports = fakecu_exports();
+        regs = counters().dmabuf_regs;
+        loopnic_fail_dmabuf_reg(1, ENOMEM);     /* loop1's registration: the only one the multi makes */
+        assert_int_equal(drc_reg_mr_multi(pds, 2, dst, XFER, ACCESS, mrs), -ENOMEM);
+        assert_true(mrs[0] == NULL && mrs[1] == NULL);
+        assert_int_equal(counters().dmabuf_regs, regs);
+        /* the other caller's MR: its keys still move data */
+        memset(dst, 0x11, XFER);
+        assert_int_equal(write_to(&nic[0], (uintptr_t)dst, held->rkey), IBV_WC_SUCCESS);
+        assert_true(all(dst, XFER, 0xa0));
+        /* and its memory is still cached and exported: a hit */
+        again = drc_reg_mr(nic[0].pd, dst, XFER, ACCESS);
+        assert_non_null(again);
+        assert_int_equal(again->rkey, held->rkey);
+        assert_int_equal(counters().dmabuf_regs, regs);
+        assert_int_equal(fakecu_exports(), exports);
+        assert_int_equal(drc_dereg_mr(again), 0);
+        assert_int_equal(drc_dereg_mr(held), 0);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(drc_pd_release(nic[i].pd), 0);
+        free_gpu();
+        fc_add((uintptr_t)gpu, SIZE, 0, 79 + (int)f);
+    }
+    assert_int_equal(drc_reg_mr_configure(NULL), 0);
+    assert_int_equal(counters().live_mrs, NICS);
+    assert_int_equal(counters().stale_uses, 0);
+    assert_int_equal(fds_open(), base_fds + (int)counters().dmabuf_held);
 }
 
 int main(void)
@@ -368,6 +428,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(four_nics_one_export_per_mapping, setup, teardown),
         cmocka_unit_test_setup_teardown(four_nics_one_export, setup, teardown),
         cmocka_unit_test_setup_teardown(multi_all_or_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(multi_failure_leaves_other_callers_alone, setup, teardown),
     };
 
     setenv("LOOPNIC_DEVICES", "4", 0);

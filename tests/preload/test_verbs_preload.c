@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +37,7 @@
 
 #include "buildpath.h"
 #include "preload/verbs_preload.h"
+#include "verbs/ops.h"
 
 static char build[PATH_MAX];
 
@@ -133,7 +135,10 @@ static void fails_without(const char *scenario)
     assert_non_null(strstr(r.out, "FAIL"));
 }
 
-/* Nested GPU registrations share one dmabuf MR; each caller's ibv_mr reads as it asked. */
+/*
+ * Nested GPU registrations with the same access share one dmabuf MR; one with other access bits (a
+ * LOCAL_WRITE-only one) gets its own; each caller's ibv_mr reads as it asked.
+ */
 static void test_gpu_registrations_are_deduplicated(void **state)
 {
     (void)state;
@@ -311,6 +316,132 @@ static void test_log_summary_only_when_asked(void **state)
     passes("log", NULL);            /* and without DRC_LOG, silence */
 }
 
+/*
+ * An rkey never grants more than its registration asked, through the interposer: the engine's
+ * LOCAL_WRITE-only MR over memory another component registered for remote writes refuses a peer's
+ * WRITE (remote access error, nothing written), host and GPU; the control WRITE with the other MR's
+ * rkey lands; no MR gets RELAXED_ORDERING or any bit its request did not ask. Without the preload the
+ * provider alone behaves so too (the engine's checks hold on a plain NIC, GPU memory through peermem).
+ */
+static void test_rkey_grants_only_what_was_asked(void **state)
+{
+    struct run r;
+
+    (void)state;
+    passes("rkey_scope", NULL);
+    run_child("rkey_scope", 0, "LOOPNIC_PEERMEM=1", &r);     /* GPU memory straight to the provider */
+    assert_int_equal(r.status, 0);
+}
+
+/* ---- a sysfs tree: GPU 0 of the CUDA double (1b:00.0) and loop0 under one PCIe switch, loop1 behind another root port */
+static char sysfs[64];
+
+static void mkdirs(const char *path)
+{
+    char p[PATH_MAX], *s;
+
+    snprintf(p, sizeof(p), "%s", path);
+    for (s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        mkdir(p, 0755);
+        *s = '/';
+    }
+    mkdir(p, 0755);
+}
+
+static void pci(const char *chain, const char *ibdev)
+{
+    char dir[PATH_MAX], link[PATH_MAX];
+
+    snprintf(dir, sizeof(dir), "%s/devices/%s", sysfs, chain);
+    mkdirs(dir);
+    snprintf(link, sizeof(link), "%s/bus/pci/devices", sysfs);
+    mkdirs(link);
+    snprintf(link, sizeof(link), "%s/bus/pci/devices/%s", sysfs, strrchr(chain, '/') + 1);
+    assert_int_equal(symlink(dir, link), 0);
+    if (ibdev) {
+        snprintf(link, sizeof(link), "%s/class/infiniband/%s", sysfs, ibdev);
+        mkdirs(link);
+        snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", sysfs, ibdev);
+        assert_int_equal(symlink(dir, link), 0);
+    }
+}
+
+/*
+ * Run the "decisions" program through the interposer (ibv_reg_mr) and through the C API (drc_reg_mr),
+ * with @extra set in both: each run's line must read @want, so the two decide alike.
+ */
+static void decides(const char *extra, const char *want)
+{
+    struct run v, a;
+
+    run_child("decisions", 1, extra, &v);
+    run_child("decisions", 0, extra, &a);
+    assert_int_equal(v.status, 0);
+    assert_int_equal(a.status, 0);
+    assert_string_equal(v.err, "");
+    assert_string_equal(a.err, "");
+    assert_non_null(strstr(a.out, want));       /* the C API, as the topology says */
+    assert_non_null(strstr(v.out, want));       /* the interposer, the same */
+}
+
+/*
+ * Every per-NIC decision is the same under the preload as through drc_reg_mr: the dmabuf mapping type
+ * from the PCI topology (PCIe for loop0 under the GPU's switch, the default type for loop1; the
+ * preload's ops table once lacked get_device_name and gave both the default), DRC_DMABUF_MAPPING's
+ * override, and the method (dmabuf; refused where the NIC cannot do dmabuf and no peermem is loaded).
+ */
+static void test_nic_decisions_match_the_c_api(void **state)
+{
+    char root[128], env[256];
+
+    (void)state;
+    snprintf(sysfs, sizeof(sysfs), "/tmp/drc-pci-XXXXXX");
+    assert_non_null(mkdtemp(sysfs));
+    pci("pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:1b:00.0", NULL);       /* GPU 0 */
+    pci("pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:01.0/0000:19:00.0", "loop0");
+    pci("pci0000:16/0000:16:02.0/0000:30:00.0", "loop1");                               /* another root port */
+    snprintf(root, sizeof(root), "DRC_SYSFS_ROOT=%s", sysfs);
+    decides(root, "decisions: loop0 dmabuf pcie loop1 dmabuf default (");
+    snprintf(env, sizeof(env), "%s DRC_DMABUF_MAPPING=default", root);
+    decides(env, "decisions: loop0 dmabuf default loop1 dmabuf default (");
+    snprintf(env, sizeof(env), "%s DRC_DMABUF_MAPPING=pcie", root);
+    decides(env, "decisions: loop0 dmabuf pcie loop1 dmabuf pcie (");
+    decides("DRC_SYSFS_ROOT=/nonexistent", "decisions: loop0 dmabuf default loop1 dmabuf default (");
+    snprintf(env, sizeof(env), "%s ENGINE_PROBE_ERRNO=%d", root, EOPNOTSUPP);
+    decides(env, "decisions: loop0 refused pcie loop1 refused default (");
+    snprintf(env, sizeof(env), "rm -rf '%s'", sysfs);
+    assert_int_equal(system(env), 0);
+}
+
+/*
+ * The ops table the preload installs (verbs_preload.o is linked into this program: its constructor
+ * ran) has every entry: drc's per-NIC decisions read it as they read libibverbs's own outside the
+ * preload. Checked field by field and over the whole struct, so that an entry added later without a
+ * forwarder fails here.
+ */
+static void test_preload_fills_every_ops_entry(void **state)
+{
+    typedef void (*fn)(void);
+    fn f[sizeof(struct drc__verbs_ops) / sizeof(fn)];
+    const struct drc__verbs_ops *ops = drc__verbs();
+    size_t i;
+
+    (void)state;
+    assert_int_equal(drc__preload_verbs_enabled(), 1);
+#define NONNULL(field, name, version) \
+    printf("  %s\n", name);           \
+    assert_non_null(ops->field);
+    DRC__VERBS_OPS(NONNULL)
+#undef NONNULL
+    assert_int_equal(sizeof(f), sizeof(*ops));
+    memcpy(f, ops, sizeof(f));
+    for (i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+        assert_non_null(f[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -330,6 +461,9 @@ int main(void)
         cmocka_unit_test(test_widening_switch),
         cmocka_unit_test(test_verbs_front_off),
         cmocka_unit_test(test_symbol_seam),
+        cmocka_unit_test(test_rkey_grants_only_what_was_asked),
+        cmocka_unit_test(test_nic_decisions_match_the_c_api),
+        cmocka_unit_test(test_preload_fills_every_ops_entry),
     };
 
     return cmocka_run_group_tests(tests, find_build, NULL);

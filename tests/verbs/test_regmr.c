@@ -284,6 +284,51 @@ static void test_remote_access_is_not_widened_unless_asked(void **state)
     assert_int_equal(drc_reg_mr_configure(&cfg), -EINVAL);
 }
 
+/*
+ * drc_reg_mr's keys grant what their caller asked, by default: a LOCAL_WRITE-only registration of memory
+ * another caller registered for remote access gets an MR of its own, registered LOCAL_WRITE (its rkey
+ * refuses peers); one without RELAXED_ORDERING never shares one with it. The relaxed rule is an opt-in
+ * (DRC_F_ACCESS_SUPERSET): then the local registration shares the remote one's MR and keys (the control).
+ */
+static void test_keys_grant_only_what_was_asked(void **state)
+{
+    struct drc_config cfg = { .flags = DRC_F_NO_WIDEN };  /* the range as asked: inside the remote one */
+    struct ibv_mr *remote, *local, *ro, *plain;
+    struct ibvd_call c;
+
+    (void)state;
+    assert_int_equal(drc_reg_mr_configure(&cfg), 0);
+    remote = drc_reg_mr(PD_A, (void *)GPU, 2 * MiB, RW);
+    local = drc_reg_mr(PD_A, (void *)(GPU + 4096), 4096, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(local, PD_A, GPU + 4096, 4096);
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 2);
+    assert_true(vd_reg(1, &c));
+    assert_int_equal(c.access, IBV_ACCESS_LOCAL_WRITE);
+    assert_int_equal(local->rkey, c.rkey);
+    assert_int_not_equal(local->rkey, remote->rkey);
+    ro = drc_reg_mr(PD_A, (void *)(GPU + 8 * MiB), 4096, RW | IBV_ACCESS_RELAXED_ORDERING);
+    plain = drc_reg_mr(PD_A, (void *)(GPU + 8 * MiB), 4096, RW);
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 4);
+    assert_true(vd_reg(3, &c));
+    assert_int_equal(c.access, RW);
+    assert_int_equal(plain->rkey, c.rkey);
+    assert_int_equal(drc_dereg_mr(plain), 0);
+    assert_int_equal(drc_dereg_mr(ro), 0);
+    assert_int_equal(drc_dereg_mr(local), 0);
+    assert_int_equal(drc_dereg_mr(remote), 0);
+    assert_int_equal(drc_pd_release(PD_A), 0);
+    /* opted in: the local registration shares the remote-access MR, and its rkey allows remote writes */
+    cfg.flags |= DRC_F_ACCESS_SUPERSET;
+    assert_int_equal(drc_reg_mr_configure(&cfg), 0);
+    remote = drc_reg_mr(PD_A, (void *)GPU, 2 * MiB, RW);
+    local = drc_reg_mr(PD_A, (void *)(GPU + 4096), 4096, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(local, PD_A, GPU + 4096, 4096);
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 5);
+    assert_int_equal(local->rkey, remote->rkey);
+    assert_int_equal(drc_dereg_mr(local), 0);
+    assert_int_equal(drc_dereg_mr(remote), 0);
+}
+
 /* An allocation larger than max_mr_size: the range as asked is registered. */
 static void test_allocation_too_large_for_the_device(void **state)
 {
@@ -311,6 +356,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gpu_registration_covers_the_allocation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remote_access_is_not_widened_unless_asked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_allocation_too_large_for_the_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_keys_grant_only_what_was_asked, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, vd_load, NULL);
