@@ -832,11 +832,11 @@ static void test_coalesced_host_subbuffers(void **state)
 
 /*
  * What the C API promises a drc_get() that asks no remote bit, while a region of the same memory
- * has some (drc.h, DRC_ACCESS_REMOTE): it may share that region, and its rkey must not be given to
- * a peer. 0: a peer's WRITE through that rkey lands (the documented rule); 1: it is refused, as
- * through the interposer. Flip it here if the C API takes the strict rule.
+ * has some (drc.h, DRC_F_ACCESS_SUPERSET): by default a hit needs exactly the asked bits, so the
+ * local-only registration gets a region of its own whose rkey refuses a peer, as through the
+ * interposer. 0 would be the opt-in relaxed rule (DRC_F_ACCESS_SUPERSET), where the WRITE lands.
  */
-#define E2E_API_LOCAL_ONLY_RKEY_REFUSES_PEER 0
+#define E2E_API_LOCAL_ONLY_RKEY_REFUSES_PEER 1
 
 /*
  * rkey scope: two components of the target register the same buffer, A with REMOTE_WRITE, then B
