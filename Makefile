@@ -86,14 +86,23 @@ HOST_OBJS := $(call objs,$B,$(HOST_SRCS))
 $B/libdrc.a: $(LIB_OBJS)
 	$(LD) -r -o $B/libdrc-all.o $^
 	rm -f $@ && ar rcs $@ $B/libdrc-all.o
-$B/libdrc.so: $(LIB_OBJS) src/drc.map
+# Each shared library is a real file named by its full version (libdrc.so.0.1.0), the soname a link
+# to it (libdrc.so.0: what programs load) and the bare name a link to that (libdrc.so: what -ldrc
+# finds), in the build tree as where it is installed. libdrc_host.so finds libdrc.so.0 beside itself
+# (RUNPATH $ORIGIN), wherever the two were installed.
+$B/libdrc.so.$(VERSION): $(LIB_OBJS) src/drc.map
 	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -Wl,-z,nodelete -o $@ $(LIB_OBJS) $(LDLIBS)
-$B/libdrc_host.so: $(HOST_OBJS) $B/libdrc.so src/host/drc_host.map
-	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/host/drc_host.map -Wl,-soname,libdrc_host.so.0 -o $@ $(HOST_OBJS) \
-	  -L$B -l:libdrc.so -ljemalloc -lpthread
-# the soname beside the library, so that LD_LIBRARY_PATH=build finds what libdrc_host.so needs
-$B/libdrc.so.0: $B/libdrc.so
-	ln -sf libdrc.so $@
+$B/libdrc_host.so.$(VERSION): $(HOST_OBJS) $B/libdrc.so src/host/drc_host.map
+	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/host/drc_host.map -Wl,-soname,libdrc_host.so.0 \
+	  -Wl,-rpath,'$$ORIGIN' -o $@ $(HOST_OBJS) -L$B -l:libdrc.so.0 -ljemalloc -lpthread
+$B/libdrc.so.0: $B/libdrc.so.$(VERSION)
+	ln -sf $(notdir $<) $@
+$B/libdrc.so: $B/libdrc.so.0
+	ln -sf $(notdir $<) $@
+$B/libdrc_host.so.0: $B/libdrc_host.so.$(VERSION)
+	ln -sf $(notdir $<) $@
+$B/libdrc_host.so: $B/libdrc_host.so.0
+	ln -sf $(notdir $<) $@
 $B/drc: $B/obj/tools/drc.o $B/obj/tools/doctor.o $B/libdrc.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
 # pkg-config and CMake files (pkg/*.in), for PREFIX/LIBDIR/INCLUDEDIR as given to this make: regenerated
@@ -237,8 +246,6 @@ bench-counts: $B/bench/bench_misses
 # (build/O0/), and the preload test runs against both: RTLD_NEXT must not depend on tail calls.
 PRELOAD_SRCS := $(wildcard src/preload/*.c)
 PRELOAD_LINK  = -shared $(LDFLAGS) -Wl,-soname,libdrc_preload.so -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
-$B/libdrc_host.so.0: $B/libdrc_host.so
-	ln -sf libdrc_host.so $@
 $B/libdrc_preload.so: $(call objs,$B,$(PRELOAD_SRCS)) $B/libdrc.so.0
 	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B -l:libdrc.so.0 $(LDLIBS)
 $B/libdrc_hook.so $B/libdrc_verbs.so: $B/libdrc_preload.so
@@ -358,9 +365,10 @@ install: all
 	install -d $D$(INCLUDEDIR) $D$(LIBDIR)/pkgconfig $D$(CMAKEDIR) $D$(BINDIR) $D$(PY_DIR)/drc_torch
 	install -m 644 $(wildcard include/*.h) $D$(INCLUDEDIR)/
 	install -m 644 $B/libdrc.a $D$(LIBDIR)/
-	install -m 755 $B/libdrc.so $D$(LIBDIR)/libdrc.so.0
+	install -m 755 $B/libdrc.so.$(VERSION) $B/libdrc_host.so.$(VERSION) $D$(LIBDIR)/
+	ln -sf libdrc.so.$(VERSION) $D$(LIBDIR)/libdrc.so.0
 	ln -sf libdrc.so.0 $D$(LIBDIR)/libdrc.so
-	install -m 755 $B/libdrc_host.so $D$(LIBDIR)/libdrc_host.so.0
+	ln -sf libdrc_host.so.$(VERSION) $D$(LIBDIR)/libdrc_host.so.0
 	ln -sf libdrc_host.so.0 $D$(LIBDIR)/libdrc_host.so
 	install -m 755 $B/libdrc_preload.so $D$(LIBDIR)/
 	ln -sf libdrc_preload.so $D$(LIBDIR)/libdrc_hook.so
@@ -368,14 +376,14 @@ install: all
 	install -m 644 $B/pkg/drc.pc $B/pkg/drc_host.pc $D$(LIBDIR)/pkgconfig/
 	install -m 644 $B/pkg/drcConfig.cmake $B/pkg/drcConfigVersion.cmake $D$(CMAKEDIR)/
 	install -m 755 $B/drc $D$(BINDIR)/
-	install -m 644 src/python/pyproject.toml $D$(PY_DIR)/
+	install -m 644 src/python/pyproject.toml src/python/drc_build.py $D$(PY_DIR)/
 	install -m 644 src/python/drc_torch/*.py $D$(PY_DIR)/drc_torch/
-	@echo "drc: installed in $D$(PREFIX). The PyTorch helper: python3 -m pip install src/python (in this tree), or"
-	@echo "drc: from a writable copy of $(PY_DIR) (setuptools builds in the folder); offline: add --no-build-isolation"
+	@echo "drc: installed in $D$(PREFIX). The PyTorch helper: python3 -m pip install $(PY_DIR)"
 
 uninstall:
 	rm -f $(addprefix $D$(INCLUDEDIR)/,$(notdir $(wildcard include/*.h)))
-	rm -f $(addprefix $D$(LIBDIR)/,libdrc.a libdrc.so libdrc.so.0 libdrc_host.so libdrc_host.so.0 $(notdir $(PRELOAD_LIBS)))
+	rm -f $(addprefix $D$(LIBDIR)/,libdrc.a libdrc.so libdrc.so.0 libdrc.so.$(VERSION) libdrc_host.so libdrc_host.so.0 \
+	  libdrc_host.so.$(VERSION) $(notdir $(PRELOAD_LIBS)))
 	rm -f $D$(LIBDIR)/pkgconfig/drc.pc $D$(LIBDIR)/pkgconfig/drc_host.pc $D$(BINDIR)/drc
 	rm -f $D$(CMAKEDIR)/drcConfig.cmake $D$(CMAKEDIR)/drcConfigVersion.cmake
 	rm -rf $D$(PY_DIR)
