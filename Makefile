@@ -47,13 +47,19 @@ ASAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-p
 TSAN := -fsanitize=thread
 
 # Dependencies. The first command on a fresh machine may be `make test` or `make demo`: those install
-# what they need (.ci/deps, as root) and build with -Werror. A plain `make` or `make install` installs
-# nothing: it names the missing Debian packages and the apt-get line, then stops.
+# what they need (.ci/deps, as root; the demo only the packages it builds with) and build with
+# -Werror. A plain `make` or `make install` installs nothing: it names the missing Debian packages
+# and the apt-get line, then stops.
 DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-abi test-python test-late-load test-pkg \
-             test-deps demo fuzz bench
+             test-deps test-readme test-cli fuzz bench
 ifneq ($(filter $(DEV_GOALS),$(MAKECMDGOALS)),)
   WERROR ?= -Werror
   ifneq ($(shell sh .ci/deps >&2; echo $$?),0)
+    $(error missing build dependencies: see above)
+  endif
+else ifneq ($(filter demo,$(MAKECMDGOALS)),)
+  WERROR ?= -Werror
+  ifneq ($(shell sh .ci/deps --demo >&2; echo $$?),0)
     $(error missing build dependencies: see above)
   endif
 else ifneq ($(if $(MAKECMDGOALS),$(filter all install,$(MAKECMDGOALS)),all),)
@@ -222,6 +228,14 @@ test-pkg: all
 test-deps:
 	@mkdir -p $B/test-results && tests/pkg/test_deps.sh $B/test-results/deps
 test: test-pkg test-deps
+# the README's front door as written: its two commands, its C example compiled, linked and run on the
+# NIC model and without a NIC, its links (tests/pkg/test_readme.sh); the drc program's command line
+.PHONY: test-readme test-cli
+test-readme: $B/libdrc.so $B/loopnic/libibverbs.so.1
+	@mkdir -p $B/test-results && tests/pkg/test_readme.sh $B $B/test-results/readme
+test-cli: $B/drc
+	@mkdir -p $B/test-results && tests/tools/test_cli.sh $B $B/test-results/cli
+test: test-readme test-cli
 
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
