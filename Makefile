@@ -22,7 +22,7 @@ CPPFLAGS += -Iinclude -Isrc -D_GNU_SOURCE
 PICFLAGS := -fPIC -fvisibility=hidden
 LDLIBS   := -ldl -lpthread
 
-# One folder per dependency (README.md, "Layout"):
+# One folder per dependency (CONTRIBUTING.md, "Layers"):
 #   src/core     the cache, the tree, notify, errors: libc only
 #   src/cuda     the CUDA driver (dlopen'ed), memory, frees, wrappers, PyTorch entry points
 #   src/verbs    libibverbs: the verbs backend and drc_reg_mr
@@ -247,7 +247,7 @@ bench_cache_LDFLAGS := -lucs -lucm
 bench_misses_LDFLAGS := -lucs -lucm
 bench: $(addprefix $B/bench/,$(BENCHES))
 	@set -e; for b in $^; do echo "== $$b"; $$b; done
-# instructions and L2 misses per operation, drc and UCX, under callgrind (README: "Why the missed rows are missed")
+# instructions and L2 misses per operation, drc and UCX, under callgrind (tests/bench/RESULTS.md: "Why the missed rows are missed")
 .PHONY: bench-counts
 bench-counts: $B/bench/bench_misses
 	sh tests/bench/counts.sh $B
