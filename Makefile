@@ -22,7 +22,7 @@ CPPFLAGS += -Iinclude -Isrc -D_GNU_SOURCE
 PICFLAGS := -fPIC -fvisibility=hidden
 LDLIBS   := -ldl -lpthread
 
-# One folder per dependency (README.md, "Layout"):
+# One folder per dependency (CONTRIBUTING.md, "Layers"):
 #   src/core     the cache, the tree, notify, errors: libc only
 #   src/cuda     the CUDA driver (dlopen'ed), memory, frees, wrappers, PyTorch entry points
 #   src/verbs    libibverbs: the verbs backend and drc_reg_mr
@@ -47,13 +47,19 @@ ASAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-p
 TSAN := -fsanitize=thread
 
 # Dependencies. The first command on a fresh machine may be `make test` or `make demo`: those install
-# what they need (.ci/deps, as root) and build with -Werror. A plain `make` or `make install` installs
-# nothing: it names the missing Debian packages and the apt-get line, then stops.
+# what they need (.ci/deps, as root; the demo only the packages it builds with) and build with
+# -Werror. A plain `make` or `make install` installs nothing: it names the missing Debian packages
+# and the apt-get line, then stops.
 DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-abi test-python test-late-load test-pkg \
-             test-deps demo fuzz bench
+             test-deps test-readme test-cli fuzz bench
 ifneq ($(filter $(DEV_GOALS),$(MAKECMDGOALS)),)
   WERROR ?= -Werror
   ifneq ($(shell sh .ci/deps >&2; echo $$?),0)
+    $(error missing build dependencies: see above)
+  endif
+else ifneq ($(filter demo,$(MAKECMDGOALS)),)
+  WERROR ?= -Werror
+  ifneq ($(shell sh .ci/deps --demo >&2; echo $$?),0)
     $(error missing build dependencies: see above)
   endif
 else ifneq ($(if $(MAKECMDGOALS),$(filter all install,$(MAKECMDGOALS)),all),)
@@ -86,14 +92,23 @@ HOST_OBJS := $(call objs,$B,$(HOST_SRCS))
 $B/libdrc.a: $(LIB_OBJS)
 	$(LD) -r -o $B/libdrc-all.o $^
 	rm -f $@ && ar rcs $@ $B/libdrc-all.o
-$B/libdrc.so: $(LIB_OBJS) src/drc.map
+# Each shared library is a real file named by its full version (libdrc.so.0.1.0), the soname a link
+# to it (libdrc.so.0: what programs load) and the bare name a link to that (libdrc.so: what -ldrc
+# finds), in the build tree as where it is installed. libdrc_host.so finds libdrc.so.0 beside itself
+# (RUNPATH $ORIGIN), wherever the two were installed.
+$B/libdrc.so.$(VERSION): $(LIB_OBJS) src/drc.map
 	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -Wl,-z,nodelete -o $@ $(LIB_OBJS) $(LDLIBS)
-$B/libdrc_host.so: $(HOST_OBJS) $B/libdrc.so src/host/drc_host.map
-	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/host/drc_host.map -Wl,-soname,libdrc_host.so.0 -o $@ $(HOST_OBJS) \
-	  -L$B -l:libdrc.so -ljemalloc -lpthread
-# the soname beside the library, so that LD_LIBRARY_PATH=build finds what libdrc_host.so needs
-$B/libdrc.so.0: $B/libdrc.so
-	ln -sf libdrc.so $@
+$B/libdrc_host.so.$(VERSION): $(HOST_OBJS) $B/libdrc.so src/host/drc_host.map
+	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/host/drc_host.map -Wl,-soname,libdrc_host.so.0 \
+	  -Wl,-rpath,'$$ORIGIN' -o $@ $(HOST_OBJS) -L$B -l:libdrc.so.0 -ljemalloc -lpthread
+$B/libdrc.so.0: $B/libdrc.so.$(VERSION)
+	ln -sf $(notdir $<) $@
+$B/libdrc.so: $B/libdrc.so.0
+	ln -sf $(notdir $<) $@
+$B/libdrc_host.so.0: $B/libdrc_host.so.$(VERSION)
+	ln -sf $(notdir $<) $@
+$B/libdrc_host.so: $B/libdrc_host.so.0
+	ln -sf $(notdir $<) $@
 $B/drc: $B/obj/tools/drc.o $B/obj/tools/doctor.o $B/libdrc.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
 # pkg-config and CMake files (pkg/*.in), for PREFIX/LIBDIR/INCLUDEDIR as given to this make: regenerated
@@ -213,6 +228,14 @@ test-pkg: all
 test-deps:
 	@mkdir -p $B/test-results && tests/pkg/test_deps.sh $B/test-results/deps
 test: test-pkg test-deps
+# the README's front door as written: its two commands, its C example compiled, linked and run on the
+# NIC model and without a NIC, its links (tests/pkg/test_readme.sh); the drc program's command line
+.PHONY: test-readme test-cli
+test-readme: $B/libdrc.so $B/loopnic/libibverbs.so.1
+	@mkdir -p $B/test-results && tests/pkg/test_readme.sh $B $B/test-results/readme
+test-cli: $B/drc
+	@mkdir -p $B/test-results && tests/tools/test_cli.sh $B $B/test-results/cli
+test: test-readme test-cli
 
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
@@ -224,7 +247,7 @@ bench_cache_LDFLAGS := -lucs -lucm
 bench_misses_LDFLAGS := -lucs -lucm
 bench: $(addprefix $B/bench/,$(BENCHES))
 	@set -e; for b in $^; do echo "== $$b"; $$b; done
-# instructions and L2 misses per operation, drc and UCX, under callgrind (README: "Why the missed rows are missed")
+# instructions and L2 misses per operation, drc and UCX, under callgrind (tests/bench/RESULTS.md: "Why the missed rows are missed")
 .PHONY: bench-counts
 bench-counts: $B/bench/bench_misses
 	sh tests/bench/counts.sh $B
@@ -237,8 +260,6 @@ bench-counts: $B/bench/bench_misses
 # (build/O0/), and the preload test runs against both: RTLD_NEXT must not depend on tail calls.
 PRELOAD_SRCS := $(wildcard src/preload/*.c)
 PRELOAD_LINK  = -shared $(LDFLAGS) -Wl,-soname,libdrc_preload.so -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
-$B/libdrc_host.so.0: $B/libdrc_host.so
-	ln -sf libdrc_host.so $@
 $B/libdrc_preload.so: $(call objs,$B,$(PRELOAD_SRCS)) $B/libdrc.so.0
 	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B -l:libdrc.so.0 $(LDLIBS)
 $B/libdrc_hook.so $B/libdrc_verbs.so: $B/libdrc_preload.so
@@ -381,9 +402,10 @@ install: all
 	install -d $D$(INCLUDEDIR) $D$(LIBDIR)/pkgconfig $D$(CMAKEDIR) $D$(BINDIR) $D$(PY_DIR)/drc_torch
 	install -m 644 $(wildcard include/*.h) $D$(INCLUDEDIR)/
 	install -m 644 $B/libdrc.a $D$(LIBDIR)/
-	install -m 755 $B/libdrc.so $D$(LIBDIR)/libdrc.so.0
+	install -m 755 $B/libdrc.so.$(VERSION) $B/libdrc_host.so.$(VERSION) $D$(LIBDIR)/
+	ln -sf libdrc.so.$(VERSION) $D$(LIBDIR)/libdrc.so.0
 	ln -sf libdrc.so.0 $D$(LIBDIR)/libdrc.so
-	install -m 755 $B/libdrc_host.so $D$(LIBDIR)/libdrc_host.so.0
+	ln -sf libdrc_host.so.$(VERSION) $D$(LIBDIR)/libdrc_host.so.0
 	ln -sf libdrc_host.so.0 $D$(LIBDIR)/libdrc_host.so
 	install -m 755 $B/libdrc_preload.so $D$(LIBDIR)/
 	ln -sf libdrc_preload.so $D$(LIBDIR)/libdrc_hook.so
@@ -391,14 +413,14 @@ install: all
 	install -m 644 $B/pkg/drc.pc $B/pkg/drc_host.pc $D$(LIBDIR)/pkgconfig/
 	install -m 644 $B/pkg/drcConfig.cmake $B/pkg/drcConfigVersion.cmake $D$(CMAKEDIR)/
 	install -m 755 $B/drc $D$(BINDIR)/
-	install -m 644 src/python/pyproject.toml $D$(PY_DIR)/
+	install -m 644 src/python/pyproject.toml src/python/drc_build.py $D$(PY_DIR)/
 	install -m 644 src/python/drc_torch/*.py $D$(PY_DIR)/drc_torch/
-	@echo "drc: installed in $D$(PREFIX). The PyTorch helper: python3 -m pip install src/python (in this tree), or"
-	@echo "drc: from a writable copy of $(PY_DIR) (setuptools builds in the folder); offline: add --no-build-isolation"
+	@echo "drc: installed in $D$(PREFIX). The PyTorch helper: python3 -m pip install $(PY_DIR)"
 
 uninstall:
 	rm -f $(addprefix $D$(INCLUDEDIR)/,$(notdir $(wildcard include/*.h)))
-	rm -f $(addprefix $D$(LIBDIR)/,libdrc.a libdrc.so libdrc.so.0 libdrc_host.so libdrc_host.so.0 $(notdir $(PRELOAD_LIBS)))
+	rm -f $(addprefix $D$(LIBDIR)/,libdrc.a libdrc.so libdrc.so.0 libdrc.so.$(VERSION) libdrc_host.so libdrc_host.so.0 \
+	  libdrc_host.so.$(VERSION) $(notdir $(PRELOAD_LIBS)))
 	rm -f $D$(LIBDIR)/pkgconfig/drc.pc $D$(LIBDIR)/pkgconfig/drc_host.pc $D$(BINDIR)/drc
 	rm -f $D$(CMAKEDIR)/drcConfig.cmake $D$(CMAKEDIR)/drcConfigVersion.cmake
 	rm -rf $D$(PY_DIR)

@@ -295,7 +295,7 @@ int drc__cuda_begin_teardown(int device);
  * last reference, the context was reset and its memory freed; then every
  * CUDA allocation of the device is invalidated. Only after the fact: a
  * release cannot tell beforehand whether it is the last (the window is the
- * one drc_notify_free leaves, README "Known limits").
+ * one drc_notify_free leaves, docs/limits.md).
  */
 void drc__cuda_primary_released(int device);
 

@@ -10,7 +10,7 @@
  * hull) and every later registration of any part of it, on any PD, gets the
  * same dmabuf at offset start - base.
  *
- * The fd's lifetime (decided, see README "GPU memory over verbs"): the table
+ * The fd's lifetime (decided, see docs/gpu.md "GPU memory over verbs"): the table
  * keeps one fd per entry for as long as the allocation lives, and hands each
  * registration a dup() of it, which the core closes after reg() returns, as
  * it closed a fresh export before (a custom backend sees no difference). An

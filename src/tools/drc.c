@@ -221,12 +221,41 @@ static int demo(void)
     return b.live != 0;
 }
 
+static const char usage_text[] =
+    "usage: drc demo             an engine's RDMA transfers on drc's loopback NIC, straight on verbs and\n"
+    "                            through drc, side by side (from drc's build tree: `make demo`)\n"
+    "       drc doctor [--check] can this machine register GPU memory for RDMA, and how?\n"
+    "                            --check: exit 1 when it cannot\n"
+    "       drc --version        drc's version\n"
+    "       drc --help           this text\n";
+
+/* A mistyped command line: say what is wrong, show the usage, exit 2 (as getopt programs do). */
+static int usage_error(const char *what, const char *arg)
+{
+    fprintf(stderr, "drc: %s '%s'\n%s", what, arg, usage_text);
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "demo")) {
+    if (argc < 2) {
+        fputs(usage_text, stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+        printf("drc %s\n", drc_version(NULL, NULL, NULL));
+        return 0;
+    }
+    if (!strcmp(argv[1], "demo")) {
         char dir[PATH_MAX];
         int bad = 0;
 
+        if (argc > 2)
+            return usage_error("drc demo takes no argument, not", argv[2]);
         if (build_tree(dir, sizeof(dir)))
             bad = engine_demo(dir);
         else
@@ -234,8 +263,10 @@ int main(int argc, char **argv)
         printf("The cache on its own (a backend that only counts):\n");
         return demo() | bad;
     }
-    if (argc >= 2 && !strcmp(argv[1], "doctor"))
+    if (!strcmp(argv[1], "doctor")) {
+        if (argc > 3 || (argc == 3 && strcmp(argv[2], "--check")))
+            return usage_error("drc doctor takes only --check, not", argv[2]);
         return drc__doctor(argc - 1, argv + 1);
-    fprintf(stderr, "usage: drc demo | drc doctor\n");
-    return 2;
+    }
+    return usage_error("unknown command", argv[1]);
 }

@@ -2,7 +2,7 @@
  * Where a hit, a held invalidation and a miss go to memory: drc and UCX's
  * ucs_rcache on bench_cache's workload at 65,536 regions, for callgrind's
  * cache model (tests/bench/counts.sh runs it and prints the counts per
- * operation; the README's "Why the missed rows are missed" quotes them).
+ * operation; tests/bench/RESULTS.md's "Why the missed rows are missed" quotes them).
  *
  * Usage: bench_misses [drc|ucx [N]] (neither: both, one process each). The caches, the backend that does no
  * work, the regions (64 KiB at a 128 KiB stride in reserved address space)

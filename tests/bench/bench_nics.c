@@ -47,7 +47,7 @@
 #define MiB (1ul << 20)
 enum { MAXN = 8, BLOCKS = 4, TENSORS = 128, VIEWS = 2000, ROUNDS = 5, VIEW = 200 * 1024, WSET = 64, REQS = 2000 };
 
-/* Published per-registration costs (README: where each comes from). */
+/* Published per-registration costs (tests/bench/RESULTS.md, "Many NICs": where each comes from). */
 static const double MR_MS = 6.0;        /* TransferQueue PR 79: ~6 ms per GPU MR (peermem) */
 static const double EXPORT_US = 27.5;   /* CONSUMERS.md, H200: export + close 20-35 us */
 

@@ -4,9 +4,13 @@
 #   2. a consumer built with pkg-config (drc, drc_host) against the staged tree, and run
 #   3. the same consumer built with CMake (find_package(drc 0.1): drc::drc, drc::host, drc::static),
 #      and run; find_package(drc 1.0) is refused
-#   4. the Python package, pip-installed from a copy of the installed share/drc/python, finds the
-#      installed libdrc through pkg-config (no DRC_LIB) and imports without torch
-#   5. make uninstall leaves nothing behind
+#   4. libraries by their full version (libdrc.so.X.Y.Z, the soname and the bare name links to it), in
+#      the build tree and installed; pkg-config --static names no libibverbs provider (drc dlopens
+#      libibverbs); installed under a non-default prefix, libdrc_host.so finds libdrc.so.0 beside it
+#   5. the Python package, pip-installed offline (no index, no network, build isolation on) straight
+#      from the installed share/drc/python, finds the installed libdrc through pkg-config (no
+#      DRC_LIB) and imports without torch
+#   6. make uninstall leaves nothing behind
 # Usage: tests/pkg/test_install.sh BUILD_DIR RESULTS_FILE (run from the top of the tree)
 B=$1 out=$2
 top=$(pwd)
@@ -27,7 +31,8 @@ installed() {
     for f in include/drc.h include/drc_verbs.h include/drc_cuda.h include/drc_host.h lib/libdrc.so.0 \
              lib/libdrc.so lib/libdrc.a lib/libdrc_host.so.0 lib/libdrc_host.so lib/pkgconfig/drc.pc \
              lib/pkgconfig/drc_host.pc lib/cmake/drc/drcConfig.cmake lib/cmake/drc/drcConfigVersion.cmake \
-             bin/drc share/drc/python/pyproject.toml share/drc/python/drc_torch/__init__.py; do
+             bin/drc share/drc/python/pyproject.toml share/drc/python/drc_build.py \
+             share/drc/python/drc_torch/__init__.py; do
         [ -e "$P/$f" ] || { echo "missing after make install: /usr/$f"; return 1; }
     done
     for f in "$B"/libdrc_hook.so "$B"/libdrc_verbs.so; do
@@ -43,7 +48,9 @@ pkgconfig_consumer() {
     with_pc pkg-config --exists --print-errors drc drc_host || return 1
     [ "$(with_pc pkg-config --modversion drc)" = "$(sed -n 's/^version = "\(.*\)"/\1/p' src/python/pyproject.toml)" ] ||
         { echo "drc.pc and pyproject.toml disagree on the version"; return 1; }
-    with_pc pkg-config --print-requires-private drc | grep -q libibverbs || { echo "drc.pc: no Requires.private libibverbs"; return 1; }
+    static=$(with_pc pkg-config --static --libs drc drc_host) || return 1
+    case " $static " in *" -libverbs "*|*" -lmlx5 "*|*"-rdmav"*|*" -lnl-"*)
+        echo "pkg-config --static --libs drc names libibverbs or its providers (drc dlopens it): $static"; return 1;; esac
     ${CC:-cc} -Wall -Wextra -Werror -o "$T/pc_consumer" tests/pkg/consumer/consumer.c $(with_pc pkg-config --cflags --libs drc) &&
     LD_LIBRARY_PATH=$P/lib "$T/pc_consumer" &&
     ${CC:-cc} -Wall -Wextra -Werror -DWITH_HOST -o "$T/pc_consumer_host" tests/pkg/consumer/consumer.c \
@@ -66,22 +73,41 @@ cmake_consumer() {
 }
 result install:cmake-consumer cmake_consumer
 
-# An interpreter that can build the package offline: pip, setuptools and wheel present (Debian's
-# python3-pip brings them all).
-pick_python() {
-    for py in python3 /usr/bin/python3; do
-        "$py" -c 'import setuptools, wheel' 2>/dev/null && "$py" -m pip --version >/dev/null 2>&1 &&
-            { echo "$py"; return 0; }
+# libdrc.so.X.Y.Z is the file, libdrc.so.0 (the soname) and libdrc.so links to it, in folder $1
+versioned() {
+    v=$(sed -n 's/^version = "\(.*\)"/\1/p' src/python/pyproject.toml)
+    for l in libdrc libdrc_host; do
+        [ -f "$1/$l.so.$v" ] && [ ! -L "$1/$l.so.$v" ] || { echo "$1/$l.so.$v: not a file"; return 1; }
+        [ "$(readlink "$1/$l.so.0")" = "$l.so.$v" ] || { echo "$1/$l.so.0 is not a link to $l.so.$v"; return 1; }
+        [ "$(readlink "$1/$l.so")" = "$l.so.0" ] || { echo "$1/$l.so is not a link to $l.so.0"; return 1; }
+        readelf -d "$1/$l.so.$v" | grep -q "SONAME.*\[$l.so.0\]" || { echo "$l.so.$v: soname is not $l.so.0"; return 1; }
     done
-    return 1
 }
-python_package() {
-    py=$(pick_python) || { echo "no python3 with pip, setuptools and wheel: apt-get install python3-pip"; return 1; }
-    # the installed tree somewhere else, without DESTDIR, so that pkg-config's libdir is real
+result build:versioned-libraries versioned "$B"
+result install:versioned-libraries versioned "$P/lib"
+
+# The installed tree somewhere no loader looks, without DESTDIR (so that pkg-config's libdir is
+# real): libdrc_host.so finds the libdrc.so.0 installed beside it (RUNPATH $ORIGIN), as ldd shows.
+prefixed() {
     make -s --no-print-directory B="$B" WERROR= PREFIX="$T/prefix" install || return 1
-    cp -r "$T/prefix/share/drc/python" "$T/pysrc" &&
-    PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir \
-        --disable-pip-version-check --target "$T/site" "$T/pysrc" || return 1
+    deps=$(env -u LD_LIBRARY_PATH ldd "$T/prefix/lib/libdrc_host.so") || return 1
+    echo "$deps" | grep -q "libdrc.so.0 => $T/prefix/lib/libdrc.so.0 " ||
+        { echo "libdrc_host.so from $T/prefix does not find its libdrc.so.0:"; echo "$deps"; return 1; }
+}
+result install:host-finds-libdrc-in-its-prefix prefixed
+
+# pip offline: no index and, where this user may make one, a network namespace without network.
+# Build isolation stays on, as for a user who types the README's line: the package's build backend
+# must need nothing pip would have to fetch.
+offline() { if unshare -n true 2>/dev/null; then unshare -n "$@"; else "$@"; fi; }
+python_package() {
+    py=python3
+    "$py" -m pip --version >/dev/null 2>&1 || { echo "no pip for python3: apt-get install python3-pip"; return 1; }
+    listing() { (cd "$T/prefix/share/drc/python" && find . ! -path '*__pycache__*' | sort); }
+    before=$(listing)
+    PIP_ROOT_USER_ACTION=ignore offline "$py" -m pip install --no-deps --no-index --no-cache-dir \
+        --disable-pip-version-check --target "$T/site" "$T/prefix/share/drc/python" || return 1
+    [ "$(listing)" = "$before" ] || { echo "pip wrote into the installed package folder:"; listing; return 1; }
     ( cd "$T" && env -u DRC_LIB PKG_CONFIG_PATH="$T/prefix/lib/pkgconfig" PYTHONPATH="$T/site" "$py" -c '
 import sys
 sys.modules["torch"] = None     # importing torch fails, as where it is not installed

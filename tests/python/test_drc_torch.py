@@ -122,6 +122,42 @@ class ImportWithoutTorch(unittest.TestCase):
         with self.assertRaises(ImportError):
             drc_torch.Pool()
 
+    def test_pool_says_which_torch_it_needs(self):
+        """A torch without torch.cuda.MemPool (before 2.5): Pool says what it needs and what it found."""
+        import types
+        old = types.ModuleType("torch")
+        old.__version__ = "2.4.1"
+        old.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(CUDAPluggableAllocator=lambda *a: None))
+        sys.modules["torch"] = old
+        try:
+            with self.assertRaises(RuntimeError) as e:
+                drc_torch.Pool()
+        finally:
+            del sys.modules["torch"]
+        self.assertIn("PyTorch 2.5 or later", str(e.exception))
+        self.assertIn("2.4.1", str(e.exception))
+
+    def test_missing_library_says_how_to_point_to_it(self):
+        """No libdrc anywhere the helper looks: the error names where it looked and DRC_LIB."""
+        with tempfile.TemporaryDirectory() as d:
+            pkg = os.path.join(d, "pkg")      # the package outside any drc tree
+            os.makedirs(os.path.join(pkg, "drc_torch"))
+            src = os.path.join(os.path.dirname(drc_torch.__file__), "__init__.py")
+            with open(src) as f, open(os.path.join(pkg, "drc_torch", "__init__.py"), "w") as g:
+                g.write(f.read())
+            env = {k: v for k, v in os.environ.items() if k not in ("DRC_LIB", "LD_LIBRARY_PATH")}
+            env.update(PYTHONPATH=pkg, PKG_CONFIG_PATH=d, PKG_CONFIG_LIBDIR=d)
+            code = "import drc_torch\ntry:\n drc_torch.version()\nexcept OSError as e:\n print(e)\n"
+            for drc_lib, where in ((None, "libdrc.so.0 on the loader's path"),
+                                   ("/nonexistent/libdrc.so.0", "DRC_LIB=/nonexistent/libdrc.so.0")):
+                if drc_lib:
+                    env["DRC_LIB"] = drc_lib
+                out = subprocess.run([sys.executable, "-c", code], env=env, cwd=d, capture_output=True,
+                                     text=True, timeout=60)
+                self.assertEqual(out.returncode, 0, out.stderr)
+                self.assertIn("cannot load libdrc from " + where, out.stdout)
+                self.assertIn("DRC_LIB=/path/to/libdrc.so.0", out.stdout)
+
     def test_lib_path_order(self):
         env = dict(os.environ)
         try:

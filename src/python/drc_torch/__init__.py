@@ -14,12 +14,13 @@ PyTorch still caches blocks inside the pool; drc is called once per segment
 `del pool` or torch.cuda.empty_cache()) invalidates every registration of it
 before the memory goes, so no MR outlives its memory.
 
-The library (libdrc.so, which needs libibverbs and libc only, so a late
+The library (libdrc.so, which needs libc only, so a late
 ctypes load works) is found through, in order: $DRC_LIB; the libdir that
 `pkg-config --variable=libdir drc` names; the build/ folder of the drc source
-tree this file sits in; the loader's path (libdrc.so.0). Importing this
-module needs neither torch nor the library: Pool needs torch, and each call
-that needs the library loads it then.
+tree this file sits in; the loader's path (libdrc.so.0); where none has it,
+the error says how to point to it (DRC_LIB). Importing this module needs
+neither torch nor the library: Pool needs torch 2.5 or later
+(torch.cuda.MemPool), and each call that needs the library loads it then.
 """
 import ctypes
 import os
@@ -90,13 +91,29 @@ class _Stats(ctypes.Structure):
 _libs = {}
 
 
+def _not_found(path, err):
+    """What to tell a user whose libdrc did not load: where it looked and how to point to it."""
+    if os.environ.get("DRC_LIB"):
+        where = "DRC_LIB=%s" % os.environ["DRC_LIB"]
+    elif os.sep in path:
+        where = path
+    else:
+        where = "%s on the loader's path (no DRC_LIB, no drc.pc for pkg-config, no drc build tree)" % path
+    return ("drc_torch: cannot load libdrc from %s: %s\n"
+            "drc_torch: build drc (make) or install it (make install: pkg-config then finds it), or point to "
+            "the library with DRC_LIB=/path/to/libdrc.so.0" % (where, err))
+
+
 def load(path=None):
     """The libdrc at @path (default lib_path()) with its prototypes set, loaded once per path."""
     path = path or lib_path()
     lib = _libs.get(path)
     if lib is not None:
         return lib
-    lib = ctypes.CDLL(path)
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise OSError(_not_found(path, e)) from None
     vp, u32 = ctypes.c_void_p, ctypes.c_uint32
     lib.drc_cache_create.argtypes = [ctypes.POINTER(_Backend), vp, ctypes.POINTER(vp)]
     lib.drc_cache_create_verbs.argtypes = [vp, vp, ctypes.POINTER(vp)]
@@ -158,6 +175,9 @@ class Pool:
     def __init__(self, path=None):
         import torch    # only here: the rest of the module works without torch
 
+        if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
+            raise RuntimeError("drc_torch.Pool needs PyTorch 2.5 or later (torch.cuda.MemPool); this is torch %s"
+                               % getattr(torch, "__version__", "of unknown version"))
         self.path = path or lib_path()
         self.allocator = torch.cuda.memory.CUDAPluggableAllocator(self.path, "drc_torch_malloc", "drc_torch_free")
         self.pool = torch.cuda.MemPool(self.allocator.allocator())
