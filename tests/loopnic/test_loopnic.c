@@ -1,4 +1,4 @@
-/* Tests of the loopnic provider (tests/loopnic/loopnic.c): does it behave like a NIC?
+/* Tests of the loopnic provider (src/loopnic/loopnic.c): does it behave like a NIC?
  *
  * This program is linked against the system libibverbs and run twice by make test-loopnic:
  * LOOPNIC_TEST_MODE=inplace with build/loopnic on LD_LIBRARY_PATH (the provider is
