@@ -1,9 +1,10 @@
 # ---- loopnic: a loopback verbs provider that behaves like a NIC (src/loopnic/README.md) ----
-# One source, two libraries: $B/loopnic/libibverbs.so.1 (in place of rdma-core's, LD_LIBRARY_PATH)
-# and $B/loopnic/libloopnic.so (LD_PRELOAD over the real one). No sanitizers: it is preloaded.
-LOOPNIC_DEPS  := src/loopnic/loopnic.c src/loopnic/loopnic.h src/loopnic/loopnic_record.h src/loopnic/loopnic.map
+# Two sources (the model; surface.c, the rest of rdma-core's symbols), two libraries:
+# $B/loopnic/libibverbs.so.1 (in place of rdma-core's, LD_LIBRARY_PATH) and $B/loopnic/libloopnic.so
+# (LD_PRELOAD over the real one). No sanitizers: it is preloaded.
+LOOPNIC_DEPS  := src/loopnic/loopnic.c src/loopnic/surface.c src/loopnic/loopnic.h src/loopnic/loopnic_record.h src/loopnic/loopnic.map
 LOOPNIC_BUILD  = $(CC) $(CPPFLAGS) -Isrc/loopnic -O2 -g $(WARN) -fPIC -fvisibility=hidden -shared \
-                 -Wl,--version-script=src/loopnic/loopnic.map -Wl,-soname,$(notdir $@) -o $@ $< -ldl -lpthread
+                 -Wl,--version-script=src/loopnic/loopnic.map -Wl,-soname,$(notdir $@) -o $@ $(filter %.c,$^) -ldl -lpthread
 $B/loopnic/libibverbs.so.1: $(LOOPNIC_DEPS)
 	@mkdir -p $(@D)
 	$(LOOPNIC_BUILD)
