@@ -350,6 +350,29 @@ static void atfork_child(void)
     pthread_mutex_unlock(&g_lock);
 }
 
+/* Preloaded over rdma-core (libloopnic.so), the provider answers every verbs call: a library that
+ * wraps ibv_reg_mr (a registration cache, a tracer) and is preloaded after it is never called,
+ * because the program's references bind to the first definition in LD_PRELOAD order. Nothing here
+ * can hand the call to such a library and get it back (its "next" definition is rdma-core's, which
+ * cannot serve the model's objects), so say which order works. */
+static void check_preload_order(void)
+{
+    void *p = dlsym(RTLD_NEXT, "ibv_reg_mr");
+    const char *base;
+    Dl_info info;
+
+    if (!p || !dladdr(p, &info) || !info.dli_fname)
+        return;
+    base = strrchr(info.dli_fname, '/');
+    base = base ? base + 1 : info.dli_fname;
+    if (strncmp(base, "libibverbs.so", 13) == 0)
+        return;
+    fprintf(stderr,
+            "loopnic: WARNING: %s defines ibv_reg_mr but is preloaded after libloopnic.so: the program's verbs\n"
+            "loopnic: calls stop at libloopnic.so and never reach it. Preload it first: LD_PRELOAD=\"%s libloopnic.so\"\n",
+            info.dli_fname, base);
+}
+
 static void init_once(void)
 {
     const char *s;
@@ -389,6 +412,7 @@ static void init_once(void)
             g_tab->qp[i].qp_num = (salt & 0xfff) << 12;
     }
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    check_preload_order();
     if (!g_tab)
         fprintf(stderr, "loopnic: cannot map the MR table\n");
     else if (g_tab->next_pd_id == 0)
@@ -2478,12 +2502,10 @@ static int exec_wr(struct lqp *q, const struct ibv_send_wr *wr, uint32_t *byte_l
         }
     } else if (total > 0 || atomic) {
         uint32_t need = atomic ? IBV_ACCESS_REMOTE_ATOMIC : to_remote ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
-        struct sh_mr *rm = find_mr(wr->wr.rdma.rkey, rq->pid);
-        uint64_t raddr = wr->wr.rdma.remote_addr;
-        if (atomic) { /* wr.atomic shares remote_addr and rkey with wr.rdma */
-            if (raddr & 7)
-                return IBV_WC_REM_INV_REQ_ERR; /* misaligned: the responder NAKs the request */
-        }
+        struct sh_mr *rm = find_mr(atomic ? wr->wr.atomic.rkey : wr->wr.rdma.rkey, rq->pid);
+        uint64_t raddr = atomic ? wr->wr.atomic.remote_addr : wr->wr.rdma.remote_addr;
+        if (atomic && (raddr & 7))
+            return IBV_WC_REM_INV_REQ_ERR; /* misaligned: the responder NAKs the request */
         if (!rm || rm->pd_id != rq->pd_id || !in_mr(rm, raddr, total) || !(rm->access & need) || !(rq->access & need))
             return IBV_WC_REM_ACCESS_ERR;
         r[0].addr = rm->addr + (raddr - rm->iova);

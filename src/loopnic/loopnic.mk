@@ -46,3 +46,15 @@ LOOPNIC_TESTS := $B/loopnic/test_loopnic_inplace $B/loopnic/test_loopnic_preload
 test-loopnic: $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so $B/loopnic/fakecuda/libcuda.so.1 $(LOOPNIC_TESTS)
 	@mkdir -p $B/test-results && tests/run.sh $B/test-results/loopnic $(LOOPNIC_TESTS)
 test: test-loopnic
+# Stock programs on the model NIC (issue 25): Debian's ibverbs-utils and perftest, two processes,
+# in place and with drc preloaded (tests/loopnic/stock.sh); and the provider's symbol surface
+# against the system's libibverbs (tests/loopnic/check_surface.sh).
+$B/loopnic/stale_hazard: tests/loopnic/stale_hazard.c tests/loopnic/rcqp.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/loopnic -O1 -g $(WARN) -o $@ $< -libverbs
+.PHONY: test-loopnic-stock test-loopnic-surface
+test-loopnic-stock: $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so $B/loopnic/stale_hazard $B/libdrc_verbs.so
+	@mkdir -p $B/test-results && tests/loopnic/stock.sh $B $B/test-results/loopnic-stock
+test-loopnic-surface: $B/loopnic/libibverbs.so.1
+	@mkdir -p $B/test-results && tests/loopnic/check_surface.sh $B/loopnic/libibverbs.so.1 $B/test-results/loopnic-surface
+test: test-loopnic-stock test-loopnic-surface
