@@ -26,11 +26,13 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
-# wait until something listens on TCP port $1 (perftest and the pingpongs listen before they serve)
+# wait until something listens on TCP port $1 (perftest and the pingpongs listen before they
+# serve), while process $2 (the server) lives
 wait_listen() {
     local hex; hex=$(printf '%04X' "$1")
-    for _ in $(seq 1 200); do
+    for _ in $(seq 1 600); do
         grep -q ":$hex [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+        kill -0 "$2" 2>/dev/null || return 1
         sleep 0.05
     done
     return 1
@@ -63,7 +65,7 @@ run_pair() {
     rm -f "$reg" "$rep"
     timeout $TO env "${env[@]}" "$@" -p "$port" > "$slog" 2>&1 &
     local spid=$!
-    if ! wait_listen "$port"; then
+    if ! wait_listen "$port" "$spid"; then
         kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
         fail "$name" "the server never listened"; sed 's/^/    /' "$slog"; return
     fi
@@ -102,11 +104,16 @@ run_pair() {
     fi
 }
 
-for mode in plain drc; do
-    # ibv_devinfo -v: every query a real program makes, one device model; no WR
+# ibv_devinfo -v: every query a real program makes, one device model; no WR. In place, with drc,
+# and with the provider preloaded over rdma-core (ibv_query_gid_type must be the provider's).
+for mode in plain drc preload; do
     rep="$T/devinfo-$mode.report"
-    if [ $mode = plain ]; then pre=(); else pre=(LD_PRELOAD="$B/libdrc_verbs.so"); fi
-    timeout $TO env "${pre[@]}" LD_LIBRARY_PATH="$B/loopnic" LOOPNIC_REPORT="$rep" ibv_devinfo -v > "$T/devinfo" 2>&1
+    case $mode in
+        plain) pre=(LD_LIBRARY_PATH="$B/loopnic");;
+        drc) pre=(LD_LIBRARY_PATH="$B/loopnic" LD_PRELOAD="$B/libdrc_verbs.so");;
+        preload) pre=(LD_PRELOAD="$B/loopnic/libloopnic.so");;
+    esac
+    timeout $TO env "${pre[@]}" LOOPNIC_REPORT="$rep" ibv_devinfo -v > "$T/devinfo" 2>&1
     rc=$?
     if [ $rc = 0 ] && grep -q '^hca_id:	loop0' "$T/devinfo" && grep -q 'atomic_cap:.*ATOMIC_HCA' "$T/devinfo" &&
        grep -q 'state:.*PORT_ACTIVE' "$T/devinfo" && grep -q 'GID\[  0\]:.*fe80:0000:0000:0000:4c4f:4f50:0000:0001' "$T/devinfo" &&
@@ -115,6 +122,9 @@ for mode in plain drc; do
     else
         fail "ibv_devinfo-v-$mode" "exit $rc"; sed 's/^/    /' "$T/devinfo"
     fi
+done
+
+for mode in plain drc; do
     # the pingpongs: each side sends n messages of s bytes
     run_pair "ibv_rc_pingpong-$mode" $((2 * N * 4096)) $mode ibv_rc_pingpong -d loop0 -g 0 -n $N -s 4096
     # ibv_srq_pingpong: q QPs on one SRQ; each side sends on every QP first, then one per receive,
