@@ -187,7 +187,7 @@ test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
 	  else echo "!! $$f failed on its corpus"; echo "$$f 0 1" >> $B/test-results/fuzz-replay; fi; \
 	done
 test: test-fuzz-replay
-include tests/loopnic/loopnic.mk tests/e2e/e2e.mk src/tools/demo.mk tests/nics/nics.mk
+include src/loopnic/loopnic.mk tests/e2e/e2e.mk src/tools/demo.mk tests/nics/nics.mk
 
 # ---- the ABI: exported names = version script = DRC_API declarations (tests/abi/check_exports.sh) ----
 # Each library with its version script and the headers that declare its names. A failure says
@@ -349,16 +349,16 @@ $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/l
 
 # ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
 # DOUBLES (no NIC, no GPU in CI): libibverbs.so.1 is the loopback provider with its record
-# ($B/loopnic, tests/loopnic/loopnic.mk), libcuda.so.1 the one CUDA double (tests/doubles), both found by
+# ($B/loopnic, src/loopnic/loopnic.mk), libcuda.so.1 the one CUDA double (tests/doubles), both found by
 # the test through LD_LIBRARY_PATH; and the programs run under the preload.
-$B/engine/engine_child: tests/engine/engine_child.c tests/loopnic/loopnic_record.h tests/doubles/fake_libcuda.h \
+$B/engine/engine_child: tests/engine/engine_child.c src/loopnic/loopnic_record.h tests/doubles/fake_libcuda.h \
                         $B/loopnic/libibverbs.so.1
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -L$B/loopnic -l:libibverbs.so.1 -ljemalloc -ldl
+	$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -O1 -g $(WARN) -o $@ $< -L$B/loopnic -l:libibverbs.so.1 -ljemalloc -ldl
 # tent_child links no libibverbs: it dlopens it RTLD_LOCAL and dlsyms every call, as TENT and NCCL do.
-$B/engine/tent_child: tests/engine/tent_child.c tests/loopnic/loopnic_record.h
+$B/engine/tent_child: tests/engine/tent_child.c src/loopnic/loopnic_record.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -Itests/loopnic -O1 -g $(WARN) -o $@ $< -ldl
+	$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -O1 -g $(WARN) -o $@ $< -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/libdrc_host.so.0 $B/engine/engine_child \
   $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1
 # ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).

@@ -19,7 +19,7 @@
 
 #include <infiniband/verbs.h>
 
-#include "loopnic.h"   /* tests/loopnic: the provider's counters, looked up with dlsym */
+#include "loopnic.h"   /* src/loopnic: the provider's counters, looked up with dlsym */
 #include "rcqp.h"    /* tests/loopnic: one RC QP brought up, as the tests do it */
 
 #define ACC (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)

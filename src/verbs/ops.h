@@ -19,7 +19,7 @@
  *        drc's own registrations never re-enter the ibv_reg_mr interposer;
  *      a double in tests: drc__verbs_ops_dlopen() of any library path (the
  *        one double, the loopback provider build/loopnic/libibverbs.so.1 with
- *        its record: tests/loopnic/), then drc__verbs_install().
+ *        its record: src/loopnic/), then drc__verbs_install().
  *  - drc__verbs_install() must happen before any verbs call of drc (the
  *    preload's constructor, a test's setup); it is not meant to race calls.
  *    Reading the table is lock-free and thread-safe.

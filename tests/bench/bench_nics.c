@@ -1,6 +1,6 @@
 /*
  * bench_nics: the registration workloads of real engines on N NICs, with and
- * without drc in front (issue 11), through the loopback provider (tests/loopnic,
+ * without drc in front (issue 11), through the loopback provider (src/loopnic,
  * linked in place of libibverbs) with 1, 4 and 8 devices.
  *
  * GPU memory: the real libcuda.so.1 where one loads (cuMemAlloc; loopnic then
@@ -40,7 +40,7 @@
 
 #include "drc.h"
 #include "drc_verbs.h"
-#include "../loopnic/loopnic.h"
+#include "../../src/loopnic/loopnic.h"
 #include "../loopnic/rcqp.h"
 
 #define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)

@@ -569,7 +569,7 @@ int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned lon
 
 /*
  * Where each exported dmabuf starts, by its inode: fakecu_dmabuf_base() lets the loopback NIC
- * (tests/loopnic) find the memory behind a dmabuf MR, so that a wrong dmabuf offset moves the
+ * (src/loopnic) find the memory behind a dmabuf MR, so that a wrong dmabuf offset moves the
  * wrong bytes there, as it would on a real NIC (UCX issue 11417). Test-only.
  */
 enum { MAX_EXPORTED = 1024 };

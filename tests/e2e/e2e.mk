@@ -3,13 +3,13 @@
 # and e2e_engine (plain verbs; drc comes in by LD_PRELOAD). make test runs them on the loopback
 # provider, in place of libibverbs or preloaded over it (the matrix below); make test-hw runs the
 # same programs on the real libibverbs. The wrappers are what tests/run.sh runs.
-E2E_DEPS := tests/e2e/e2e.c tests/loopnic/loopnic.h tests/loopnic/rcqp.h
+E2E_DEPS := tests/e2e/e2e.c src/loopnic/loopnic.h tests/loopnic/rcqp.h
 $B/e2e/e2e_api: $(E2E_DEPS) include/drc.h include/drc_verbs.h $B/libdrc.a
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/loopnic -DE2E_API -O1 -g $(WARN) -o $@ $< $B/libdrc.a -libverbs -lcmocka $(LDLIBS)
+	$(CC) $(CPPFLAGS) -Isrc/loopnic -Itests/loopnic -DE2E_API -O1 -g $(WARN) -o $@ $< $B/libdrc.a -libverbs -lcmocka $(LDLIBS)
 $B/e2e/e2e_engine: $(E2E_DEPS)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/loopnic -O1 -g $(WARN) -o $@ $< -libverbs -lcmocka -ldl
+	$(CC) $(CPPFLAGS) -Isrc/loopnic -Itests/loopnic -O1 -g $(WARN) -o $@ $< -libverbs -lcmocka -ldl
 # $(call e2e_wrapper,PROGRAM,ENVIRONMENT): a script that runs $B/e2e/PROGRAM with ENVIRONMENT,
 # where $$d is the script's folder ($B/e2e).
 e2e_wrapper = printf '\#!/bin/sh\nd=$$(cd "$$(dirname "$$0")" && pwd)\n%s exec "$$d/$1" "$$@"\n' '$2' > $@ && chmod +x $@

@@ -5,7 +5,7 @@
  * machine (the same program, the same checks). It registers the way a
  * transfer engine does — ibv_reg_mr on GPU and host buffers, ibv_dereg_mr
  * when done — and checks what the engine and the NIC would see, by reading
- * the provider's record of calls (tests/loopnic/loopnic_record.h). argv[1] names the scenario; exit 0 and a
+ * the provider's record of calls (src/loopnic/loopnic_record.h). argv[1] names the scenario; exit 0 and a
  * last line "ok <scenario>" when every check held, else 1 after a line
  * "FAIL <line>: <what>".
  */

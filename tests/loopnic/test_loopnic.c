@@ -1,4 +1,4 @@
-/* Tests of the loopnic provider (tests/loopnic/loopnic.c): does it behave like a NIC?
+/* Tests of the loopnic provider (src/loopnic/loopnic.c): does it behave like a NIC?
  *
  * This program is linked against the system libibverbs and run twice by make test-loopnic:
  * LOOPNIC_TEST_MODE=inplace with build/loopnic on LD_LIBRARY_PATH (the provider is
@@ -131,7 +131,7 @@ static int to_rtr(struct ibv_qp *qp, uint32_t dest, int mask_off)
                                   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) & ~mask_off);
 }
 
-static int to_rts(struct ibv_qp *qp)
+static int to_rts_rnr(struct ibv_qp *qp, uint8_t rnr_retry)
 {
     struct ibv_qp_attr a;
 
@@ -139,11 +139,16 @@ static int to_rts(struct ibv_qp *qp)
     a.qp_state = IBV_QPS_RTS;
     a.timeout = 14;
     a.retry_cnt = 7;
-    a.rnr_retry = 7;
+    a.rnr_retry = rnr_retry;
     a.sq_psn = 0;
     a.max_rd_atomic = 1;
     return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                                      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static int to_rts(struct ibv_qp *qp)
+{
+    return to_rts_rnr(qp, 7);
 }
 
 static void connect_qp(struct ibv_qp *qp, uint32_t dest, int access)
@@ -1236,10 +1241,284 @@ static void test_write_with_imm(void **state)
     assert_int_equal(be32toh(wc.imm_data), 0xabcd);
     assert_int_equal(wc.byte_len, 100);
     assert_memory_equal(p + 4096, p, 100);
-    /* no receive posted: RNR retries exhausted */
+    /* no receive posted, rnr_retry 7: the responder NAKs and the requester retries for ever... */
+    assert_int_equal(ibv_post_send(a.qp, &wr, &sbad), 0);
+    assert_cq_empty(a.cq);
+    assert_cq_empty(b.cq);
+    /* ... until a receive is posted: then the WR completes, on both sides */
+    rwr.wr_id = 78;
+    assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_SUCCESS);
+    wc = poll1(b.cq);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    assert_int_equal(wc.wr_id, 78);
+    /* rnr_retry 0: the first RNR NAK fails the WR */
+    {
+        struct ibv_qp_attr qa;
+        memset(&qa, 0, sizeof(qa));
+        qa.qp_state = IBV_QPS_RESET;
+        assert_int_equal(ibv_modify_qp(a.qp, &qa, IBV_QP_STATE), 0);
+        assert_int_equal(to_init(a.qp, ALL_ACCESS), 0);
+        assert_int_equal(to_rtr(a.qp, b.qp->qp_num, 0), 0);
+        assert_int_equal(to_rts_rnr(a.qp, 0), 0);
+    }
     assert_int_equal(ibv_post_send(a.qp, &wr, &sbad), 0);
     assert_int_equal(poll1(a.cq).status, IBV_WC_RNR_RETRY_EXC_ERR);
     assert_int_equal(ibv_dereg_mr(ml) | ibv_dereg_mr(mr), 0);
+    side_close(&a);
+    side_close(&b);
+    munmap(p, 2 * 4096);
+}
+
+static int post_recv1(struct ibv_qp *qp, struct ibv_sge *sg, int n, uint64_t id)
+{
+    struct ibv_recv_wr wr, *bad = NULL;
+
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = id;
+    wr.sg_list = sg;
+    wr.num_sge = n;
+    return ibv_post_recv(qp, &wr, &bad);
+}
+
+/* SEND and SEND_WITH_IMM land in the posted receive, scattered over its SGEs; the receive
+ * completion carries what a NIC gives: byte_len, imm_data and IBV_WC_WITH_IMM, the QP numbers. */
+static void test_send_into_posted_receive(void **state)
+{
+    struct side a, b;
+    struct ibv_mr *ml, *mr;
+    struct ibv_sge sg, rsg[2];
+    struct ibv_send_wr wr, *bad;
+    struct ibv_wc wc;
+    unsigned char *p = map_anon(2 * 4096);
+
+    (void)state;
+    NEED_LOOPNIC();
+    pair_open(&a, &b);
+    ml = ibv_reg_mr(a.pd, p, 4096, ALL_ACCESS);
+    mr = ibv_reg_mr(b.pd, p + 4096, 4096, IBV_ACCESS_LOCAL_WRITE);
+    fill(p, 4096, 21);
+    rsg[0] = sge(mr, p + 4096, 100);
+    rsg[1] = sge(mr, p + 8192 - 1000, 1000);
+    assert_int_equal(post_recv1(b.qp, rsg, 2, 41), 0);
+    sg = sge(ml, p, 300);
+    assert_int_equal(post(a.qp, IBV_WR_SEND, &sg, 1, 0, 0, IBV_SEND_SIGNALED, 1), 0);
+    wc = poll1(a.cq);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    assert_int_equal(wc.opcode, IBV_WC_SEND);
+    wc = poll1(b.cq);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    assert_int_equal(wc.opcode, IBV_WC_RECV);
+    assert_int_equal(wc.wr_id, 41);
+    assert_int_equal(wc.byte_len, 300);
+    assert_int_equal(wc.wc_flags & IBV_WC_WITH_IMM, 0);
+    assert_int_equal(wc.qp_num, b.qp->qp_num);
+    assert_int_equal(wc.src_qp, a.qp->qp_num);
+    assert_memory_equal(p + 4096, p, 100);
+    assert_memory_equal(p + 8192 - 1000, p + 100, 200);
+    /* with immediate; inline (no lkey needed) */
+    assert_int_equal(post_recv1(b.qp, rsg, 1, 42), 0);
+    {
+        struct ibv_sge isg = { (uintptr_t)p + 500, 64, 0 };
+        memset(&wr, 0, sizeof(wr));
+        wr.wr_id = 2;
+        wr.opcode = IBV_WR_SEND_WITH_IMM;
+        wr.sg_list = &isg;
+        wr.num_sge = 1;
+        wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+        wr.imm_data = htobe32(0x1234);
+        assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+    }
+    assert_int_equal(poll1(a.cq).status, IBV_WC_SUCCESS);
+    wc = poll1(b.cq);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    assert_int_equal(wc.wr_id, 42);
+    assert_int_equal(wc.byte_len, 64);
+    assert_true(wc.wc_flags & IBV_WC_WITH_IMM);
+    assert_int_equal(be32toh(wc.imm_data), 0x1234);
+    assert_memory_equal(p + 4096, p + 500, 64);
+    /* a receive too small: the responder's completion says so, the requester's says it was refused */
+    assert_int_equal(post_recv1(b.qp, rsg, 1, 43), 0);
+    sg = sge(ml, p, 101);
+    assert_int_equal(post(a.qp, IBV_WR_SEND, &sg, 1, 0, 0, IBV_SEND_SIGNALED, 3), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_REM_INV_REQ_ERR);
+    wc = poll1(b.cq);
+    assert_int_equal(wc.status, IBV_WC_LOC_LEN_ERR);
+    assert_int_equal(wc.wr_id, 43);
+    /* a receive without LOCAL_WRITE on its MR: a protection error at the responder */
+    reconnect(&a, &b);
+    {
+        struct ibv_mr *ro = ibv_reg_mr(b.pd, p + 4096, 4096, 0);
+        struct ibv_sge rosg = sge(ro, p + 4096, 4096);
+        assert_non_null(ro);
+        assert_int_equal(post_recv1(b.qp, &rosg, 1, 44), 0);
+        sg = sge(ml, p, 10);
+        assert_int_equal(post(a.qp, IBV_WR_SEND, &sg, 1, 0, 0, IBV_SEND_SIGNALED, 4), 0);
+        assert_int_equal(poll1(a.cq).status, IBV_WC_REM_OP_ERR);
+        assert_int_equal(poll1(b.cq).status, IBV_WC_LOC_PROT_ERR);
+        assert_int_equal(ibv_dereg_mr(ro), 0);
+    }
+    /* the QP in error flushes what is posted to it */
+    assert_int_equal(post_recv1(b.qp, rsg, 1, 45), 0);
+    wc = poll1(b.cq);
+    assert_int_equal(wc.status, IBV_WC_WR_FLUSH_ERR);
+    assert_int_equal(wc.wr_id, 45);
+    assert_int_equal(ibv_dereg_mr(ml) | ibv_dereg_mr(mr), 0);
+    side_close(&a);
+    side_close(&b);
+    munmap(p, 2 * 4096);
+}
+
+/* Two QPs take their receives from one SRQ; a QP on an SRQ has no receive queue of its own. */
+static void test_srq(void **state)
+{
+    struct side a, b;
+    struct ibv_srq_init_attr sia;
+    struct ibv_qp_init_attr ia;
+    struct ibv_srq *srq;
+    struct ibv_qp *b1, *b2, *a1, *a2;
+    struct ibv_mr *ml, *mr;
+    struct ibv_sge sg, rsg;
+    struct ibv_recv_wr rwr, *rbad;
+    struct ibv_wc wc;
+    unsigned char *p = map_anon(2 * 4096);
+
+    (void)state;
+    NEED_LOOPNIC();
+    side_open(&a, 0);
+    side_open(&b, ndevs > 1 ? 1 : 0);
+    memset(&sia, 0, sizeof(sia));
+    sia.attr.max_wr = 4;
+    sia.attr.max_sge = 1;
+    srq = ibv_create_srq(b.pd, &sia);
+    assert_non_null(srq);
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = ia.recv_cq = b.cq;
+    ia.srq = srq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 4;
+    ia.cap.max_send_sge = 1;
+    b1 = ibv_create_qp(b.pd, &ia);
+    b2 = ibv_create_qp(b.pd, &ia);
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = ia.recv_cq = a.cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    a1 = ibv_create_qp(a.pd, &ia);
+    a2 = ibv_create_qp(a.pd, &ia);
+    assert_non_null(a1);
+    assert_non_null(b1);
+    assert_non_null(b2);
+    assert_non_null(a2);
+    connect_qp(a1, b1->qp_num, ALL_ACCESS);
+    connect_qp(b1, a1->qp_num, ALL_ACCESS);
+    connect_qp(a2, b2->qp_num, ALL_ACCESS);
+    connect_qp(b2, a2->qp_num, ALL_ACCESS);
+    ml = ibv_reg_mr(a.pd, p, 4096, ALL_ACCESS);
+    mr = ibv_reg_mr(b.pd, p + 4096, 4096, ALL_ACCESS);
+    fill(p, 4096, 5);
+    rsg = sge(mr, p + 4096, 64);
+    assert_int_equal(post_recv1(b1, &rsg, 1, 9), EINVAL); /* no RQ of its own */
+    memset(&rwr, 0, sizeof(rwr));
+    rwr.wr_id = 90;
+    rwr.sg_list = &rsg;
+    rwr.num_sge = 1;
+    assert_int_equal(ibv_post_srq_recv(srq, &rwr, &rbad), 0);
+    rwr.wr_id = 91;
+    assert_int_equal(ibv_post_srq_recv(srq, &rwr, &rbad), 0);
+    sg = sge(ml, p, 64);
+    assert_int_equal(post(a2, IBV_WR_SEND, &sg, 1, 0, 0, IBV_SEND_SIGNALED, 1), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_SUCCESS);
+    wc = poll1(b.cq);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    assert_int_equal(wc.wr_id, 90);
+    assert_int_equal(wc.qp_num, b2->qp_num); /* the QP the message came in on */
+    assert_int_equal(post(a1, IBV_WR_SEND, &sg, 1, 0, 0, IBV_SEND_SIGNALED, 2), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_SUCCESS);
+    wc = poll1(b.cq);
+    assert_int_equal(wc.wr_id, 91);
+    assert_int_equal(wc.qp_num, b1->qp_num);
+    assert_memory_equal(p + 4096, p, 64);
+    assert_int_equal(ibv_destroy_srq(srq), EBUSY); /* QPs still on it */
+    assert_int_equal(ibv_destroy_qp(b1) | ibv_destroy_qp(b2) | ibv_destroy_qp(a1) | ibv_destroy_qp(a2), 0);
+    assert_int_equal(ibv_destroy_srq(srq), 0);
+    assert_int_equal(ibv_dereg_mr(ml) | ibv_dereg_mr(mr), 0);
+    side_close(&a);
+    side_close(&b);
+    munmap(p, 2 * 4096);
+}
+
+/* FETCH_AND_ADD and CMP_AND_SWP: 8 bytes, 8-aligned, REMOTE_ATOMIC on the MR and the QP; the old
+ * value lands in the local buffer. */
+static void test_atomics(void **state)
+{
+    struct side a, b;
+    struct ibv_mr *ml, *mr, *mr_noatomic;
+    struct ibv_sge sg;
+    struct ibv_send_wr wr, *bad;
+    struct ibv_wc wc;
+    int access = ALL_ACCESS | IBV_ACCESS_REMOTE_ATOMIC;
+    uint64_t *p = map_anon(2 * 4096), *remote = p + 512;
+
+    (void)state;
+    NEED_LOOPNIC();
+    side_open(&a, 0);
+    side_open(&b, ndevs > 1 ? 1 : 0);
+    connect_qp(a.qp, b.qp->qp_num, access);
+    connect_qp(b.qp, a.qp->qp_num, access);
+    ml = ibv_reg_mr(a.pd, p, 4096, access);
+    mr = ibv_reg_mr(b.pd, remote, 4096, access);
+    mr_noatomic = ibv_reg_mr(b.pd, remote, 4096, ALL_ACCESS);
+    remote[0] = 40;
+    p[0] = 0;
+    sg = sge(ml, p, 8);
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 1;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = (uintptr_t)remote;
+    wr.wr.atomic.rkey = mr->rkey;
+    wr.wr.atomic.compare_add = 2;
+    assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+    wc = poll1(a.cq);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    assert_int_equal(wc.opcode, IBV_WC_FETCH_ADD);
+    assert_int_equal(wc.byte_len, 8);
+    assert_int_equal(p[0], 40);
+    assert_int_equal(remote[0], 42);
+    /* compare and swap: equal swaps, different does not; the old value comes back either way */
+    wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+    wr.wr.atomic.compare_add = 42;
+    wr.wr.atomic.swap = 7;
+    assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+    assert_int_equal(poll1(a.cq).opcode, IBV_WC_COMP_SWAP);
+    assert_int_equal(p[0], 42);
+    assert_int_equal(remote[0], 7);
+    assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_SUCCESS);
+    assert_int_equal(p[0], 7);
+    assert_int_equal(remote[0], 7);
+    /* misaligned: the responder refuses the request */
+    wr.wr.atomic.remote_addr = (uintptr_t)remote + 4;
+    assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_REM_INV_REQ_ERR);
+    {
+        struct ibv_qp_attr qa;
+        memset(&qa, 0, sizeof(qa));
+        qa.qp_state = IBV_QPS_RESET;
+        assert_int_equal(ibv_modify_qp(a.qp, &qa, IBV_QP_STATE), 0);
+        connect_qp(a.qp, b.qp->qp_num, access);
+    }
+    /* an MR without REMOTE_ATOMIC */
+    wr.wr.atomic.remote_addr = (uintptr_t)remote;
+    wr.wr.atomic.rkey = mr_noatomic->rkey;
+    assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+    assert_int_equal(poll1(a.cq).status, IBV_WC_REM_ACCESS_ERR);
+    assert_int_equal(remote[0], 7);
+    assert_int_equal(ibv_dereg_mr(ml) | ibv_dereg_mr(mr) | ibv_dereg_mr(mr_noatomic), 0);
     side_close(&a);
     side_close(&b);
     munmap(p, 2 * 4096);
@@ -1924,6 +2203,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_completion_channel_events),
         cmocka_unit_test(test_async_events),
         cmocka_unit_test(test_write_with_imm),
+        cmocka_unit_test(test_send_into_posted_receive),
+        cmocka_unit_test(test_srq),
+        cmocka_unit_test(test_atomics),
         cmocka_unit_test(test_inline_write),
         cmocka_unit_test(test_send_queue_depth),
         cmocka_unit_test(test_cq_overrun_raises_cq_err),

@@ -1,10 +1,10 @@
 # ---- many NICs per GPU (issue 11): drc on the loopback provider with 4 devices and the CUDA double ----
 # The test links drc's objects, loopnic in place of libibverbs (its rpath) and the CUDA double; drc's
 # dlopen("libibverbs.so.1") then finds the loaded loopnic. No sanitizers: loopnic interposes munmap.
-$B/nics/test_nics: tests/nics/test_nics.c tests/loopnic/loopnic.h $(call objs,$B,$(LIB_SRCS)) \
+$B/nics/test_nics: tests/nics/test_nics.c src/loopnic/loopnic.h tests/loopnic/rcqp.h $(call objs,$B,$(LIB_SRCS)) \
                    $B/loopnic/libibverbs.so.1 $B/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests -Itests/loopnic -Itests/doubles -O1 -g $(WARN) -o $@ $< $(call objs,$B,$(LIB_SRCS)) \
+	$(CC) $(CPPFLAGS) -Itests -Isrc/loopnic -Itests/loopnic -Itests/doubles -O1 -g $(WARN) -o $@ $< $(call objs,$B,$(LIB_SRCS)) \
 	  -L$B/loopnic -l:libibverbs.so.1 -L$B/fakecuda -l:libcuda.so.1 \
 	  -Wl,-rpath,'$$ORIGIN/../loopnic:$$ORIGIN/../fakecuda' -lcmocka $(LDLIBS)
 .PHONY: test-nics

@@ -1,6 +1,6 @@
 /*
  * Many NICs per GPU (issue 11), end to end on the loopback provider
- * (tests/loopnic, in place of libibverbs, 4 devices) with the CUDA double
+ * (src/loopnic, in place of libibverbs, 4 devices) with the CUDA double
  * (tests/doubles: its "device memory" here is host memory, which loopnic
  * moves with process_vm_writev).
  *

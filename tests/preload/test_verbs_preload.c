@@ -7,7 +7,7 @@
  * runs as a child process, without sanitizers (this binary may be an ASan
  * build, and ASan does not mix with preloading), against two DOUBLES found
  * through LD_LIBRARY_PATH: build/loopnic/libibverbs.so.1, the loopback
- * provider with its record (tests/loopnic/loopnic_record.h), and build/engine/fakecuda/
+ * provider with its record (src/loopnic/loopnic_record.h), and build/engine/fakecuda/
  * libcuda.so.1, a CUDA driver whose device memory is reserved address space
  * and whose dmabufs are memfds (tests/engine/fake_libcuda.c). The child
  * checks, from the double's record, what the engine and the NIC would see,

@@ -1,6 +1,6 @@
 /*
  * Tests of src/verbs/verbs.c against the ONE verbs double: the loopback
- * provider and its record (tests/loopnic/), dlopen'ed by path and installed
+ * provider and its record (src/loopnic/), dlopen'ed by path and installed
  * as drc's verbs ops table, with PDs of its own (tests/verbs/verbs_double.h). CUDA is the fake
  * driver table of tests/fake_cuda.h; /sys/module is a temporary folder;
  * close() is counted by a definition of close here (the library objects are

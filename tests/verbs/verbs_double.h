@@ -1,6 +1,6 @@
 /*
  * The in-process tests' way to the ONE verbs double, the loopback provider
- * (tests/loopnic/, built as <build>/loopnic/libibverbs.so.1): dlopen it by path,
+ * (src/loopnic/, built as <build>/loopnic/libibverbs.so.1): dlopen it by path,
  * fill drc's verbs ops table from it and install that table, open two of its
  * devices with a PD each (vd.pd[0], vd.pd[1]: drc's registrations need real
  * PDs), and reach its record (loopnic_record.h) and controls through the same

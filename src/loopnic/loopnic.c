@@ -46,7 +46,7 @@ enum { MAXDEV = 16, NMR = 1 << 15, NQP = 1 << 12, NSTALE = 4, NEV = 64, MAX_SGE 
 enum { MAX_QP_WR = 16384, MAX_CQE = 1 << 22 };
 enum { F_GPU = 1, F_DMABUF = 2, F_STALE_ALL = 4 };
 #define TABLE_MAGIC 0x4c4f4f504e494331ull /* "LOOPNIC1" */
-#define TABLE_VERSION 1u
+#define TABLE_VERSION 2u
 
 /* ---- the table of MRs and QPs (process-private or shared through LOOPNIC_REGISTRY) ---- */
 struct sh_mr {
@@ -62,7 +62,12 @@ struct sh_qp {
     uint32_t qp_num, in_use;
     int32_t pid, dev;
     uint64_t pd_id;
-    uint32_t state, dest_qp, access, pad;
+    uint32_t state, dest_qp, access, rnr_timer;
+    /* where the owner keeps its receive queue (struct lrq: the QP's own or its SRQ's) and its
+     * receive CQ (struct lcq), in the owner's address space: a sender reads and writes them with
+     * process_vm_readv/writev while it holds the table's lock, which the owner holds too whenever it
+     * touches them */
+    uint64_t rq, rcq;
 };
 struct table {
     uint64_t magic;
@@ -90,11 +95,45 @@ struct cqe {
     struct ibv_wc wc;
     uint32_t slot, retire;  /* send queue slots of QP slot this completion frees when polled */
 };
+/* Completions that a peer process delivers to this CQ (receives its SENDs consumed): written by the
+ * peer under the table's lock; moved to the ring by this process's poll (or its progress thread). */
+struct inbox {
+    uint64_t ring;          /* struct ibv_wc[cap] */
+    uint32_t cap, head, n, over;
+};
 struct lcq {
     struct ibv_cq cq;
     pthread_mutex_t lock;
     struct cqe *ring;
     int cap, head, n, armed, nqp;
+    struct inbox in;
+    struct lcq *next;       /* this process's CQs, under g_lock */
+};
+/* A receive queue, the QP's own or an SRQ's: a ring of receive WQEs of stride bytes each. A peer's
+ * SEND reads the WQE at head and advances it (under the table's lock). */
+struct rwqe {
+    uint64_t wr_id;
+    uint32_t num_sge, pad;
+    struct ibv_sge sge[];
+};
+struct lrq {
+    uint64_t ring;
+    uint32_t cap, head, n, max_sge, stride, limit;
+};
+struct lsrq {
+    struct ibv_srq srq;
+    struct lrq rq;
+    struct lpd *pd;
+    int nqp;
+};
+/* A send WR that found no receive posted at its responder (RNR NAK): it and every WR posted after it
+ * on the QP wait in order, retried by poll_cq, post_send and the progress thread. Its gather list and
+ * inline data are copied, as a NIC has fetched them once the WR is posted. */
+struct pend {
+    struct ibv_send_wr wr;
+    struct ibv_sge sge[MAX_SGE];
+    uint64_t since_ns;
+    uint8_t inl[256];
 };
 struct lchan {
     struct ibv_comp_channel ch;
@@ -113,10 +152,14 @@ struct lqp {
     uint8_t port;
     uint32_t access;
     struct ibv_qp_cap cap;
-    uint64_t *rq;      /* posted receive wr_ids (only RDMA_WRITE_WITH_IMM consumes them) */
-    unsigned rqh, rqn;
+    struct lrq own;       /* the receive queue, unless the QP takes its receives from an SRQ */
+    struct lrq *rq;       /* &own or the SRQ's */
+    struct lsrq *srq;
+    uint8_t rnr_retry;    /* 7: retry for ever */
+    struct pend *pend;    /* send WRs waiting for a receive at the responder (RNR) */
+    unsigned ph, pn;
     uint32_t outstanding; /* send WRs whose slot is not yet freed by a polled completion */
-    uint32_t unsignaled;  /* of which posted since the last completion generated */
+    uint32_t unsignaled;  /* of which executed since the last completion generated */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -131,6 +174,8 @@ static uint64_t g_max_mr_size = UINT64_MAX;
 static struct ibv_device g_dev[MAXDEV];
 static struct loopnic_counters g_cnt[MAXDEV];
 static struct lqp *g_qp_local[NQP];
+static struct lcq *g_cqs;           /* this process's CQs */
+static atomic_uint g_npend;         /* QPs with send WRs waiting for a receive (RNR) */
 static struct lmr *g_mr_local[NMR]; /* this process's MR objects, to refuse foreign ones */
 /* Nothing allocates or frees memory while holding g_lock: a thread inside the allocator (jemalloc
  * purging with its locks held) may be waiting for g_lock in an interposer. Hence fixed arrays. */
@@ -305,6 +350,29 @@ static void atfork_child(void)
     pthread_mutex_unlock(&g_lock);
 }
 
+/* Preloaded over rdma-core (libloopnic.so), the provider answers every verbs call: a library that
+ * wraps ibv_reg_mr (a registration cache, a tracer) and is preloaded after it is never called,
+ * because the program's references bind to the first definition in LD_PRELOAD order. Nothing here
+ * can hand the call to such a library and get it back (its "next" definition is rdma-core's, which
+ * cannot serve the model's objects), so say which order works. */
+static void check_preload_order(void)
+{
+    void *p = dlsym(RTLD_NEXT, "ibv_reg_mr");
+    const char *base;
+    Dl_info info;
+
+    if (!p || !dladdr(p, &info) || !info.dli_fname)
+        return;
+    base = strrchr(info.dli_fname, '/');
+    base = base ? base + 1 : info.dli_fname;
+    if (strncmp(base, "libibverbs.so", 13) == 0)
+        return;
+    fprintf(stderr,
+            "loopnic: WARNING: %s defines ibv_reg_mr but is preloaded after libloopnic.so: the program's verbs\n"
+            "loopnic: calls stop at libloopnic.so and never reach it. Preload it first: LD_PRELOAD=\"%s libloopnic.so\"\n",
+            info.dli_fname, base);
+}
+
 static void init_once(void)
 {
     const char *s;
@@ -344,6 +412,7 @@ static void init_once(void)
             g_tab->qp[i].qp_num = (salt & 0xfff) << 12;
     }
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    check_preload_order();
     if (!g_tab)
         fprintf(stderr, "loopnic: cannot map the MR table\n");
     else if (g_tab->next_pd_id == 0)
@@ -794,13 +863,10 @@ static int lq_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
 static int lq_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 static int lq_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 static int lq_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len);
+static int lq_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *input,
+                              struct ibv_device_attr_ex *attr, size_t attr_size);
 
-static int lq_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
-{
-    (void)srq;
-    *bad_wr = wr;
-    return EOPNOTSUPP;
-}
+static int lq_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 
 static int lq_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *bind)
 {
@@ -838,6 +904,7 @@ API struct ibv_context *ibv_open_device(struct ibv_device *device)
     pthread_mutex_init(&lc->evlock, NULL);
     lc->vctx.sz = sizeof(lc->vctx);
     lc->vctx.query_port = lq_query_port;
+    lc->vctx.query_device_ex = lq_query_device_ex;
     c = &lc->vctx.context;
     c->device = device;
     c->async_fd = p[0];
@@ -903,10 +970,34 @@ API int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
     a->max_ee_rd_atom = 0;
     a->max_res_rd_atom = 1 << 20;
     a->max_qp_init_rd_atom = 16;
-    a->atomic_cap = IBV_ATOMIC_NONE;
+    a->atomic_cap = IBV_ATOMIC_HCA; /* atomic with the model's other atomics, not with the CPU */
+    a->max_srq = 1 << 16;
+    a->max_srq_wr = MAX_QP_WR;
+    a->max_srq_sge = MAX_SGE;
     a->max_pkeys = 1;
     a->local_ca_ack_delay = 16;
     a->phys_port_cnt = 1;
+    return 0;
+}
+
+/* The extended query: the same device, nothing of the extensions (no ODP, TSO, RSS, DM, ...). */
+static int lq_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *input,
+                              struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+    struct ibv_device_attr_ex a;
+    int rc;
+
+    if (input && input->comp_mask)
+        return EINVAL;
+    if (attr_size < sizeof(a.orig_attr))
+        return EINVAL;
+    memset(&a, 0, sizeof(a));
+    rc = ibv_query_device(ctx, &a.orig_attr);
+    if (rc)
+        return rc;
+    a.max_dm_size = 0;
+    a.phys_port_cnt_ex = 1;
+    memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
     return 0;
 }
 
@@ -968,6 +1059,19 @@ API int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ib
     if (port != 1 || index != 0)
         return -1;
     fill_gid(LCTX(ctx)->dev, gid);
+    return 0;
+}
+
+/* libibverbs' private entry point (ibv_devinfo -v prints each GID's type with it). */
+enum { GID_TYPE_SYSFS_IB_ROCE_V1, GID_TYPE_SYSFS_ROCE_V2 };
+API int ibv_query_gid_type(struct ibv_context *ctx, uint8_t port, unsigned int index, int *type)
+{
+    (void)ctx;
+    if (port != 1 || index != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    *type = g_eth ? GID_TYPE_SYSFS_ROCE_V2 : GID_TYPE_SYSFS_IB_ROCE_V1;
     return 0;
 }
 
@@ -1546,22 +1650,29 @@ API void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
     pthread_mutex_unlock(&cq->mutex);
 }
 
+static void progress_start(void);
+
 API struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
                                  struct ibv_comp_channel *channel, int comp_vector)
 {
     struct lcq *c;
+    void *inbox;
 
     if (cqe < 1 || cqe > MAX_CQE || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
         errno = EINVAL;
         return NULL;
     }
     c = calloc(1, sizeof(*c));
-    if (!c || !(c->ring = calloc((size_t)cqe, sizeof(*c->ring)))) {
+    inbox = calloc((size_t)cqe, sizeof(struct ibv_wc));
+    if (!c || !inbox || !(c->ring = calloc((size_t)cqe, sizeof(*c->ring)))) {
+        free(inbox);
         free(c);
         errno = ENOMEM;
         return NULL;
     }
     c->cap = cqe;
+    c->in.ring = (uintptr_t)inbox;
+    c->in.cap = (uint32_t)cqe;
     c->cq.context = ctx;
     c->cq.channel = channel;
     c->cq.cq_context = cq_context;
@@ -1582,11 +1693,16 @@ API struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_cont
         if (rc) {
             pthread_mutex_destroy(&c->lock);
             free(c->ring);
+            free(inbox);
             free(c);
             errno = ENOMEM;
             return NULL;
         }
     }
+    lock();
+    c->next = g_cqs;
+    g_cqs = c;
+    unlock();
     return &c->cq;
 }
 
@@ -1597,6 +1713,12 @@ API int ibv_destroy_cq(struct ibv_cq *cq)
 
     lock();
     busy = c->nqp > 0;
+    if (!busy)
+        for (struct lcq **pp = &g_cqs; *pp; pp = &(*pp)->next)
+            if (*pp == c) {
+                *pp = c->next;
+                break;
+            }
     unlock();
     if (busy)
         return EBUSY;
@@ -1614,6 +1736,7 @@ API int ibv_destroy_cq(struct ibv_cq *cq)
     pthread_mutex_destroy(&c->lock);
     pthread_mutex_destroy(&cq->mutex);
     pthread_cond_destroy(&cq->cond);
+    free((void *)(uintptr_t)c->in.ring);
     free(c->ring);
     free(c);
     return 0;
@@ -1623,6 +1746,16 @@ API int ibv_resize_cq(struct ibv_cq *cq, int cqe)
 {
     (void)cq; (void)cqe;
     return EOPNOTSUPP;
+}
+
+static void cq_overrun(struct lcq *c)
+{
+    struct ibv_async_event ev;
+
+    memset(&ev, 0, sizeof(ev));
+    ev.event_type = IBV_EVENT_CQ_ERR;
+    ev.element.cq = &c->cq;
+    push_async(LCTX(c->cq.context), &ev);
 }
 
 static void cq_push(struct lcq *c, const struct ibv_wc *wc, uint32_t slot, uint32_t retire)
@@ -1644,16 +1777,29 @@ static void cq_push(struct lcq *c, const struct ibv_wc *wc, uint32_t slot, uint3
         }
     }
     pthread_mutex_unlock(&c->lock);
-    if (overflow) { /* as hardware: the CQ overruns, an async CQ_ERR event */
-        struct ibv_async_event ev;
-        memset(&ev, 0, sizeof(ev));
-        ev.event_type = IBV_EVENT_CQ_ERR;
-        ev.element.cq = &c->cq;
-        push_async(LCTX(c->cq.context), &ev);
-    }
+    if (overflow) /* as hardware: the CQ overruns, an async CQ_ERR event */
+        cq_overrun(c);
     if (notify && c->cq.channel)
         chan_push((struct lchan *)c->cq.channel, &c->cq);
 }
+
+/* Move what peers delivered to c's inbox into its ring. Lock held. */
+static void drain_inbox(struct lcq *c)
+{
+    const struct ibv_wc *ring = (const struct ibv_wc *)(uintptr_t)c->in.ring;
+
+    while (c->in.n > 0) {
+        cq_push(c, &ring[c->in.head], 0, 0);
+        c->in.head = (c->in.head + 1) % c->in.cap;
+        c->in.n--;
+    }
+    if (c->in.over) {
+        c->in.over = 0;
+        cq_overrun(c);
+    }
+}
+
+static void progress_all(void);
 
 static int lq_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
@@ -1662,6 +1808,13 @@ static int lq_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 
     if (n < 0)
         return -1;
+    if (atomic_load(&g_npend))
+        progress_all();
+    if (__atomic_load_n(&c->in.n, __ATOMIC_ACQUIRE) || __atomic_load_n(&c->in.over, __ATOMIC_ACQUIRE)) {
+        lock();
+        drain_inbox(c);
+        unlock();
+    }
     while (k < n) {
         struct cqe e;
         pthread_mutex_lock(&c->lock);
@@ -1697,13 +1850,134 @@ static int lq_req_notify_cq(struct ibv_cq *cq, int solicited_only)
     pthread_mutex_lock(&c->lock);
     c->armed = 1;
     pthread_mutex_unlock(&c->lock);
+    if (g_regfd >= 0) /* a peer process may deliver to this CQ: someone must notice it */
+        progress_start();
     return 0;
+}
+
+/* ---- receive queues ---- */
+static int lrq_init(struct lrq *r, uint32_t max_wr, uint32_t max_sge)
+{
+    void *ring;
+
+    if (max_sge == 0)
+        max_sge = 1;
+    r->cap = max_wr + 1;
+    r->max_sge = max_sge;
+    r->stride = (uint32_t)(sizeof(struct rwqe) + max_sge * sizeof(struct ibv_sge));
+    ring = calloc(r->cap, r->stride);
+    if (!ring)
+        return ENOMEM;
+    r->ring = (uintptr_t)ring;
+    r->head = r->n = 0;
+    return 0;
+}
+
+/* Post receive WRs to r. Lock held. */
+static int lrq_post(struct lrq *r, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+    for (; wr; wr = wr->next) {
+        struct rwqe *e;
+        if (r->n + 1 >= r->cap || wr->num_sge < 0 || (uint32_t)wr->num_sge > r->max_sge ||
+            (wr->num_sge && !wr->sg_list)) {
+            *bad_wr = wr;
+            return r->n + 1 >= r->cap ? ENOMEM : EINVAL;
+        }
+        e = (struct rwqe *)(uintptr_t)(r->ring + (uint64_t)((r->head + r->n) % r->cap) * r->stride);
+        e->wr_id = wr->wr_id;
+        e->num_sge = (uint32_t)wr->num_sge;
+        if (wr->num_sge)
+            memcpy(e->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(struct ibv_sge));
+        r->n++;
+    }
+    return 0;
+}
+
+/* ---- SRQs ---- */
+API struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+    struct lsrq *s;
+
+    if (!attr || attr->attr.max_wr == 0 || attr->attr.max_wr > MAX_QP_WR || attr->attr.max_sge > MAX_SGE) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (attr->attr.srq_limit) { /* the limit event is not modelled: refused, not ignored */
+        errno = EOPNOTSUPP;
+        return NULL;
+    }
+    s = calloc(1, sizeof(*s));
+    if (!s || lrq_init(&s->rq, attr->attr.max_wr, attr->attr.max_sge) != 0) {
+        free(s);
+        errno = ENOMEM;
+        return NULL;
+    }
+    s->pd = (struct lpd *)pd;
+    s->srq.context = pd->context;
+    s->srq.srq_context = attr->srq_context;
+    s->srq.pd = pd;
+    pthread_mutex_init(&s->srq.mutex, NULL);
+    pthread_cond_init(&s->srq.cond, NULL);
+    lock();
+    s->pd->nqp++; /* a PD with an SRQ is busy */
+    unlock();
+    attr->attr.max_sge = s->rq.max_sge;
+    return &s->srq;
+}
+
+API int ibv_destroy_srq(struct ibv_srq *srq)
+{
+    struct lsrq *s = (struct lsrq *)srq;
+
+    lock();
+    if (s->nqp > 0) {
+        unlock();
+        return EBUSY;
+    }
+    s->pd->nqp--;
+    unlock();
+    pthread_mutex_destroy(&srq->mutex);
+    pthread_cond_destroy(&srq->cond);
+    free((void *)(uintptr_t)s->rq.ring);
+    free(s);
+    return 0;
+}
+
+API int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
+{
+    (void)srq;
+    if (mask & IBV_SRQ_MAX_WR) /* resizing is not modelled (not every NIC has it either) */
+        return EOPNOTSUPP;
+    if (mask & IBV_SRQ_LIMIT)
+        return attr->srq_limit ? EOPNOTSUPP : 0;
+    return mask ? EINVAL : 0;
+}
+
+API int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
+{
+    struct lsrq *s = (struct lsrq *)srq;
+
+    attr->max_wr = s->rq.cap - 1;
+    attr->max_sge = s->rq.max_sge;
+    attr->srq_limit = 0;
+    return 0;
+}
+
+static int lq_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+    int rc;
+
+    lock();
+    rc = lrq_post(&((struct lsrq *)srq)->rq, wr, bad_wr);
+    unlock();
+    return rc;
 }
 
 /* ---- QPs ---- */
 API struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
     struct lpd *p = (struct lpd *)pd;
+    struct lsrq *srq = (struct lsrq *)attr->srq;
     struct lqp *q;
     struct sh_qp *s = NULL;
     uint32_t slot = 0;
@@ -1712,15 +1986,19 @@ API struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *att
         errno = EOPNOTSUPP;
         return NULL;
     }
-    if (!attr->send_cq || !attr->recv_cq || attr->srq || attr->cap.max_send_wr > MAX_QP_WR ||
-        attr->cap.max_recv_wr > MAX_QP_WR || attr->cap.max_send_sge > MAX_SGE ||
-        attr->cap.max_recv_sge > MAX_SGE || attr->cap.max_inline_data > 256 ||
-        attr->send_cq->context != pd->context || attr->recv_cq->context != pd->context) {
+    if (!attr->send_cq || !attr->recv_cq || attr->cap.max_send_wr > MAX_QP_WR ||
+        (!srq && attr->cap.max_recv_wr > MAX_QP_WR) || attr->cap.max_send_sge > MAX_SGE ||
+        (!srq && attr->cap.max_recv_sge > MAX_SGE) || attr->cap.max_inline_data > 256 ||
+        attr->send_cq->context != pd->context || attr->recv_cq->context != pd->context ||
+        (srq && srq->srq.context != pd->context)) {
         errno = EINVAL;
         return NULL;
     }
     q = calloc(1, sizeof(*q));
-    if (!q || !(q->rq = calloc((size_t)attr->cap.max_recv_wr + 1, sizeof(*q->rq)))) {
+    if (!q || !(q->pend = calloc((size_t)attr->cap.max_send_wr + 1, sizeof(*q->pend))) ||
+        (!srq && lrq_init(&q->own, attr->cap.max_recv_wr, attr->cap.max_recv_sge) != 0)) {
+        if (q)
+            free(q->pend);
         free(q);
         errno = ENOMEM;
         return NULL;
@@ -1736,7 +2014,8 @@ API struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *att
     }
     if (!s) {
         unlock();
-        free(q->rq);
+        free((void *)(uintptr_t)q->own.ring);
+        free(q->pend);
         free(q);
         errno = ENOMEM;
         return NULL;
@@ -1748,6 +2027,10 @@ API struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *att
             gen = 1;
         s->qp_num = (gen << 12) | slot;
     }
+    q->srq = srq;
+    q->rq = srq ? &srq->rq : &q->own;
+    q->scq = (struct lcq *)attr->send_cq;
+    q->rcq = (struct lcq *)attr->recv_cq;
     s->in_use = 1;
     s->pid = getpid();
     s->dev = p->dev;
@@ -1755,9 +2038,12 @@ API struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *att
     s->state = IBV_QPS_RESET;
     s->dest_qp = 0;
     s->access = 0;
+    s->rnr_timer = 0;
+    s->rq = (uintptr_t)q->rq;
+    s->rcq = (uintptr_t)q->rcq;
     p->nqp++;
-    q->scq = (struct lcq *)attr->send_cq;
-    q->rcq = (struct lcq *)attr->recv_cq;
+    if (srq)
+        srq->nqp++;
     q->scq->nqp++;
     q->rcq->nqp++;
     g_qp_local[slot] = q;
@@ -1768,11 +2054,17 @@ API struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *att
     q->cap = attr->cap;
     if (q->cap.max_send_sge == 0)
         q->cap.max_send_sge = 1;
+    if (srq)
+        q->cap.max_recv_wr = q->cap.max_recv_sge = 0;
+    else
+        q->cap.max_recv_sge = q->own.max_sge;
+    attr->cap = q->cap;
     q->qp.context = pd->context;
     q->qp.qp_context = attr->qp_context;
     q->qp.pd = pd;
     q->qp.send_cq = attr->send_cq;
     q->qp.recv_cq = attr->recv_cq;
+    q->qp.srq = attr->srq;
     q->qp.handle = slot;
     q->qp.qp_num = s->qp_num;
     q->qp.state = IBV_QPS_RESET;
@@ -1790,15 +2082,28 @@ API int ibv_destroy_qp(struct ibv_qp *qp)
     lock();
     g_tab->qp[q->slot].in_use = 0;
     g_qp_local[q->slot] = NULL;
+    if (q->pn)
+        atomic_fetch_sub(&g_npend, 1);
+    q->pn = 0;
     q->pd->nqp--;
+    if (q->srq)
+        q->srq->nqp--;
     q->scq->nqp--;
     q->rcq->nqp--;
     unlock();
     pthread_mutex_destroy(&qp->mutex);
     pthread_cond_destroy(&qp->cond);
-    free(q->rq);
+    free((void *)(uintptr_t)q->own.ring);
+    free(q->pend);
     free(q);
     return 0;
+}
+
+/* The QP's state: a peer's WR may have moved it to the error state (the table is the truth). */
+static enum ibv_qp_state qp_state(struct lqp *q)
+{
+    q->qp.state = (enum ibv_qp_state)g_tab->qp[q->slot].state;
+    return q->qp.state;
 }
 
 static void set_state(struct lqp *q, enum ibv_qp_state s)
@@ -1807,11 +2112,33 @@ static void set_state(struct lqp *q, enum ibv_qp_state s)
     g_tab->qp[q->slot].state = (uint32_t)s;
 }
 
+/* A QP entering the error state flushes its posted receives (not an SRQ's). Lock held. */
+static void flush_recvs(struct lqp *q)
+{
+    struct lrq *r = &q->own;
+
+    if (q->srq)
+        return;
+    while (r->n > 0) {
+        const struct rwqe *e = (const struct rwqe *)(uintptr_t)(r->ring + (uint64_t)r->head * r->stride);
+        struct ibv_wc wc;
+        memset(&wc, 0, sizeof(wc));
+        wc.wr_id = e->wr_id;
+        wc.status = IBV_WC_WR_FLUSH_ERR;
+        wc.opcode = IBV_WC_RECV;
+        wc.qp_num = q->qp.qp_num;
+        wc.vendor_err = 0x4c;
+        cq_push(q->rcq, &wc, 0, 0);
+        r->head = (r->head + 1) % r->cap;
+        r->n--;
+    }
+}
+
 /* Called with lock held. The transitions and required attributes of an RC QP (IB spec, kernel's
  * ib_modify_qp_is_ok); optional attributes are not policed. */
 static int modify_locked(struct lqp *q, struct ibv_qp_attr *a, int mask)
 {
-    int cur = (int)q->qp.state;
+    int cur = (int)qp_state(q);
     int nxt = (mask & IBV_QP_STATE) ? (int)a->qp_state : cur;
     int req = 0;
 
@@ -1841,8 +2168,12 @@ static int modify_locked(struct lqp *q, struct ibv_qp_attr *a, int mask)
             return EINVAL;
         if (a->dest_qp_num == 0 || a->dest_qp_num > 0xffffff || a->max_dest_rd_atomic > 16)
             return EINVAL;
+        if (a->min_rnr_timer > 31)
+            return EINVAL;
     }
     if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > 16)
+        return EINVAL;
+    if ((mask & IBV_QP_RNR_RETRY) && a->rnr_retry > 7)
         return EINVAL;
     if (mask & IBV_QP_PORT)
         q->port = a->port_num;
@@ -1852,12 +2183,22 @@ static int modify_locked(struct lqp *q, struct ibv_qp_attr *a, int mask)
     }
     if (mask & IBV_QP_DEST_QPN)
         g_tab->qp[q->slot].dest_qp = a->dest_qp_num;
+    if (mask & IBV_QP_MIN_RNR_TIMER)
+        g_tab->qp[q->slot].rnr_timer = a->min_rnr_timer;
+    if (mask & IBV_QP_RNR_RETRY)
+        q->rnr_retry = a->rnr_retry;
     if (nxt == IBV_QPS_RESET) {
         g_tab->qp[q->slot].dest_qp = 0;
-        q->rqn = 0;
+        if (!q->srq)
+            q->own.head = q->own.n = 0;
+        if (q->pn)
+            atomic_fetch_sub(&g_npend, 1);
+        q->pn = 0;
         q->outstanding = q->unsignaled = 0;
     }
     set_state(q, (enum ibv_qp_state)nxt);
+    if (nxt == IBV_QPS_ERR)
+        flush_recvs(q);
     return 0;
 }
 
@@ -1879,16 +2220,19 @@ API int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
     memset(attr, 0, sizeof(*attr));
     memset(init, 0, sizeof(*init));
     lock();
-    attr->qp_state = attr->cur_qp_state = qp->state;
+    attr->qp_state = attr->cur_qp_state = qp_state(q);
     attr->dest_qp_num = g_tab->qp[q->slot].dest_qp;
     attr->qp_access_flags = q->access;
     attr->port_num = q->port;
     attr->path_mtu = IBV_MTU_4096;
+    attr->min_rnr_timer = (uint8_t)g_tab->qp[q->slot].rnr_timer;
+    attr->rnr_retry = q->rnr_retry;
     attr->cap = q->cap;
     unlock();
     init->qp_context = qp->qp_context;
     init->send_cq = qp->send_cq;
     init->recv_cq = qp->recv_cq;
+    init->srq = qp->srq;
     init->cap = q->cap;
     init->qp_type = qp->qp_type;
     init->sq_sig_all = q->sig_all;
@@ -1901,24 +2245,27 @@ API int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uin
     return 0;
 }
 
+/* The extended QP (ibv_wr_* post API) is not modelled: QPs come from ibv_create_qp. */
+API struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+    (void)qp;
+    return NULL;
+}
+
 static int lq_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
 {
     struct lqp *q = (struct lqp *)qp;
-    int rc = 0;
+    int rc;
 
     lock();
-    if (qp->state == IBV_QPS_RESET) {
+    if (q->srq || qp_state(q) == IBV_QPS_RESET) { /* a QP on an SRQ has no receive queue of its own */
         rc = EINVAL;
         *bad_wr = wr;
-    }
-    for (; !rc && wr; wr = wr->next) {
-        if (q->rqn >= q->cap.max_recv_wr || wr->num_sge > (int)q->cap.max_recv_sge) {
-            rc = ENOMEM;
-            *bad_wr = wr;
-            break;
-        }
-        q->rq[(q->rqh + q->rqn) % (q->cap.max_recv_wr + 1)] = wr->wr_id;
-        q->rqn++;
+    } else if (qp_state(q) == IBV_QPS_ERR) { /* accepted and flushed at once, as hardware does */
+        rc = lrq_post(&q->own, wr, bad_wr);
+        flush_recvs(q);
+    } else {
+        rc = lrq_post(&q->own, wr, bad_wr);
     }
     unlock();
     return rc;
@@ -1939,18 +2286,156 @@ static int in_mr(const struct sh_mr *m, uint64_t iova, uint64_t len)
     return iova >= m->iova && iova + len >= iova && iova + len <= m->iova + m->len;
 }
 
-struct xfer { uint64_t local; uint64_t len; int gpu; };
+/* Read or write n bytes at addr in process pid (this one: memcpy). 0, or -1 with errno. */
+static int peer_rw(int pid, int write, void *buf, uint64_t addr, size_t n)
+{
+    struct iovec l = { buf, n }, r = { (void *)(uintptr_t)addr, n };
+    ssize_t done;
 
-/* Execute one RDMA WRITE / WRITE_WITH_IMM / READ on RTS QP q. Lock held. */
-static enum ibv_wc_status exec_wr(struct lqp *q, const struct ibv_send_wr *wr, uint32_t *byte_len)
+    if (pid == getpid()) {
+        if (write)
+            memcpy((void *)(uintptr_t)addr, buf, n);
+        else
+            memcpy(buf, (void *)(uintptr_t)addr, n);
+        return 0;
+    }
+    done = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (done == (ssize_t)n)
+        return 0;
+    if (done >= 0)
+        errno = EFAULT;
+    return -1;
+}
+
+/* Deliver a receive completion to the CQ at rcq in process pid. Lock held. */
+static void deliver(int pid, uint64_t rcq, const struct ibv_wc *wc)
+{
+    struct inbox in;
+    uint64_t at = rcq + offsetof(struct lcq, in);
+
+    if (pid == getpid()) {
+        cq_push((struct lcq *)(uintptr_t)rcq, wc, 0, 0);
+        return;
+    }
+    if (peer_rw(pid, 0, &in, at, sizeof(in)) != 0)
+        return;
+    if (in.n == in.cap) {
+        in.over = 1;
+    } else {
+        uint64_t e = in.ring + (uint64_t)((in.head + in.n) % in.cap) * sizeof(*wc);
+        if (peer_rw(pid, 1, (void *)wc, e, sizeof(*wc)) != 0)
+            return;
+        in.n++;
+    }
+    peer_rw(pid, 1, &in, at, sizeof(in));
+}
+
+struct seg { uint64_t addr; uint64_t len; int gpu; };
+
+/* Copy between local segments (this process) and remote segments (process pid): the total of
+ * both lists is the same. GPU memory only within one process. 0, or an errno. */
+static int copy_segs(const struct seg *l, int nl, int pid, const struct seg *r, int nr, int write)
+{
+    struct iovec liov[MAX_SGE], riov[MAX_SGE];
+    int gpu = 0, n = 0, m = 0;
+    uint64_t total = 0;
+    ssize_t done;
+
+    for (int i = 0; i < nl; i++)
+        gpu |= l[i].gpu;
+    for (int i = 0; i < nr; i++)
+        gpu |= r[i].gpu;
+    if (gpu) {
+        int i = 0, j = 0;
+        uint64_t li = 0, rj = 0;
+        if (pid != getpid())
+            return EREMOTEIO;
+        while (i < nl && j < nr) {
+            uint64_t k = l[i].len - li < r[j].len - rj ? l[i].len - li : r[j].len - rj;
+            uint64_t la = l[i].addr + li, ra = r[j].addr + rj;
+            if (k && gpu_copy(write ? ra : la, write ? la : ra, k, l[i].gpu ? la : ra) != 0)
+                return EFAULT;
+            li += k;
+            rj += k;
+            if (li == l[i].len) { i++; li = 0; }
+            if (j < nr && rj == r[j].len) { j++; rj = 0; }
+        }
+        return 0;
+    }
+    for (int i = 0; i < nl; i++)
+        if (l[i].len) {
+            liov[n].iov_base = (void *)(uintptr_t)l[i].addr;
+            liov[n++].iov_len = l[i].len;
+            total += l[i].len;
+        }
+    for (int i = 0; i < nr; i++)
+        if (r[i].len) {
+            riov[m].iov_base = (void *)(uintptr_t)r[i].addr;
+            riov[m++].iov_len = r[i].len;
+        }
+    if (total == 0)
+        return 0;
+    done = write ? process_vm_writev(pid, liov, (unsigned long)n, riov, (unsigned long)m, 0)
+                 : process_vm_readv(pid, liov, (unsigned long)n, riov, (unsigned long)m, 0);
+    if (done == (ssize_t)total)
+        return 0;
+    return done < 0 ? errno : EFAULT;
+}
+
+enum { ST_RNR = -1 }; /* internal: the responder has no receive posted */
+
+static int is_atomic(enum ibv_wr_opcode op)
+{
+    return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+/* Check a responder's receive WQE against its MRs and turn it into segments; the status the
+ * responder's completion gets. Lock held. */
+static enum ibv_wc_status recv_segs(const struct rwqe *e, const struct sh_qp *rq, uint64_t total,
+                                    struct seg *r, int *nr, struct loopnic_counters *cnt)
+{
+    uint64_t room = 0, left = total;
+
+    *nr = 0;
+    for (uint32_t i = 0; i < e->num_sge && left > 0; i++) {
+        const struct ibv_sge *sg = &e->sge[i];
+        uint64_t take = sg->length < left ? sg->length : left;
+        struct sh_mr *m;
+        room += sg->length;
+        if (!take)
+            continue;
+        m = find_mr(sg->lkey, rq->pid);
+        if (!m || m->pd_id != rq->pd_id || !in_mr(m, sg->addr, sg->length) || !(m->access & IBV_ACCESS_LOCAL_WRITE))
+            return IBV_WC_LOC_PROT_ERR;
+        r[*nr].addr = m->addr + (sg->addr - m->iova);
+        r[*nr].len = take;
+        r[*nr].gpu = !!(m->flags & F_GPU);
+        if (mr_stale(m, r[*nr].addr, take) || (!r[*nr].gpu && rq->pid == getpid() && !host_mapped(r[*nr].addr, take))) {
+            cnt->stale_uses++;
+            return IBV_WC_LOC_PROT_ERR;
+        }
+        left -= take;
+        (*nr)++;
+    }
+    (void)room;
+    return left ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
+}
+
+/* Execute one send WR on RTS QP q: RDMA WRITE (with immediate), READ, SEND (with immediate),
+ * atomics. Returns a completion status, or ST_RNR (nothing done) when the WR needs a receive at the
+ * responder and none is posted. Lock held. */
+static int exec_wr(struct lqp *q, const struct ibv_send_wr *wr, uint32_t *byte_len)
 {
     struct loopnic_counters *cnt = &g_cnt[q->dev];
-    int write = wr->opcode != IBV_WR_RDMA_READ, self = getpid(), rgpu = 0, lgpu = 0;
-    struct xfer x[MAX_SGE];
+    enum ibv_wr_opcode op = wr->opcode;
+    int self = getpid(), atomic = is_atomic(op), nr = 0;
+    int needs_recv = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    int to_remote = op != IBV_WR_RDMA_READ && !atomic; /* data flows requester -> responder */
+    struct seg x[MAX_SGE], r[MAX_SGE];
     struct sh_qp *rq;
-    struct sh_mr *rm = NULL;
-    struct lqp *rlocal = NULL;
-    uint64_t total = 0, raddr = 0;
+    struct lrq hdr;
+    uint64_t total = 0, wqe_at = 0;
+    union { struct rwqe e; char b[sizeof(struct rwqe) + MAX_SGE * sizeof(struct ibv_sge)]; } wqe;
 
     *byte_len = 0;
     for (int i = 0; i < wr->num_sge; i++) {
@@ -1959,129 +2444,291 @@ static enum ibv_wc_status exec_wr(struct lqp *q, const struct ibv_send_wr *wr, u
         total += sg->length;
         x[i].len = sg->length;
         x[i].gpu = 0;
-        x[i].local = sg->addr;
+        x[i].addr = sg->addr;
         if (sg->length == 0)
             continue;
-        if (write && (wr->send_flags & IBV_SEND_INLINE))
+        if (to_remote && (wr->send_flags & IBV_SEND_INLINE))
             continue; /* inline data is copied from the address, no lkey */
         m = find_mr(sg->lkey, self);
         if (!m || m->pd_id != q->pd->id || !in_mr(m, sg->addr, sg->length) ||
-            (!write && !(m->access & IBV_ACCESS_LOCAL_WRITE)))
+            (!to_remote && !(m->access & IBV_ACCESS_LOCAL_WRITE)))
             return IBV_WC_LOC_PROT_ERR;
-        x[i].local = m->addr + (sg->addr - m->iova);
+        x[i].addr = m->addr + (sg->addr - m->iova);
         x[i].gpu = !!(m->flags & F_GPU);
-        lgpu |= x[i].gpu;
-        if (mr_stale(m, x[i].local, sg->length)) {
+        if (mr_stale(m, x[i].addr, sg->length)) {
             cnt->stale_uses++;
             return IBV_WC_LOC_PROT_ERR;
         }
-        if (!x[i].gpu && !host_mapped(x[i].local, sg->length)) { /* freed behind our back */
+        if (!x[i].gpu && !host_mapped(x[i].addr, sg->length)) { /* freed behind our back */
             cnt->stale_uses++;
             return IBV_WC_LOC_PROT_ERR;
         }
     }
-    if (total > (1ull << 31))
+    if (total > (1ull << 31) || (atomic && total != 8))
         return IBV_WC_LOC_LEN_ERR;
     rq = &g_tab->qp[g_tab->qp[q->slot].dest_qp & (NQP - 1)];
     if (!rq->in_use || rq->qp_num != g_tab->qp[q->slot].dest_qp || !pid_alive(rq->pid) ||
         (rq->state != IBV_QPS_RTR && rq->state != IBV_QPS_RTS) || rq->dest_qp != q->qp.qp_num)
         return IBV_WC_RETRY_EXC_ERR; /* nobody answers: transport retries exhausted */
-    if (rq->pid == self)
-        rlocal = g_qp_local[rq->qp_num & (NQP - 1)];
-    if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM && (!rlocal || rlocal->rqn == 0))
-        return rlocal ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_GENERAL_ERR; /* no receive posted / not across processes */
-    if (total > 0) {
-        uint32_t need = write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
-        rm = find_mr(wr->wr.rdma.rkey, rq->pid);
-        if (!rm || rm->pd_id != rq->pd_id || !in_mr(rm, wr->wr.rdma.remote_addr, total) ||
-            !(rm->access & need) || !(rq->access & need))
+    if (needs_recv) { /* the responder's receive queue: RNR NAK when empty */
+        if (peer_rw(rq->pid, 0, &hdr, rq->rq, sizeof(hdr)) != 0)
+            return IBV_WC_RETRY_EXC_ERR;
+        if (hdr.n == 0) {
+            cnt->rnr_naks++;
+            return ST_RNR;
+        }
+        wqe_at = hdr.ring + (uint64_t)hdr.head * hdr.stride;
+        if (hdr.stride > sizeof(wqe) || peer_rw(rq->pid, 0, &wqe, wqe_at, hdr.stride) != 0)
+            return IBV_WC_RETRY_EXC_ERR;
+    }
+    if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) {
+        enum ibv_wc_status rst = recv_segs(&wqe.e, rq, total, r, &nr, cnt);
+        if (rst != IBV_WC_SUCCESS) { /* the responder's WQE fails: both sides see it */
+            struct ibv_wc rwc;
+            memset(&rwc, 0, sizeof(rwc));
+            rwc.wr_id = wqe.e.wr_id;
+            rwc.status = rst;
+            rwc.opcode = IBV_WC_RECV;
+            rwc.qp_num = rq->qp_num;
+            rwc.vendor_err = 0x4c;
+            hdr.head = (hdr.head + 1) % hdr.cap;
+            hdr.n--;
+            peer_rw(rq->pid, 1, &hdr, rq->rq, sizeof(hdr));
+            deliver(rq->pid, rq->rcq, &rwc);
+            rq->state = IBV_QPS_ERR;
+            if (rst == IBV_WC_LOC_PROT_ERR)
+                cnt->prot_errors++;
+            return rst == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR;
+        }
+    } else if (total > 0 || atomic) {
+        uint32_t need = atomic ? IBV_ACCESS_REMOTE_ATOMIC : to_remote ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
+        struct sh_mr *rm = find_mr(atomic ? wr->wr.atomic.rkey : wr->wr.rdma.rkey, rq->pid);
+        uint64_t raddr = atomic ? wr->wr.atomic.remote_addr : wr->wr.rdma.remote_addr;
+        if (atomic && (raddr & 7))
+            return IBV_WC_REM_INV_REQ_ERR; /* misaligned: the responder NAKs the request */
+        if (!rm || rm->pd_id != rq->pd_id || !in_mr(rm, raddr, total) || !(rm->access & need) || !(rq->access & need))
             return IBV_WC_REM_ACCESS_ERR;
-        raddr = rm->addr + (wr->wr.rdma.remote_addr - rm->iova);
-        rgpu = !!(rm->flags & F_GPU);
-        if (mr_stale(rm, raddr, total) || (!rgpu && rq->pid == self && !host_mapped(raddr, total))) {
+        r[0].addr = rm->addr + (raddr - rm->iova);
+        r[0].len = total;
+        r[0].gpu = !!(rm->flags & F_GPU);
+        nr = 1;
+        if (mr_stale(rm, r[0].addr, total) || (!r[0].gpu && rq->pid == self && !host_mapped(r[0].addr, total))) {
             cnt->stale_uses++;
             return IBV_WC_REM_ACCESS_ERR;
         }
     }
-    if (total > 0 && (lgpu || rgpu)) {
-        uint64_t off = 0;
-        if (rq->pid != self)
-            return IBV_WC_REM_OP_ERR; /* GPU memory across processes: not supported */
-        for (int i = 0; i < wr->num_sge; off += x[i].len, i++) {
-            uint64_t r = raddr + off, g = x[i].gpu ? x[i].local : r;
-            if (!x[i].len)
-                continue;
-            if (gpu_copy(write ? r : x[i].local, write ? x[i].local : r, x[i].len, g) != 0)
-                return write ? IBV_WC_REM_ACCESS_ERR : IBV_WC_LOC_PROT_ERR;
-        }
-    } else if (total > 0) {
-        struct iovec liov[MAX_SGE], riov;
-        int n = 0;
-        ssize_t done;
-        for (int i = 0; i < wr->num_sge; i++)
-            if (x[i].len) {
-                liov[n].iov_base = (void *)(uintptr_t)x[i].local;
-                liov[n].iov_len = x[i].len;
-                n++;
-            }
-        riov.iov_base = (void *)(uintptr_t)raddr;
-        riov.iov_len = total;
-        done = write ? process_vm_writev(rq->pid, liov, (unsigned long)n, &riov, 1, 0)
-                     : process_vm_readv(rq->pid, liov, (unsigned long)n, &riov, 1, 0);
-        if (done != (ssize_t)total) {
-            if (done < 0 && errno == ESRCH)
-                return IBV_WC_RETRY_EXC_ERR;
-            if (done < 0 && errno == EPERM) {
-                fprintf(stderr, "loopnic: process_vm_%sv to pid %d: %s\n", write ? "write" : "read",
-                        rq->pid, strerror(errno));
-                return IBV_WC_GENERAL_ERR;
-            }
-            cnt->stale_uses++; /* the remote memory is not mapped any more */
+    if (atomic) { /* serialised with every other atomic of the model by the table's lock */
+        uint64_t old, val;
+        if (r[0].gpu || x[0].gpu)
+            return IBV_WC_REM_OP_ERR;
+        if (peer_rw(rq->pid, 0, &old, r[0].addr, 8) != 0) {
+            cnt->stale_uses++;
             return IBV_WC_REM_ACCESS_ERR;
         }
+        if (op == IBV_WR_ATOMIC_FETCH_AND_ADD)
+            val = old + wr->wr.atomic.compare_add;
+        else
+            val = old == wr->wr.atomic.compare_add ? wr->wr.atomic.swap : old;
+        if (val != old && peer_rw(rq->pid, 1, &val, r[0].addr, 8) != 0)
+            return IBV_WC_REM_ACCESS_ERR;
+        memcpy((void *)(uintptr_t)x[0].addr, &old, 8);
+        cnt->atomics++;
+    } else if (total > 0) {
+        int err;
+        if ((x[0].gpu || (nr && r[0].gpu)) && rq->pid != self)
+            return IBV_WC_REM_OP_ERR; /* GPU memory across processes: not supported */
+        err = copy_segs(x, wr->num_sge, rq->pid, r, nr, to_remote);
+        if (err == ESRCH)
+            return IBV_WC_RETRY_EXC_ERR;
+        if (err == EPERM) {
+            fprintf(stderr, "loopnic: process_vm_%sv to pid %d: %s\n", to_remote ? "write" : "read",
+                    rq->pid, strerror(err));
+            return IBV_WC_GENERAL_ERR;
+        }
+        if (err) {
+            cnt->stale_uses++; /* the remote memory is not mapped any more */
+            return to_remote ? IBV_WC_REM_ACCESS_ERR : IBV_WC_LOC_PROT_ERR;
+        }
     }
-    cnt->bytes_moved += total;
-    *byte_len = (uint32_t)total;
-    if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    cnt->bytes_moved += atomic ? 8 : total;
+    *byte_len = (uint32_t)(atomic ? 8 : total);
+    if (needs_recv) {
         struct ibv_wc rwc;
         memset(&rwc, 0, sizeof(rwc));
-        rwc.wr_id = rlocal->rq[rlocal->rqh];
-        rlocal->rqh = (rlocal->rqh + 1) % (rlocal->cap.max_recv_wr + 1);
-        rlocal->rqn--;
+        rwc.wr_id = wqe.e.wr_id;
         rwc.status = IBV_WC_SUCCESS;
-        rwc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+        rwc.opcode = op == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
         rwc.byte_len = (uint32_t)total;
-        rwc.imm_data = wr->imm_data;
-        rwc.wc_flags = IBV_WC_WITH_IMM;
-        rwc.qp_num = rlocal->qp.qp_num;
+        if (op != IBV_WR_SEND) {
+            rwc.imm_data = wr->imm_data;
+            rwc.wc_flags = IBV_WC_WITH_IMM;
+        }
+        rwc.qp_num = rq->qp_num;
         rwc.src_qp = q->qp.qp_num;
-        cq_push(rlocal->rcq, &rwc, 0, 0);
+        rwc.slid = g_eth ? 0 : (uint16_t)(q->dev + 1);
+        hdr.head = (hdr.head + 1) % hdr.cap;
+        hdr.n--;
+        peer_rw(rq->pid, 1, &hdr, rq->rq, sizeof(hdr));
+        deliver(rq->pid, rq->rcq, &rwc);
+        cnt->recvs++;
     }
     return IBV_WC_SUCCESS;
+}
+
+static enum ibv_wc_opcode wc_opcode(enum ibv_wr_opcode op)
+{
+    if (op == IBV_WR_RDMA_READ)
+        return IBV_WC_RDMA_READ;
+    if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM)
+        return IBV_WC_SEND;
+    if (op == IBV_WR_ATOMIC_CMP_AND_SWP)
+        return IBV_WC_COMP_SWAP;
+    if (op == IBV_WR_ATOMIC_FETCH_AND_ADD)
+        return IBV_WC_FETCH_ADD;
+    return IBV_WC_RDMA_WRITE;
+}
+
+/* A send WR done (st): the completion if signalled or failed; an error moves the QP to the error
+ * state. Lock held. */
+static void complete(struct lqp *q, const struct ibv_send_wr *wr, enum ibv_wc_status st, uint32_t byte_len)
+{
+    struct loopnic_counters *cnt = &g_cnt[q->dev];
+    struct ibv_wc wc;
+
+    cnt->wrs++;
+    q->unsignaled++;
+    if (st != IBV_WC_SUCCESS) {
+        cnt->wr_errors++;
+        if (st == IBV_WC_LOC_PROT_ERR || st == IBV_WC_REM_ACCESS_ERR)
+            cnt->prot_errors++;
+        if (qp_state(q) != IBV_QPS_ERR) {
+            set_state(q, IBV_QPS_ERR);
+            flush_recvs(q);
+        }
+    }
+    if (st != IBV_WC_SUCCESS || q->sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
+        memset(&wc, 0, sizeof(wc));
+        wc.wr_id = wr->wr_id;
+        wc.status = st;
+        wc.opcode = wc_opcode(wr->opcode);
+        wc.byte_len = byte_len;
+        wc.qp_num = q->qp.qp_num;
+        wc.vendor_err = st == IBV_WC_SUCCESS ? 0 : 0x4c;
+        cq_push(q->scq, &wc, q->slot, q->unsignaled);
+        q->unsignaled = 0;
+    }
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* The RNR NAK timer of the IB spec (min_rnr_timer's encoding), in microseconds. */
+static uint64_t rnr_timer_us(uint32_t t)
+{
+    static const uint32_t tenth_ms[32] = { 6554, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 5, 6, 10, 13, 19, 26, 38,
+                                           51, 77, 102, 154, 205, 307, 410, 614, 819, 1229, 1638, 2458,
+                                           3277, 4915 };
+    return (uint64_t)tenth_ms[t & 31] * 100;
+}
+
+/* Retry q's waiting WRs in order; stop at one that still finds no receive. Lock held. */
+static void progress_qp(struct lqp *q)
+{
+    unsigned cap = q->cap.max_send_wr + 1;
+
+    while (q->pn > 0) {
+        struct pend *p = &q->pend[q->ph];
+        uint32_t byte_len = 0;
+        int st = qp_state(q) == IBV_QPS_ERR ? IBV_WC_WR_FLUSH_ERR : exec_wr(q, &p->wr, &byte_len);
+        if (st == ST_RNR) {
+            const struct sh_qp *rq = &g_tab->qp[g_tab->qp[q->slot].dest_qp & (NQP - 1)];
+            if (q->rnr_retry == 7 || now_ns() - p->since_ns < q->rnr_retry * rnr_timer_us(rq->rnr_timer) * 1000)
+                return;
+            st = IBV_WC_RNR_RETRY_EXC_ERR;
+        }
+        complete(q, &p->wr, (enum ibv_wc_status)st, byte_len);
+        q->ph = (q->ph + 1) % cap;
+        if (--q->pn == 0)
+            atomic_fetch_sub(&g_npend, 1);
+    }
+}
+
+static void progress_all(void)
+{
+    lock();
+    for (size_t i = 0; i < NQP && atomic_load(&g_npend); i++)
+        if (g_qp_local[i] && g_qp_local[i]->pn)
+            progress_qp(g_qp_local[i]);
+    unlock();
+}
+
+/* The progress thread: retries waiting WRs and moves peers' completions into armed CQs, so that a
+ * program asleep in ibv_get_cq_event wakes. Started on the first need; one per process. */
+static pid_t g_prog_pid;
+
+static void *progress_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+        if (atomic_load(&g_npend))
+            progress_all();
+        lock();
+        for (struct lcq *c = g_cqs; c; c = c->next)
+            if (c->in.n || c->in.over)
+                drain_inbox(c);
+        unlock();
+    }
+    return NULL;
+}
+
+static void progress_start(void)
+{
+    pthread_t t;
+    pthread_attr_t a;
+    pid_t self = getpid();
+
+    if (__atomic_exchange_n(&g_prog_pid, self, __ATOMIC_ACQ_REL) == self)
+        return;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &a, progress_main, NULL) != 0)
+        g_prog_pid = 0;
+    pthread_attr_destroy(&a);
 }
 
 static int lq_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
     struct lqp *q = (struct lqp *)qp;
-    int rc = 0;
+    int rc = 0, queued = 0;
 
     lock();
+    if (q->pn)
+        progress_qp(q);
     for (; wr; wr = wr->next) {
-        struct loopnic_counters *cnt = &g_cnt[q->dev];
-        enum ibv_wc_status st;
-        struct ibv_wc wc;
+        enum ibv_qp_state state = qp_state(q);
+        enum ibv_wr_opcode op = wr->opcode;
         uint32_t byte_len = 0;
+        uint64_t len = 0;
+        int st;
 
-        if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR) {
+        if (state != IBV_QPS_RTS && state != IBV_QPS_ERR) {
             rc = EINVAL;
             break;
         }
-        if ((wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
-             wr->opcode != IBV_WR_RDMA_READ)) {
-            rc = EOPNOTSUPP;
+        if (op != IBV_WR_RDMA_WRITE && op != IBV_WR_RDMA_WRITE_WITH_IMM && op != IBV_WR_RDMA_READ &&
+            op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM && !is_atomic(op)) {
+            rc = EOPNOTSUPP; /* SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, DRIVER1: not modelled */
             break;
         }
-        if (wr->num_sge < 0 || wr->num_sge > (int)q->cap.max_send_sge || (wr->num_sge && !wr->sg_list)) {
+        if (wr->num_sge < 0 || wr->num_sge > (int)q->cap.max_send_sge || (wr->num_sge && !wr->sg_list) ||
+            (is_atomic(op) && wr->num_sge != 1)) {
             rc = EINVAL;
             break;
         }
@@ -2089,65 +2736,57 @@ static int lq_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             rc = ENOMEM;
             break;
         }
-        if (wr->send_flags & IBV_SEND_INLINE) {
-            uint64_t len = 0;
-            for (int i = 0; i < wr->num_sge; i++)
-                len += wr->sg_list[i].length;
-            if (wr->opcode == IBV_WR_RDMA_READ || len > q->cap.max_inline_data) {
-                rc = EINVAL;
-                break;
-            }
+        for (int i = 0; i < wr->num_sge; i++)
+            len += wr->sg_list[i].length;
+        if ((wr->send_flags & IBV_SEND_INLINE) &&
+            (op == IBV_WR_RDMA_READ || is_atomic(op) || len > q->cap.max_inline_data)) {
+            rc = EINVAL;
+            break;
         }
-        cnt->wrs++;
         q->outstanding++;
-        q->unsignaled++;
-        if (qp->state == IBV_QPS_ERR) {
+        if (state == IBV_QPS_ERR) {
             st = IBV_WC_WR_FLUSH_ERR;
+        } else if (q->pn) {
+            st = ST_RNR; /* behind a waiting WR: in order */
         } else {
             g_wr_calls++;
             if (g_fail_wr_at && g_wr_calls == g_fail_wr_at)
-                st = (enum ibv_wc_status)g_fail_wr_status;
+                st = g_fail_wr_status;
             else
                 st = exec_wr(q, wr, &byte_len);
+            if (st == ST_RNR && q->rnr_retry == 0)
+                st = IBV_WC_RNR_RETRY_EXC_ERR;
         }
-        if (st != IBV_WC_SUCCESS) {
-            cnt->wr_errors++;
-            if (st == IBV_WC_LOC_PROT_ERR || st == IBV_WC_REM_ACCESS_ERR)
-                cnt->prot_errors++;
-            set_state(q, IBV_QPS_ERR);
+        if (st == ST_RNR) { /* the WR waits, copied as the NIC has fetched it */
+            struct pend *p = &q->pend[(q->ph + q->pn) % (q->cap.max_send_wr + 1)];
+            p->wr = *wr;
+            p->wr.next = NULL;
+            p->wr.sg_list = p->sge;
+            memcpy(p->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*p->sge));
+            if (wr->send_flags & IBV_SEND_INLINE) {
+                uint64_t off = 0;
+                for (int i = 0; i < wr->num_sge; off += p->sge[i].length, i++) {
+                    memcpy(p->inl + off, (void *)(uintptr_t)p->sge[i].addr, p->sge[i].length);
+                    p->sge[i].addr = (uintptr_t)(p->inl + off);
+                }
+            }
+            p->since_ns = now_ns();
+            if (q->pn++ == 0)
+                atomic_fetch_add(&g_npend, 1);
+            queued = 1;
+            continue;
         }
-        if (st != IBV_WC_SUCCESS || q->sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
-            memset(&wc, 0, sizeof(wc));
-            wc.wr_id = wr->wr_id;
-            wc.status = st;
-            wc.opcode = wr->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
-            wc.byte_len = byte_len;
-            wc.qp_num = qp->qp_num;
-            wc.vendor_err = st == IBV_WC_SUCCESS ? 0 : 0x4c;
-            cq_push(q->scq, &wc, q->slot, q->unsignaled);
-            q->unsignaled = 0;
-        }
+        complete(q, wr, (enum ibv_wc_status)st, byte_len);
     }
     if (rc)
         *bad_wr = wr;
     unlock();
+    if (queued)
+        progress_start();
     return rc;
 }
 
-/* ---- unsupported objects ---- */
-API struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
-{
-    (void)pd; (void)attr;
-    errno = EOPNOTSUPP;
-    return NULL;
-}
-
-API int ibv_destroy_srq(struct ibv_srq *srq)
-{
-    (void)srq;
-    return EOPNOTSUPP;
-}
-
+/* ---- address handles: only UD QPs use them, and the model has RC QPs only ---- */
 API struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {
     (void)pd; (void)attr;
@@ -2159,6 +2798,21 @@ API int ibv_destroy_ah(struct ibv_ah *ah)
 {
     (void)ah;
     return EOPNOTSUPP;
+}
+
+API int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
+                            struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
+{
+    (void)context; (void)port_num; (void)wc; (void)grh; (void)ah_attr;
+    return EOPNOTSUPP;
+}
+
+API struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
+                                         uint8_t port_num)
+{
+    (void)pd; (void)wc; (void)grh; (void)port_num;
+    errno = EOPNOTSUPP;
+    return NULL;
 }
 
 /* ---- strings and rates ---- */
@@ -2261,6 +2915,9 @@ API int loopnic_get_counters(int dev, struct loopnic_counters *out)
         out->bytes_moved += c->bytes_moved;
         out->foreign_deregs += c->foreign_deregs;
         out->dmabuf_held += c->dmabuf_held;
+        out->recvs += c->recvs;
+        out->atomics += c->atomics;
+        out->rnr_naks += c->rnr_naks;
     }
     for (size_t i = 0; i < g_ninodes; i++)
         if (dev == -1 || (g_inodes[i].devmask & (1ull << dev)))
@@ -2453,4 +3110,57 @@ API int loopnic_add_device_memory(uint64_t start, uint64_t len)
     g_devmem[n].len = len;
     atomic_store(&g_ndevmem, n + 1);
     return 0;
+}
+
+/* ---- the exit report (LOOPNIC_REPORT): the counters of a program that cannot read them ----
+ * LOOPNIC_REPORT=1 writes one line to stderr when the process exits; any other value is a file the
+ * line is appended to (one write, O_APPEND: the lines of several processes do not mix). Read without
+ * the lock: another thread may hold it at exit, and the numbers are final. */
+__attribute__((destructor)) static void loopnic_report(void)
+{
+    const char *dst = getenv("LOOPNIC_REPORT");
+    struct loopnic_counters t;
+    char line[1024];
+    int n, fd;
+
+    if (!dst || !*dst || !strcmp(dst, "0"))
+        return;
+    memset(&t, 0, sizeof(t));
+    for (int i = 0; i < MAXDEV; i++) {
+        const struct loopnic_counters *c = &g_cnt[i];
+        t.live_mrs += c->live_mrs;
+        t.total_regs += c->total_regs;
+        t.deregs += c->deregs;
+        t.reg_failures += c->reg_failures;
+        t.wrs += c->wrs;
+        t.wr_errors += c->wr_errors;
+        t.prot_errors += c->prot_errors;
+        t.stale_uses += c->stale_uses;
+        t.bytes_moved += c->bytes_moved;
+        t.recvs += c->recvs;
+        t.atomics += c->atomics;
+        t.rnr_naks += c->rnr_naks;
+    }
+    n = snprintf(line, sizeof(line),
+                 "loopnic: pid=%d wrs=%llu wr_errors=%llu prot_errors=%llu stale_uses=%llu bytes_moved=%llu "
+                 "recvs=%llu atomics=%llu rnr_naks=%llu regs=%llu deregs=%llu live_mrs=%llu reg_failures=%llu\n",
+                 (int)getpid(), (unsigned long long)t.wrs, (unsigned long long)t.wr_errors,
+                 (unsigned long long)t.prot_errors, (unsigned long long)t.stale_uses,
+                 (unsigned long long)t.bytes_moved, (unsigned long long)t.recvs, (unsigned long long)t.atomics,
+                 (unsigned long long)t.rnr_naks, (unsigned long long)t.total_regs, (unsigned long long)t.deregs,
+                 (unsigned long long)t.live_mrs, (unsigned long long)t.reg_failures);
+    if (n <= 0)
+        return;
+    if (!strcmp(dst, "1")) {
+        fd = 2;
+    } else {
+        fd = open(dst, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return;
+    }
+    if (write(fd, line, (size_t)n) != n) {
+        /* nothing to do at exit */
+    }
+    if (fd != 2)
+        close(fd);
 }

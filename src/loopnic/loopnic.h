@@ -29,6 +29,9 @@ struct loopnic_counters {
     uint64_t bytes_moved;     /* payload bytes really copied */
     uint64_t foreign_deregs;  /* ibv_dereg_mr of a copy of one of our ibv_mr (deregistered by handle) */
     uint64_t dmabuf_held;     /* live dmabuf MRs: each holds an fd of its dmabuf, as the kernel's MR holds the file */
+    uint64_t recvs;           /* receive WQEs consumed (at a peer too) by SENDs and WRITE_WITH_IMM executed here */
+    uint64_t atomics;         /* atomic WRs executed */
+    uint64_t rnr_naks;        /* attempts that found no receive posted at the responder (retried or failed) */
 };
 
 /* Counters of device dev (0 .. loopnic_num_devices()-1), or of all devices with dev = -1.
