@@ -52,6 +52,7 @@
  */
 #include "verbs/regmr.h"
 
+#include "core/config.h"
 #include "cuda/cuda.h"
 #include "verbs/ops.h"
 
@@ -440,7 +441,6 @@ int drc_reg_mr_multi(struct ibv_pd **pdv, int n, void *addr, size_t len, int acc
     struct multi w = { pdv, n, 0, addr, len, access, out, NULL };
     int i, started = 0, err = 0, threads;
     struct pd_entry *e;
-    const char *env;
 
     if (!pdv || !out || n <= 0 || n > MULTI_MAX || !len)
         return -EINVAL;
@@ -454,10 +454,12 @@ int drc_reg_mr_multi(struct ibv_pd **pdv, int n, void *addr, size_t len, int acc
     /*
      * One thread per PD beyond the caller's, at most `threads` in all
      * (MULTI_THREADS, or DRC_REG_THREADS for a provider that registers
-     * serially anyway: 1 = the caller alone); none started: the caller does all.
+     * serially anyway: 1 = the caller alone; config.c bounds it by MULTI_THREADS);
+     * none started: the caller does all.
      */
-    env = getenv("DRC_REG_THREADS");
-    threads = env && atoi(env) >= 1 && atoi(env) < MULTI_THREADS ? atoi(env) : MULTI_THREADS;
+    threads = (int)drc__env(DRC__ENV_REG_THREADS);
+    if (threads < 1 || threads > MULTI_THREADS)
+        threads = MULTI_THREADS;
     while (started < n - 1 && started < threads - 1 && pthread_create(&tid[started], NULL, multi_worker, &w) == 0)
         started++;
     multi_worker(&w);
