@@ -5,7 +5,7 @@
  * reader calls drc__env(); README.md's table is printed from the row
  * (tests/core/test_config.c checks the README against it).
  *
- * Everything is parsed at the first call, at once, under pthread_once: each
+ * Everything is parsed at the first call, at once, under parse_lock: each
  * variable, then every DRC_* name of the environment against the table. So
  * each mistake is reported exactly once per copy of drc in the process, at
  * the first read, which for the preload library is its constructor. A
@@ -134,7 +134,8 @@ static struct {
     const char *str;
     int state;
 } got[DRC__ENV_COUNT];
-static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int parsed;                      /* atomic: got[] is filled */
+static pthread_mutex_t parse_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- reporting ----------------------------------------------------------- */
 
@@ -345,21 +346,40 @@ static void parse_all(void)
 
 /* ---- the calls --------------------------------------------------------------- */
 
+static void parse_once(void)
+{
+    if (__atomic_load_n(&parsed, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&parse_lock);
+    if (!parsed) {
+        parse_all();
+        __atomic_store_n(&parsed, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&parse_lock);
+}
+
+void drc__env_reset(void)
+{
+    pthread_mutex_lock(&parse_lock);
+    __atomic_store_n(&parsed, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&parse_lock);
+}
+
 long long drc__env(enum drc__env v)
 {
-    pthread_once(&once, parse_all);
+    parse_once();
     return (unsigned)v < DRC__ENV_COUNT ? got[v].value : 0;
 }
 
 const char *drc__env_str(enum drc__env v)
 {
-    pthread_once(&once, parse_all);
+    parse_once();
     return (unsigned)v < DRC__ENV_COUNT ? got[v].str : NULL;
 }
 
 int drc__env_state(enum drc__env v)
 {
-    pthread_once(&once, parse_all);
+    parse_once();
     return (unsigned)v < DRC__ENV_COUNT ? got[v].state : DRC__ENV_UNSET;
 }
 

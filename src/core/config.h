@@ -70,6 +70,13 @@ DRC_API int drc__env_state(enum drc__env v);
  */
 void drc__env_print_table(FILE *out);
 
+/*
+ * Read the environment again at the next call (and report its mistakes
+ * again): for tests that change a variable inside one process. Not for use
+ * while another thread reads the table.
+ */
+void drc__env_reset(void);
+
 /* The name of table entry @i (0..DRC__ENV_COUNT-1), for tests. */
 const char *drc__env_name(int i);
 
