@@ -361,6 +361,10 @@ $B/engine/tent_child: tests/engine/tent_child.c src/loopnic/loopnic_record.h
 	$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -O1 -g $(WARN) -o $@ $< -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/libdrc_host.so.0 $B/engine/engine_child \
   $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1
+# The configuration through the preload (tests/preload/test_config_preload.c): the same programs, and
+# the provider's preloadable build as an object that defines ibv_reg_mr ahead of drc.
+$B/tests/preload/test_config_preload $B/asan/tests/preload/test_config_preload: $B/libdrc_preload.so $B/libdrc_host.so.0 \
+  $B/engine/engine_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so
 # ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).
 preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/verbs_preload.o
 $B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o

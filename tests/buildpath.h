@@ -1,7 +1,7 @@
 /*
  * For tests that run helper programs the Makefile built: find the build
  * folder, the nearest folder above the test binary that holds @probe (e.g.
- * "engine/engine_child"), or $DRC_BUILD when set.
+ * "engine/engine_child"), or $DRC_TEST_BUILD when set.
  */
 #ifndef DRC_TEST_BUILDPATH_H
 #define DRC_TEST_BUILDPATH_H
@@ -16,7 +16,7 @@ static inline int find_build_dir(char *build, size_t size, const char *probe_rel
 {
     char exe[PATH_MAX], probe[PATH_MAX + 64];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    const char *env = getenv("DRC_BUILD");
+    const char *env = getenv("DRC_TEST_BUILD");
     int up;
 
     if (env) {

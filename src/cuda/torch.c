@@ -21,6 +21,7 @@
 #include "drc.h"
 #include "drc_cuda.h"
 #include "cuda/cuda.h"
+#include "core/config.h"
 #include "core/notify.h"
 
 enum seg_kind { UNKNOWN = 0, VMM = 1, PLAIN = 2 };
@@ -76,11 +77,10 @@ static void *device_ctx(const struct drc__cuda_driver *d, int device)
 static int decide_kind(const struct drc__cuda_driver *d, int device, struct dev_info *di)
 {
     struct drc__cuda_alloc_prop p = vmm_prop(device);
-    const char *env = getenv("DRC_TORCH_VMM");
     int dev, vmm = 0, rdma = 0;
     size_t g = 0;
 
-    if ((env && env[0] == '0') || !d->cuMemCreate || !d->cuMemAddressReserve || !d->cuMemMap ||
+    if (!drc__env(DRC__ENV_TORCH_VMM) || !d->cuMemCreate || !d->cuMemAddressReserve || !d->cuMemMap ||
         !d->cuMemSetAccess || !d->cuMemUnmap || !d->cuMemAddressFree || !d->cuMemRelease ||
         !d->cuMemGetAllocationGranularity || !d->cuDeviceGetAttribute || !d->cuDeviceGet || d->cuDeviceGet(&dev, device) ||
         d->cuDeviceGetAttribute(&vmm, DRC__CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) ||

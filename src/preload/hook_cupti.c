@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/config.h"
 #include "preload/hook_preload.h"
 
 enum { DOMAIN_DRIVER = 1, DOMAIN_RUNTIME = 2, SITE_ENTER = 0, MAX_CBID = 4096 };
@@ -170,7 +171,7 @@ static void *open_cupti(void)
         "/usr/local/cuda/lib64/libcupti.so", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so",
         "/usr/local/cuda/targets/x86_64-linux/lib/libcupti.so",
     };
-    const char *env = getenv("DRC_CUPTI_LIB");
+    const char *env = drc__env_str(DRC__ENV_CUPTI_LIB);
     void *h;
     size_t i;
 
@@ -241,7 +242,7 @@ int drc__hook_cupti_start(void)
             if ((domain == DOMAIN_DRIVER ? driver_what : runtime_what)[id])
                 enable(1, sub, domain, id);
     }
-    if (getenv("DRC_HOOK_DEBUG"))
+    if (drc__env(DRC__ENV_HOOK_DEBUG))
         fprintf(stderr, "drc hook: CUPTI monitor on (%d callbacks%s)\n", found, by_name ? ", by name" : "");
     return 0;   /* libcupti stays loaded: the subscriber lives as long as the process */
 }

@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "drc_cuda.h"
+#include "core/config.h"
 #include "cuda/cuda.h"      /* the CUDA constants (only those: the driver is reached through its own symbols) */
 #include "preload/hook_preload.h"
 
@@ -63,20 +64,20 @@ static int debug;
 static int get_mode(void)
 {
     int m = __atomic_load_n(&mode, __ATOMIC_ACQUIRE);
-    const char *env;
+    long long monitor;
 
     if (m != MODE_UNSET)
         return m;
-    env = getenv("DRC_MONITOR");
-    debug = getenv("DRC_HOOK_DEBUG") != NULL;
+    monitor = drc__env(DRC__ENV_MONITOR);
+    debug = drc__env(DRC__ENV_HOOK_DEBUG) || drc__env(DRC__ENV_LOG) >= DRC__LOG_WARN;
     if (!drc__preload_part(DRC__PRELOAD_CUDA)) {
         m = MODE_OFF;
-    } else if (env && !strcmp(env, "cupti")) {
+    } else if (monitor == DRC__MONITOR_CUPTI) {
         /* pass through while CUPTI starts: libcupti's own dlsym calls come back here */
         if (!__atomic_compare_exchange_n(&mode, &m, MODE_OFF, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             return m;
         m = drc__hook_cupti_start() == 0 ? MODE_CUPTI : MODE_HOOK;
-    } else if (env && (!strcmp(env, "none") || !strcmp(env, "off"))) {
+    } else if (monitor == DRC__MONITOR_NONE) {
         m = MODE_OFF;
     } else {
         m = MODE_HOOK;

@@ -13,9 +13,11 @@
 
 /*
  * The parts of the library, chosen once at load (preload.c): DRC_PRELOAD is
- * a comma list of cuda, host, verbs (or all, none). Unset, the names in
- * LD_PRELOAD choose: libdrc_hook.so the CUDA part, libdrc_verbs.so and
- * libdrc_preload.so all three; loaded some other way, all three.
+ * a comma list of cuda, host, verbs (or all, none); a wrong part or an empty
+ * value is reported and turns all three on (core/config.c, whose table has
+ * these bits). Unset, the names in LD_PRELOAD choose: libdrc_hook.so the CUDA
+ * part, libdrc_verbs.so and libdrc_preload.so all three; loaded some other
+ * way, all three.
  */
 enum { DRC__PRELOAD_CUDA = 1, DRC__PRELOAD_HOST = 2, DRC__PRELOAD_VERBS = 4 };
 int drc__preload_part(int part);

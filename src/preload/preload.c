@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/config.h"
 #include "core/notify.h"     /* struct drc__hook_ops: the hook ABI (only the struct is used here) */
 #include "preload/hook_preload.h"
 
@@ -79,36 +80,15 @@ static dlvsym_fn *libc_dlvsym;                 /* atomic */
 
 /* ---- the parts ------------------------------------------------------------- */
 
-static int parse_parts(const char *s)
-{
-    int p = 0;
-
-    while (s && *s) {
-        size_t n = strcspn(s, ",");
-
-        if (n == 4 && !strncmp(s, "cuda", 4))
-            p |= DRC__PRELOAD_CUDA;
-        else if (n == 4 && !strncmp(s, "host", 4))
-            p |= DRC__PRELOAD_HOST;
-        else if (n == 5 && !strncmp(s, "verbs", 5))
-            p |= DRC__PRELOAD_VERBS;
-        else if (n == 3 && !strncmp(s, "all", 3))
-            p |= DRC__PRELOAD_CUDA | DRC__PRELOAD_HOST | DRC__PRELOAD_VERBS;
-        s += n + (s[n] == ',');
-    }
-    return p;
-}
-
 int drc__preload_part(int part)
 {
     int p = __atomic_load_n(&parts, __ATOMIC_ACQUIRE);
-    const char *env, *pre;
+    const char *pre;
 
     if (p < 0) {
-        env = getenv("DRC_PRELOAD");
         pre = getenv("LD_PRELOAD");
-        if (env)
-            p = parse_parts(env);
+        if (drc__env_state(DRC__ENV_PRELOAD) != DRC__ENV_UNSET)
+            p = (int)drc__env(DRC__ENV_PRELOAD);     /* set wrong: all (config.c said so) */
         else if (pre && (strstr(pre, "libdrc_hook") || strstr(pre, "libdrc_verbs") || strstr(pre, "libdrc_preload")))
             p = (strstr(pre, "libdrc_hook") ? DRC__PRELOAD_CUDA : 0) |
                 (strstr(pre, "libdrc_verbs") || strstr(pre, "libdrc_preload")
@@ -148,7 +128,7 @@ EXPORT void drc_hook_attach(const struct drc__hook_ops *o)
         if (__atomic_compare_exchange_n(&drcs[i], &cur, o, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) || cur == o)
             break;
     }
-    if (getenv("DRC_HOOK_DEBUG"))
+    if (drc__env(DRC__ENV_HOOK_DEBUG))
         fprintf(stderr, "drc preload: %s drc %p (parts:%s%s%s)\n", i < MAX_DRCS ? "attached to" : "no room for",
                 (const void *)o, drc__preload_part(DRC__PRELOAD_CUDA) ? " cuda" : "",
                 drc__preload_part(DRC__PRELOAD_HOST) ? " host" : "",
@@ -452,4 +432,106 @@ EXPORT void *dlvsym(void *handle, const char *name, const char *version)
         return next_after(ra, name, version);
     return answer(name, version, handle == RTLD_DEFAULT ? default_for(ra, name, version) :
                   drc__hook_real_dlvsym(handle, name, version), ra);
+}
+
+/* ---- at load: do the names served here resolve to this library? ------------- */
+
+/*
+ * An interposer works only where the dynamic linker resolves its names to it.
+ * The global scope is searched in order: the executable, the objects of
+ * LD_PRELOAD in their order, then the program's libraries. An object
+ * preloaded before this one that defines ibv_reg_mr (a provider, another
+ * interposer) takes every such call, and drc would see none of them, in
+ * silence. Objects loaded later (libibverbs, libcuda, by NEEDED or by
+ * dlopen) come after this library, so everything that can stand in front of
+ * it is there when its constructor runs: the check is made once, then. (An
+ * object opened with RTLD_DEEPBIND binds to its own definitions first, which
+ * no check here can see; those that open libibverbs privately are served by
+ * the dlsym interposer above.)
+ *
+ * The names are read from this library's own dynamic symbol table, so a hook
+ * added to any part is checked with no list to keep. A name counts when its
+ * part is on: ibv_* the verbs front, cu* the CUDA hooks (DRC_MONITOR=hook),
+ * dlsym/dlvsym always, any other function the host part; drc_* are not
+ * interposers.
+ */
+static int name_in_use(const char *name)
+{
+    if (name[0] == '_' || !strncmp(name, "drc_", 4))
+        return 0;
+    if (!strcmp(name, "dlsym") || !strcmp(name, "dlvsym"))
+        return 1;
+    if (!strncmp(name, "ibv_", 4))
+        return drc__preload_verbs_enabled();
+    if (!strncmp(name, "cu", 2))
+        return drc__preload_part(DRC__PRELOAD_CUDA) && drc__env(DRC__ENV_MONITOR) == DRC__MONITOR_HOOK;
+    return drc__preload_part(DRC__PRELOAD_HOST);
+}
+
+static void check_shadowing(void)
+{
+    struct link_map *self = NULL;
+    const ElfW(Dyn) *d;
+    const ElfW(Sym) *symtab = NULL;
+    const uint32_t *gh = NULL, *buckets, *chain;
+    const char *strtab = NULL, *me, *other = NULL;
+    char names[400];
+    uint32_t i, n, nb, symoff;
+    size_t used = 0;
+    int count = 0;
+    Dl_info info;
+
+    if (!dladdr1((void *)check_shadowing, &info, (void **)&self, RTLD_DL_LINKMAP) || !self || !self->l_ld)
+        return;
+    for (d = self->l_ld; d->d_tag != DT_NULL; d++) {
+        uintptr_t p = d->d_un.d_ptr < self->l_addr ? self->l_addr + d->d_un.d_ptr : d->d_un.d_ptr;
+
+        if (d->d_tag == DT_SYMTAB)
+            symtab = (const ElfW(Sym) *)p;
+        else if (d->d_tag == DT_STRTAB)
+            strtab = (const char *)p;
+        else if (d->d_tag == DT_GNU_HASH)
+            gh = (const uint32_t *)p;
+    }
+    if (!symtab || !strtab || !gh)
+        return;
+    /* the GNU hash holds the exported symbols symoff..n; n ends the last chain (ELF64_ST_* = ELF32_ST_*) */
+    nb = gh[0];
+    symoff = gh[1];
+    buckets = (const uint32_t *)((const ElfW(Addr) *)(gh + 4) + gh[2]);
+    chain = buckets + nb;
+    for (n = 0, i = 0; i < nb; i++)
+        if (buckets[i] > n)
+            n = buckets[i];
+    if (n >= symoff)
+        while (!(chain[n - symoff] & 1))
+            n++;
+    names[0] = 0;
+    for (i = symoff; i <= n && n >= symoff; i++) {
+        const ElfW(Sym) *s = &symtab[i];
+        const char *name = strtab + s->st_name;
+        void *found;
+
+        if (s->st_shndx == SHN_UNDEF || ELF64_ST_TYPE(s->st_info) != STT_FUNC ||
+            ELF64_ST_VISIBILITY(s->st_other) != STV_DEFAULT || !name_in_use(name))
+            continue;
+        found = drc__hook_real_dlsym(RTLD_DEFAULT, name);
+        if (!found || found == (void *)(self->l_addr + s->st_value) || !dladdr(found, &info))
+            continue;
+        if (!other)
+            other = info.dli_fname && info.dli_fname[0] ? info.dli_fname : "the program";
+        if (used < sizeof(names))
+            used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s", count ? ", " : "", name);
+        count++;
+    }
+    if (!count)
+        return;
+    me = self->l_name && strrchr(self->l_name, '/') ? strrchr(self->l_name, '/') + 1 : "libdrc_preload.so";
+    fprintf(stderr, "drc: %s does not see the program's calls to %s: %s, loaded before it, defines %s; put %s "
+            "first in LD_PRELOAD\n", me, names, other, count > 1 ? "them" : "it", me);
+}
+
+__attribute__((constructor)) static void preload_init(void)
+{
+    check_shadowing();
 }

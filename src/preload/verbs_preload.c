@@ -42,18 +42,10 @@
  * definitions (the real libibverbs, or whatever stands in for it), so drc's
  * registrations never come back here: no re-entry, no per-thread state.
  *
- * Environment, read once at load:
- *   DRC_VERBS        on (default) | off: off forwards every call untouched
- *   DRC_POLICY       dmabuf_then_peermem (default) | dmabuf | peermem
- *   DRC_MAX_REGIONS  idle cached MRs kept per PD (default: no limit)
- *   DRC_VERBS_HOST   cache (default) | passthrough: host memory straight to ibv_reg_mr
- *   DRC_VERBS_WIDEN  local (default) | always | never: which GPU registrations are widened to their
- *                    whole allocation (regmr.c says why; local: only those asking no REMOTE_* access)
- *   DRC_VERBS_REVOKE 1: a free deregisters the NIC MR at once even while the engine holds it
- *                    (DRC_F_REVOKE: its keys die, a later transfer gets a protection error); 0 (default)
- *                    keeps a held MR registered until the engine's ibv_dereg_mr
- *   DRC_LOG          info: one summary line on stderr at exit; debug: also one line per call.
- *                    Unset: drc never writes anything.
+ * Environment, read once at load (core/config.c has the table, README.md
+ * shows it): DRC_VERBS, DRC_POLICY, DRC_MAX_REGIONS, DRC_VERBS_HOST,
+ * DRC_VERBS_WIDEN (regmr.c says why local is the default), DRC_VERBS_REVOKE,
+ * DRC_LOG.
  */
 #include "preload/verbs_preload.h"
 
@@ -65,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/config.h"
 #include "cuda/cuda.h"
 #include "drc.h"
 #include "drc_verbs.h"
@@ -77,10 +70,8 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { LOG_NONE = 0, LOG_INFO = 1, LOG_DEBUG = 2 };
-
 static int enabled = 1;
-static int log_level;
+static int log_level;               /* enum drc__log */
 static int host_passthrough;
 static uint64_t n_passthrough;      /* atomic: registrations handed on untouched */
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -272,68 +263,23 @@ static const struct drc__verbs_ops forward_ops = {
 
 /* ---- configuration -------------------------------------------------------- */
 
-static int parse_policy(const char *s, enum drc_policy *p)
-{
-    if (!strcmp(s, "dmabuf_then_peermem"))
-        *p = DRC_DMABUF_THEN_PEERMEM;
-    else if (!strcmp(s, "dmabuf") || !strcmp(s, "dmabuf_only"))
-        *p = DRC_DMABUF_ONLY;
-    else if (!strcmp(s, "peermem") || !strcmp(s, "peermem_only"))
-        *p = DRC_PEERMEM_ONLY;
-    else
-        return -EINVAL;
-    return 0;
-}
-
-static int parse_widen(const char *s, unsigned *flags)
-{
-    if (!strcmp(s, "local"))
-        *flags &= ~(DRC_F_WIDEN_REMOTE | DRC_F_NO_WIDEN);
-    else if (!strcmp(s, "always"))
-        *flags = (*flags & ~DRC_F_NO_WIDEN) | DRC_F_WIDEN_REMOTE;
-    else if (!strcmp(s, "never"))
-        *flags = (*flags & ~DRC_F_WIDEN_REMOTE) | DRC_F_NO_WIDEN;
-    else
-        return -EINVAL;
-    return 0;
-}
-
+/* The DRC_* variables of this front, from the one parser (core/config.c, which reports mistakes). */
 static void init(void)
 {
     struct drc_config cfg = { 0 };
-    const char *s;
-    char *end;
 
-    s = getenv("DRC_VERBS");
-    enabled = !(s && (!strcmp(s, "0") || !strcmp(s, "off"))) &&
+    enabled = drc__env(DRC__ENV_VERBS) &&
               (!drc__preload_part || drc__preload_part(DRC__PRELOAD_VERBS));   /* DRC_PRELOAD / the name preloaded */
-    s = getenv("DRC_LOG");
-    if (s && *s)
-        log_level = !strcmp(s, "debug") ? LOG_DEBUG : LOG_INFO;
-    s = getenv("DRC_POLICY");
-    if (s && *s && parse_policy(s, &cfg.policy) && log_level)
-        fprintf(stderr, "drc: DRC_POLICY=%s unknown (dmabuf_then_peermem, dmabuf, peermem): using the default\n", s);
-    s = getenv("DRC_MAX_REGIONS");
-    if (s && *s) {
-        unsigned long long v = strtoull(s, &end, 10);
-
-        if (*end == 0)
-            cfg.max_regions = (size_t)v;
-        else if (log_level)
-            fprintf(stderr, "drc: DRC_MAX_REGIONS=%s is not a number: no limit\n", s);
-    }
-    s = getenv("DRC_VERBS_WIDEN");
-    if (s && *s && parse_widen(s, &cfg.flags) && log_level)
-        fprintf(stderr, "drc: DRC_VERBS_WIDEN=%s unknown (local, always, never): using local\n", s);
-    s = getenv("DRC_VERBS_REVOKE");
-    if (s && *s) {
-        if (!strcmp(s, "1"))
-            cfg.flags |= DRC_F_REVOKE;
-        else if (strcmp(s, "0") && log_level)
-            fprintf(stderr, "drc: DRC_VERBS_REVOKE=%s unknown (0, 1): not revoking\n", s);
-    }
-    s = getenv("DRC_VERBS_HOST");
-    host_passthrough = s && !strcmp(s, "passthrough");
+    log_level = (int)drc__env(DRC__ENV_LOG);
+    cfg.policy = (enum drc_policy)drc__env(DRC__ENV_POLICY);
+    cfg.max_regions = (size_t)drc__env(DRC__ENV_MAX_REGIONS);
+    if (drc__env(DRC__ENV_VERBS_WIDEN) == DRC__WIDEN_ALWAYS)
+        cfg.flags |= DRC_F_WIDEN_REMOTE;
+    else if (drc__env(DRC__ENV_VERBS_WIDEN) == DRC__WIDEN_NEVER)
+        cfg.flags |= DRC_F_NO_WIDEN;
+    if (drc__env(DRC__ENV_VERBS_REVOKE))
+        cfg.flags |= DRC_F_REVOKE;
+    host_passthrough = drc__env(DRC__ENV_VERBS_HOST) == 1;
     drc__regmr_configure(&cfg);
     drc__verbs_install(&forward_ops);
     resolve_next();     /* now, where libibverbs is already loaded; else on the first call */
@@ -353,10 +299,13 @@ __attribute__((constructor)) static void verbs_preload_init(void)
 __attribute__((destructor)) static void verbs_preload_fini(void)
 {
     struct drc__regmr_totals t;
+    unsigned long long passed = __atomic_load_n(&n_passthrough, __ATOMIC_RELAXED);
 
-    if (!log_level || !enabled)
+    if (log_level < DRC__LOG_INFO || !enabled)
         return;
     drc__regmr_totals(&t);
+    if (!t.pds && !t.mrs_gpu && !t.mrs_host && !t.mrs_direct && !passed)
+        return;     /* registered nothing: a shell, a compiler, each process of a pipeline says nothing */
     /* Over the process's life: PDs and caches may all be gone by now, the counts are not. */
     fprintf(stderr,
             "drc: over the process: %llu PDs, %llu MRs handed out (%llu GPU, %llu host, %llu passed through), "
@@ -364,7 +313,7 @@ __attribute__((destructor)) static void verbs_preload_fini(void)
             "them, %llu hits, %llu coalesced, %llu invalidated, %llu cached now; GPU via %s\n",
             (unsigned long long)t.pds, (unsigned long long)(t.mrs_gpu + t.mrs_host),
             (unsigned long long)t.mrs_gpu, (unsigned long long)t.mrs_host,
-            (unsigned long long)(t.mrs_direct + __atomic_load_n(&n_passthrough, __ATOMIC_RELAXED)),
+            (unsigned long long)t.mrs_direct + passed,
             (unsigned long long)t.peak, (unsigned long long)t.live, (unsigned long long)t.cache.regs,
             (unsigned long long)t.cache.deregs, (unsigned long long)t.cache.hits,
             (unsigned long long)t.cache.merges, (unsigned long long)t.cache.invalidated,
@@ -392,13 +341,13 @@ static struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t
         (host_passthrough && !is_gpu(addr))) {
         __atomic_fetch_add(&n_passthrough, 1, __ATOMIC_RELAXED);
         mr = fwd_reg_mr_iova2(pd, addr, length, iova, access);
-        if (log_level >= LOG_DEBUG && enabled)
+        if (log_level >= DRC__LOG_DEBUG && enabled)
             fprintf(stderr, "drc: reg_mr %p+%zu iova 0x%llx access 0x%x: passed through -> %p\n", addr, length,
                     (unsigned long long)iova, access, (void *)mr);
         return mr;
     }
     mr = drc_reg_mr(pd, addr, length, (int)access);
-    if (log_level >= LOG_DEBUG) {
+    if (log_level >= DRC__LOG_DEBUG) {
         int e = errno;
 
         fprintf(stderr, "drc: reg_mr %p+%zu access 0x%x: %s lkey 0x%x rkey 0x%x%s%s\n", addr, length, access,
@@ -435,7 +384,7 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
     ensure_init();
     err = enabled ? drc__regmr_dereg(mr) : -ENOENT;
     if (err != -ENOENT) {
-        if (log_level >= LOG_DEBUG)
+        if (log_level >= DRC__LOG_DEBUG)
             fprintf(stderr, "drc: dereg_mr %p: %s\n", (void *)mr, err ? drc_strerror(err) : "released");
         return err < 0 ? -err : err;    /* verbs returns a positive errno */
     }
@@ -449,7 +398,7 @@ EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
     ensure_init();
     if (enabled) {
         err = drc_pd_release(pd);
-        if (err && log_level)
+        if (err && log_level >= DRC__LOG_ERROR)
             fprintf(stderr, "drc: dealloc_pd %p: %s\n", (void *)pd, drc_strerror(err));
     }
     return fwd_dealloc_pd(pd);
@@ -460,7 +409,7 @@ EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *a
     ensure_init();
     if (enabled && drc__regmr_owns(mr)) {
         /* A shared cached MR cannot change under its other holders; the provider would take ours for its own. */
-        if (log_level >= LOG_DEBUG)
+        if (log_level >= DRC__LOG_DEBUG)
             fprintf(stderr, "drc: rereg_mr %p: refused (an MR of drc: deregister it and register again)\n",
                     (void *)mr);
         errno = EINVAL;

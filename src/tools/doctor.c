@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/config.h"
 #include "cuda/cuda.h"
 #include "tools/doctor.h"
 #include "drc.h"
@@ -240,7 +241,8 @@ static void gpus(struct findings *f, struct ibv_pd *pd)
 static void mappings(const struct findings *f)
 {
     const struct drc__verbs_ops *ops = drc__verbs();
-    const char *env = getenv("DRC_DMABUF_MAPPING"), *why, *name;
+    long long env = drc__env(DRC__ENV_DMABUF_MAPPING);
+    const char *why, *name;
     struct ibv_device **list;
     char bus[32];
     int g, i, n = 0, path;
@@ -260,8 +262,10 @@ static void mappings(const struct findings *f)
     }
     if (list)
         ops->free_device_list(list);
-    if (env && *env)
-        printf("mapping         DRC_DMABUF_MAPPING=%s\n", env);
+    if (drc__env_state(DRC__ENV_DMABUF_MAPPING) == DRC__ENV_VALID)
+        printf("mapping         DRC_DMABUF_MAPPING=%s\n", env == DRC__MAPPING_ENV_PCIE      ? "pcie"
+                                                        : env == DRC__MAPPING_ENV_DEFAULT ? "default"
+                                                                                          : "auto");
 }
 
 static void verdict(const struct findings *f)

@@ -54,6 +54,7 @@
  */
 #include "verbs/regmr.h"
 
+#include "core/config.h"
 #include "cuda/cuda.h"
 #include "verbs/ops.h"
 
@@ -441,7 +442,6 @@ int drc_reg_mr_multi(struct ibv_pd **pdv, int n, void *addr, size_t len, int acc
     pthread_t tid[MULTI_THREADS - 1];
     struct multi w = { pdv, n, 0, addr, len, access, out, NULL };
     int i, started = 0, err = 0, threads;
-    const char *env;
 
     if (!pdv || !out || n <= 0 || n > MULTI_MAX || !len)
         return -EINVAL;
@@ -455,10 +455,12 @@ int drc_reg_mr_multi(struct ibv_pd **pdv, int n, void *addr, size_t len, int acc
     /*
      * One thread per PD beyond the caller's, at most `threads` in all
      * (MULTI_THREADS, or DRC_REG_THREADS for a provider that registers
-     * serially anyway: 1 = the caller alone); none started: the caller does all.
+     * serially anyway: 1 = the caller alone; config.c bounds it by MULTI_THREADS);
+     * none started: the caller does all.
      */
-    env = getenv("DRC_REG_THREADS");
-    threads = env && atoi(env) >= 1 && atoi(env) < MULTI_THREADS ? atoi(env) : MULTI_THREADS;
+    threads = (int)drc__env(DRC__ENV_REG_THREADS);
+    if (threads < 1 || threads > MULTI_THREADS)
+        threads = MULTI_THREADS;
     while (started < n - 1 && started < threads - 1 && pthread_create(&tid[started], NULL, multi_worker, &w) == 0)
         started++;
     multi_worker(&w);

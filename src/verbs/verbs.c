@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "core/cache.h"
+#include "core/config.h"
 #include "cuda/cuda.h"
 #include "verbs/ops.h"
 #include "verbs/topo.h"
@@ -187,7 +188,7 @@ static int decide(struct verbs *v, int device)
         m = decide_locked(v, device, &reason);
         v->reason[device] = reason;
         __atomic_store_n(&v->method[device], m, __ATOMIC_RELEASE);
-        if (getenv("DRC_VERBOSE"))
+        if (drc__env(DRC__ENV_VERBOSE))
             fprintf(stderr, "drc: GPU %d: %s (%s)\n", device, m < 0 ? "cannot register" : method_name(m),
                     reason);
     }
@@ -198,7 +199,7 @@ static int decide(struct verbs *v, int device)
 /*
  * The mapping type for CUDA device @device's memory on the NIC @ibdev, in this
  * order: the environment (DRC_DMABUF_MAPPING=pcie|default; auto or unset:
- * go on; anything else is reported once on stderr and taken as auto), the
+ * go on; anything else is reported by config.c and taken as auto), the
  * configuration (DRC_F_DMABUF_PCIE forces PCIe, DRC_F_DMABUF_DEFAULT the
  * default), then the topology: PCIe only for a NIC under the GPU's PCIe
  * switch, read from sysfs at DRC_SYSFS_ROOT (default /sys). *path gets the
@@ -206,20 +207,14 @@ static int decide(struct verbs *v, int device)
  */
 int drc__verbs_mapping(int device, const char *ibdev, unsigned cfg_flags, int *path, const char **why)
 {
-    static int warned;
-    const char *env = getenv("DRC_DMABUF_MAPPING"), *root = getenv("DRC_SYSFS_ROOT");
+    long long env = drc__env(DRC__ENV_DMABUF_MAPPING);
+    const char *root = drc__env_str(DRC__ENV_SYSFS_ROOT);
     char bus[32];
-    int m;
 
     *path = 0;
-    if (env && *env && strcmp(env, "auto")) {
-        m = drc__topo_mapping(0, env);
-        if (m >= 0) {
-            *why = "DRC_DMABUF_MAPPING";
-            return m;
-        }
-        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-            fprintf(stderr, "drc: DRC_DMABUF_MAPPING=%s is not auto, pcie or default: taken as auto\n", env);
+    if (env != DRC__MAPPING_ENV_AUTO) {
+        *why = "DRC_DMABUF_MAPPING";
+        return drc__topo_mapping(0, env == DRC__MAPPING_ENV_PCIE ? "pcie" : "default");
     }
     if (cfg_flags & (DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT)) {
         *why = "configuration flag";
@@ -227,7 +222,7 @@ int drc__verbs_mapping(int device, const char *ibdev, unsigned cfg_flags, int *p
     }
     *path = drc__cuda_pci_bus_id(device, bus, sizeof(bus));
     if (!*path)
-        *path = ibdev ? drc__topo_path(root && *root ? root : "/sys", bus, ibdev) : -ENODEV;
+        *path = ibdev ? drc__topo_path(root ? root : "/sys", bus, ibdev) : -ENODEV;
     *why = *path == DRC__PATH_SWITCH ? "NIC under the GPU's PCIe switch"
            : *path == DRC__PATH_HOST ? "NIC reached through the CPU"
                                      : "topology unknown: the default type";
@@ -249,7 +244,7 @@ static unsigned verbs_export_flags(void *ctx, int device)
         name = v->ops->get_device_name && v->pd->context ? v->ops->get_device_name(v->pd->context->device) : NULL;
         m = 1 + drc__verbs_mapping(device, name, v->map_flags, &path, &why);
         __atomic_store_n(&v->mapping[device], m, __ATOMIC_RELEASE);
-        if (getenv("DRC_VERBOSE"))
+        if (drc__env(DRC__ENV_VERBOSE))
             fprintf(stderr, "drc: GPU %d, NIC %s: %s mapping (%s)\n", device, name ? name : "?",
                     drc__topo_mapping_name(m - 1), why);
     }

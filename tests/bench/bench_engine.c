@@ -57,7 +57,7 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Run again over the doubles when there is no device (once: DRC_BENCH_DOUBLES marks the second run). */
+/* Run again over the doubles when there is no device (once: DRC_TEST_BENCH_DOUBLES marks the second run). */
 static void reexec_over_doubles(char **argv)
 {
     char exe[PATH_MAX], path[2 * PATH_MAX + 64], *slash;
@@ -65,7 +65,7 @@ static void reexec_over_doubles(char **argv)
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     int (*init)(unsigned) = NULL;
 
-    if (n <= 0 || getenv("DRC_BENCH_DOUBLES"))
+    if (n <= 0 || getenv("DRC_TEST_BENCH_DOUBLES"))
         return;
     exe[n] = 0;
     slash = strrchr(exe, '/');
@@ -80,7 +80,7 @@ static void reexec_over_doubles(char **argv)
     else
         snprintf(path, sizeof(path), "%s/../loopnic:%s/../engine/fakecuda", exe, exe);
     setenv("LD_LIBRARY_PATH", path, 1);
-    setenv("DRC_BENCH_DOUBLES", "1", 1);
+    setenv("DRC_TEST_BENCH_DOUBLES", "1", 1);
     printf("no RDMA device: running over the loopback libibverbs double%s\n",
            strstr(path, "fakecuda") ? " and the libcuda double" : "");
     fflush(stdout);

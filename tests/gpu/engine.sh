@@ -37,7 +37,7 @@ run env LD_LIBRARY_PATH="$L" LD_PRELOAD="$P" DRC_LOG=info "$C" log
 echo "== control: gpu_dedup without the preload must fail"
 env LD_LIBRARY_PATH="$L" "$C" gpu_dedup
 [ $? -eq 1 ] && echo "== control failed as it should" || { fail=$((fail + 1)); echo "== control did NOT fail"; }
-run env LD_LIBRARY_PATH="$L" DRC_BENCH_DOUBLES=1 "$B/bench/bench_engine"
-run env LD_LIBRARY_PATH="$L" DRC_BENCH_DOUBLES=1 "$B/bench/bench_engine" host
+run env LD_LIBRARY_PATH="$L" DRC_TEST_BENCH_DOUBLES=1 "$B/bench/bench_engine"
+run env LD_LIBRARY_PATH="$L" DRC_TEST_BENCH_DOUBLES=1 "$B/bench/bench_engine" host
 echo "== engine summary: $fail failed"
 [ "$fail" -eq 0 ]

@@ -33,6 +33,7 @@
 #include <infiniband/verbs.h>
 
 #include "cuda/cuda.h"
+#include "core/config.h"
 #include "core/notify.h"
 #include "drc.h"
 #include "drc_verbs.h"
@@ -225,6 +226,7 @@ static int setup(void **state)
     base_fds = fds_open();
     setenv("DRC_SYSFS_ROOT", root, 1);
     unsetenv("DRC_DMABUF_MAPPING");
+    drc__env_reset();   /* drc reads its environment once: read it again */
     return 0;
 }
 
@@ -301,6 +303,7 @@ static void four_nics_one_export(void **state)
 
     (void)state;
     setenv("DRC_DMABUF_MAPPING", "default", 1);
+    drc__env_reset();
     for (int i = 0; i < NICS; i++) {
         assert_int_equal(drc_cache_create_verbs(nic[i].pd, NULL, &c[i]), 0);
         assert_int_equal(drc_get(c[i], gpu + 3 * 4096, 3 * 4096, ACCESS, &r[i]), 0);
@@ -329,6 +332,7 @@ static void multi_all_or_nothing(void **state)
 
     (void)state;
     setenv("DRC_DMABUF_MAPPING", "auto", 1);
+    drc__env_reset();
     for (int i = 0; i < NICS; i++)
         pds[i] = nic[i].pd;
     assert_int_equal(drc_reg_mr_multi(pds, NICS, dst, XFER, ACCESS, mrs), 0);

@@ -4,7 +4,7 @@ imports and finds libdrc without torch (only Pool needs it), a tensor view regis
 close()/release() is destroyed/put, so no callback of a dead Cache stays in the notify table.
 
 Usage: python3 tests/python/test_drc_torch.py [RESULTS_FILE]
-The package is imported from src/python unless DRC_TORCH_PATH names another folder (an installed
+The package is imported from src/python unless DRC_TEST_TORCH_PATH names another folder (an installed
 copy). The library is $DRC_LIB, else build/libdrc.so of this tree. With RESULTS_FILE, appends
 "NAME PASSED FAILED" as tests/run.sh does."""
 import ctypes
@@ -32,7 +32,7 @@ class _NoTorch(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _NoTorch())
 for m in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
     del sys.modules[m]
-sys.path.insert(0, os.environ.get("DRC_TORCH_PATH") or os.path.join(TOP, "src", "python"))
+sys.path.insert(0, os.environ.get("DRC_TEST_TORCH_PATH") or os.path.join(TOP, "src", "python"))
 os.environ.setdefault("DRC_LIB", os.path.join(TOP, "build", "libdrc.so"))
 import drc_torch  # noqa: E402
 

@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "core/config.h"
 #include "drc.h"
 #include "drc_verbs.h"
 #include "fake_cuda.h"
@@ -593,12 +594,14 @@ static void mapping_per_gpu_nic_pair(void **state)
             setenv("DRC_DMABUF_MAPPING", t[i].env, 1);
         else
             unsetenv("DRC_DMABUF_MAPPING");
+        drc__env_reset();   /* drc reads its environment once: read it again */
         assert_int_equal(drc__verbs_mapping(t[i].gpu, t[i].nic, t[i].flags, &path, &why), t[i].mapping);
         assert_int_equal(path, t[i].path);
         assert_non_null(why);
     }
     unsetenv("DRC_DMABUF_MAPPING");
     unsetenv("DRC_SYSFS_ROOT");
+    drc__env_reset();
     {   /* both forcing flags at once: refused, not one silently chosen */
         struct drc_config cfg = { .flags = DRC_F_DMABUF_PCIE | DRC_F_DMABUF_DEFAULT };
         drc_cache_t *c = NULL;
