@@ -42,7 +42,9 @@
  * cache or libibverbs, except pds_lock around drc_cache_destroy in
  * drc_pd_release, and no memory is freed under them but uthash's own bucket
  * arrays, so a free hook (munmap, madvise) that runs inside such a call may
- * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock.
+ * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock
+ * (core/fork.h has the whole order, and what a fork() child does with them:
+ * the fork waits for both, so that both tables are whole in the child).
  * (libibverbs is reached through the verbs ops table, which inside the
  * preload forwards to the next definitions: a dereg of the destroy never
  * comes back to the interposer.)
@@ -52,6 +54,7 @@
  */
 #include "verbs/regmr.h"
 
+#include "core/fork.h"
 #include "cuda/cuda.h"
 #include "verbs/ops.h"
 
@@ -82,7 +85,12 @@ struct caller_mr {
     UT_hash_handle hh;
 };
 
-static pthread_rwlock_t pds_lock = PTHREAD_RWLOCK_INITIALIZER;
+/*
+ * Writers first: the fork waits for the write side (regmr_prepare), which
+ * readers registering in a loop would otherwise keep from it for ever. No
+ * path takes the read side twice.
+ */
+static pthread_rwlock_t pds_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 static struct pd_entry *pds;            /* pds_lock */
 static pthread_mutex_t mrs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct caller_mr *mrs;           /* mrs_lock */
@@ -95,6 +103,39 @@ static uint64_t n_live, n_peak;             /* atomic: caller MRs held now, and 
 static uint64_t n_pds;                      /* atomic: per-PD caches made, ever */
 static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
 static struct drc_stats retired;            /* pds_lock (write): stats of the caches released */
+
+/* fork() (core/fork.h): the fork falls between two critical sections of each table. */
+static void regmr_prepare(void)
+{
+    pthread_rwlock_wrlock(&pds_lock);
+    pthread_mutex_lock(&mrs_lock);
+}
+
+static void regmr_parent(void)
+{
+    pthread_mutex_unlock(&mrs_lock);
+    pthread_rwlock_unlock(&pds_lock);
+}
+
+/*
+ * Only this thread exists. Both tables are whole (prepare); they are kept: a
+ * PD's inherited cache is inert (its registrations fail with -ESTALE, its
+ * release frees drc's memory only), and the MR table is how the child's
+ * drc_dereg_mr of a parent MR knows it is drc's and never hands it to the
+ * provider.
+ */
+static void regmr_child(void)
+{
+    pthread_rwlock_t fresh = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+
+    pds_lock = fresh;
+    pthread_mutex_init(&mrs_lock, NULL);
+}
+
+__attribute__((constructor)) static void regmr_fork_init(void)
+{
+    drc__fork_register(DRC__FORK_REGMR, regmr_prepare, regmr_parent, regmr_child);
+}
 
 void drc__regmr_configure(const struct drc_config *cfg)
 {
@@ -347,6 +388,7 @@ static void add_stats(struct drc_stats *to, const struct drc_stats *s)
     to->regions += s->regions;
     to->bytes += s->bytes;
     to->in_use += s->in_use;
+    to->dmabuf_downgraded += s->dmabuf_downgraded;
 }
 
 int drc_pd_release(struct ibv_pd *pd)

@@ -85,7 +85,7 @@ static void no_driver_is_host(void **state)
     assert_int_equal(drc__mem_unchanged(&m, GPU, 4096), 1);
     assert_int_equal(drc__cuda_alloc_range(GPU, &b, &l), -ENOENT);
     m.type = DRC_MEM_CUDA;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EOPNOTSUPP);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -EOPNOTSUPP);
     assert_int_equal(fd, -1);
     assert_null(drc__cuda_driver());
 }
@@ -153,14 +153,14 @@ static void context_set_and_restored(void **state)
     assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
     assert_ptr_equal(fc.range_ctx, FC_CTX0);
     assert_null(fc_current);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), 0);
     assert_ptr_equal(fc.exports[0].ctx, FC_CTX0);
     assert_null(fc_current);
     close(fd);
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);     /* the next export is the driver's again */
     /* a thread in another context gets it back */
     fc_current = (void *)0xbee;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), 0);
     assert_ptr_equal(fc.exports[1].ctx, FC_CTX0);
     assert_ptr_equal(fc_current, (void *)0xbee);
     close(fd);
@@ -168,7 +168,7 @@ static void context_set_and_restored(void **state)
     /* already current: no switch at all */
     fc_current = FC_CTX0;
     fc.set_calls = 0;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), 0);
     assert_int_equal(fc.set_calls, 0);
     close(fd);
 }
@@ -188,7 +188,7 @@ static void export_whole_allocation_shared(void **state)
     (void)state;
     fc_add(GPU, 8 * MiB, 0, 9);
     assert_int_equal(drc__mem_classify(GPU + 4096 + 100, 5000, &m), 0);
-    assert_int_equal(drc__mem_export(&m, GPU + 4096 + 100, 5000, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 4096 + 100, 5000, NULL, &fd, &off), 0);
     assert_int_equal(fc.nexports, 1);
     assert_true(fc.exports[0].ptr == GPU);
     assert_int_equal(fc.exports[0].size, 8 * MiB);
@@ -197,7 +197,7 @@ static void export_whole_allocation_shared(void **state)
     assert_int_not_equal(fd, fc.exports[0].fd);     /* the caller's own copy */
     assert_true(fd_is_open(fd));
     assert_int_equal(drc__mem_classify(GPU + 6 * MiB, 4096, &m), 0);
-    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd2, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, NULL, &fd2, &off), 0);
     assert_int_equal(fc.nexports, 1);               /* no second export */
     assert_int_equal(off, 6 * MiB);
     assert_int_equal(fstat(fd, &a), 0);
@@ -218,7 +218,7 @@ static void export_whole_allocation_shared(void **state)
         low.rlim_cur = (rlim_t)n;
         assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
         fd2 = 7;
-        assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd2, &off), -EMFILE);
+        assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, NULL, &fd2, &off), -EMFILE);
         assert_int_equal(fd2, -1);
         assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
         assert_int_equal(fc.nexports, 1);
@@ -229,7 +229,7 @@ static void export_whole_allocation_shared(void **state)
     assert_int_equal(drc__cuda_exports_live(), 0);
     assert_false(fd_is_open(fc.exports[0].fd));
     /* drc_notify_free (memory the program frees itself) does the same, cache or not */
-    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, NULL, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 2);
     assert_true(fd_is_open(fc.exports[1].fd));
@@ -248,16 +248,16 @@ static void export_errors_map_and_leave_no_fd(void **state)
     fc_add(GPU, 8 * MiB, 0, 9);
     assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
     fc.export_rc = DRC__CUDA_ERROR_INVALID_VALUE;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EINVAL);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -EINVAL);
     assert_int_equal(fd, -1);
     assert_int_equal(off, 0);
     assert_null(fc_current);
     fc.export_rc = DRC__CUDA_ERROR_NOT_SUPPORTED;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EOPNOTSUPP);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -EOPNOTSUPP);
     fc.export_rc = DRC__CUDA_ERROR_OUT_OF_MEMORY;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -ENOMEM);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -ENOMEM);
     m.type = DRC_MEM_HOST;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EINVAL);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -EINVAL);
 }
 
 /* DRC_F_DMABUF_PCIE: asked first; on NOT_SUPPORTED the default type, and not asked again. */
@@ -270,7 +270,7 @@ static void pcie_flag_falls_back_once(void **state)
     (void)state;
     fc_add(GPU, 8 * MiB, 0, 9);
     assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 1);
     assert_int_equal(fc.exports[0].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
@@ -278,36 +278,36 @@ static void pcie_flag_falls_back_once(void **state)
     fc_reset();     /* forgets what cuda.c learnt */
     fc_add(GPU, 8 * MiB, 0, 9);
     fc.pcie_unsupported = 1;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 2);
     assert_int_equal(fc.exports[0].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
     assert_int_equal(fc.exports[0].fd, -1);
     assert_int_equal(fc.exports[1].flags, 0);
     /* the default-type export is shared: asked for PCIe again, the device is not asked at all */
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 2);
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 3);
     assert_int_equal(fc.exports[2].flags, 0);
     /* without the flag the PCIe type is never asked for */
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.exports[3].flags, 0);
     /* a driver older than the flag (INVALID_VALUE): the default type, and not asked again */
     fc_reset();
     fc_add(GPU, 8 * MiB, 0, 9);
     fc.pcie_rc = DRC__CUDA_ERROR_INVALID_VALUE;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 2);
     assert_int_equal(fc.exports[1].flags, 0);
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 3);
     assert_int_equal(fc.exports[2].flags, 0);
@@ -316,11 +316,11 @@ static void pcie_flag_falls_back_once(void **state)
     fc_add(GPU, 8 * MiB, 0, 9);
     fc.pcie_rc = DRC__CUDA_ERROR_INVALID_VALUE;
     fc.export_rc = DRC__CUDA_ERROR_OUT_OF_MEMORY;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), -ENOMEM);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), -ENOMEM);
     assert_int_equal(fd, -1);
     fc.pcie_rc = fc.export_rc = 0;
     fc.pcie_unsupported = 0;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.exports[fc.nexports - 1].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
 }
@@ -351,14 +351,14 @@ static void vmm_walk_joins_compatible_chunks(void **state)
     assert_ptr_equal(m.ctx, FC_PRIMARY(0));   /* VMM memory has no context: the primary one */
     assert_int_equal(fc.retains, fc.releases);
     /* the export spans the chunks, in the primary context */
-    assert_int_equal(drc__mem_export(&m, GPU + g / 2, g, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + g / 2, g, NULL, &fd, &off), 0);
     assert_ptr_equal(fc.exports[0].ctx, FC_PRIMARY(0));
     assert_true(fc.exports[0].ptr == GPU && fc.exports[0].size == 3 * g && off == g / 2);
     close(fd);
     /* another chunk of the same run (another buffer id at the byte asked): the same export */
     assert_int_equal(drc__mem_classify(GPU + 2 * g + 100, 100, &m), 0);
     assert_true(m.lo == GPU && m.hi == GPU + 3 * g && m.buffer_id == 12);
-    assert_int_equal(drc__mem_export(&m, GPU + 2 * g + 100, 100, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 2 * g + 100, 100, NULL, &fd, &off), 0);
     assert_int_equal(fc.nexports, 1);
     assert_true(off == 2 * g + 100);
     close(fd);
@@ -483,19 +483,19 @@ static void export_during_free_not_kept(void **state)
     assert_int_equal(drc__mem_classify(GPU + MiB, 4096, &m), 0);
     t = drc__cuda_begin_free(GPU);
     assert_true(t >= 0);
-    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, 0, &fd, &off), 0);   /* the memory is still there */
+    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, NULL, &fd, &off), 0);   /* the memory is still there */
     close(fd);
     assert_int_equal(cuMemFree_v2(GPU), 0);
     drc__notify_end(t);
     assert_int_equal(drc__cuda_exports_live(), 0);
     /* a registration classified before the free: the driver is asked, and finds nothing there */
     fd = 7;
-    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, 0, &fd, &off), -EINVAL);
+    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, NULL, &fd, &off), -EINVAL);
     assert_int_equal(fd, -1);
     assert_int_equal(fc.nexports, 2);
     /* other memory at the same VA: the driver exports that */
     fc_add(GPU, 8 * MiB, 0, 10);
-    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, NULL, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 3);
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);

@@ -71,7 +71,7 @@ static void test_mem_alloc(void)
     e = drc__mem_classify(p + 5 * page + 123, 2 * page, &m);
     CHECK(e == 0 && m.type == DRC_MEM_CUDA && m.lo == p && m.hi == p + 64 * MiB, "classify %d lo %#lx hi %#lx", e,
           (unsigned long)m.lo, (unsigned long)m.hi);
-    e = drc__mem_export(&m, p + 5 * page + 123, 2 * page, 0, &fd, &off);
+    e = drc__mem_export(&m, p + 5 * page + 123, 2 * page, NULL, &fd, &off);
     CHECK(e == 0 && off == 5 * page + 123 && rec_fdinfo_size(fd) == (long)(64 * MiB), "export %d off %lu size %ld", e,
           (unsigned long)off, e ? 0 : rec_fdinfo_size(fd));
     if (!e)
@@ -423,9 +423,9 @@ static void test_shared_export(void)
     before = free_mib();
     CU(cuMemAlloc(&p, size));
     e1 = drc__mem_classify(p + 5 * page, page, &m);
-    e1 = e1 ? e1 : drc__mem_export(&m, p + 5 * page, page, 0, &f1, &o1);
+    e1 = e1 ? e1 : drc__mem_export(&m, p + 5 * page, page, NULL, &f1, &o1);
     e2 = drc__mem_classify(p + 100 * MiB, page, &m);
-    e2 = e2 ? e2 : drc__mem_export(&m, p + 100 * MiB, page, 0, &f2, &o2);
+    e2 = e2 ? e2 : drc__mem_export(&m, p + 100 * MiB, page, NULL, &f2, &o2);
     CHECK(e1 == 0 && e2 == 0, "exports: %s / %s", drc_strerror(e1), drc_strerror(e2));
     if (!e1 && !e2) {
         CHECK(fstat(f1, &a) == 0 && fstat(f2, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev,
@@ -448,7 +448,7 @@ static void test_shared_export(void)
     /* the control: a free drc does not see keeps the export, and the memory, until the table drops it */
     CU(cuMemAlloc(&p, size));
     e1 = drc__mem_classify(p, page, &m);
-    e1 = e1 ? e1 : drc__mem_export(&m, p, page, 0, &f1, &o1);
+    e1 = e1 ? e1 : drc__mem_export(&m, p, page, NULL, &f1, &o1);
     if (!e1)
         close(f1);
     CU(cuMemFree(p));
