@@ -11,6 +11,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -609,6 +612,153 @@ static void pool_allocations_export_from_their_mapping(void **state)
     assert_int_equal(drc_cache_destroy(c), 0);
 }
 
+/* Three tensors packed into a pool's 2 MiB mapping at GPU, the third's pages starting inside the second. */
+static void add_pool(void)
+{
+    struct fc_alloc *a[3];
+    int i;
+
+    a[0] = fc_add(GPU, 1000, 0, 1);
+    a[1] = fc_add(GPU + 1024, 4096, 0, 2);
+    a[2] = fc_add(GPU + 5120, 5000, 0, 3);
+    for (i = 0; i < 3; i++) {
+        a[i]->map_base = GPU;
+        a[i]->map_size = 2 * MiB;
+    }
+}
+
+/* What drc wrote on stderr while @fn ran under DRC_LOG=info, in @buf. */
+static void logged(void (*fn)(void *), void *arg, char *buf, size_t size)
+{
+    int saved = dup(2), mem = memfd_create("stderr", 0);
+    ssize_t n;
+
+    assert_true(saved >= 0 && mem >= 0);
+    fflush(stderr);
+    dup2(mem, 2);
+    setenv("DRC_LOG", "info", 1);
+    fn(arg);
+    unsetenv("DRC_LOG");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    n = pread(mem, buf, size - 1, 0);
+    buf[n > 0 ? n : 0] = 0;
+    close(mem);
+}
+
+/* Register the third pool tensor twice (two misses: the second after a drop of the export). */
+static void register_pool_tensor(void *arg)
+{
+    drc_cache_t *c = arg;
+    drc_region_t *r;
+    int i;
+
+    for (i = 0; i < 2; i++) {
+        assert_int_equal(drc_get(c, (void *)(GPU + 5120), 5000, 3, &r), 0);
+        assert_int_equal(drc_put(c, r), 0);
+        drc_invalidate(c, (void *)GPU, 2 * MiB);
+        drc__cuda_exports_drop(-1, GPU, GPU + 2 * MiB);
+    }
+}
+
+static unsigned long long downgraded(drc_cache_t *c)
+{
+    struct drc_stats st = { .comp_mask = DRC_STATS_ALL };
+
+    drc_cache_stats(c, &st);
+    assert_true(st.comp_mask & DRC_STATS_DMABUF_DOWNGRADED);
+    return (unsigned long long)st.dmabuf_downgraded;
+}
+
+/*
+ * A pool tensor (cudaMallocAsync) registered with the PCIe mapping type asked gets it. The driver
+ * refuses the tensor's own pages whatever the type (INVALID_VALUE, the control below), which is not
+ * a refusal of the PCIe flag: the export from the mapping's base asks for PCIe again, and gets it.
+ * Nothing is counted or logged as a downgrade.
+ */
+static void pool_allocations_keep_the_pcie_type(void **state)
+{
+    struct seen s;
+    drc_cache_t *c = seen_cache(&s, DRC_F_DMABUF_PCIE);
+    char log[1024];
+    int fd = -1;
+
+    (void)state;
+    add_pool();
+    /* the controls: the double refuses the tensor's pages with either type, and takes PCIe from the base */
+    assert_int_equal(cuMemGetHandleForAddressRange(&fd, GPU + 4096, 8192, 1, 0), DRC__CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemGetHandleForAddressRange(&fd, GPU + 4096, 8192, 1,
+                                                   DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE),
+                     DRC__CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemGetHandleForAddressRange(&fd, GPU, 12288, 1, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE),
+                     0);
+    close(fd);
+    fc.nexports = 0;
+    logged(register_pool_tensor, c, log, sizeof(log));
+    assert_int_equal(s.calls, 2);
+    assert_true(s.a[1].start == GPU + 4096 && s.a[1].dmabuf_offset == 4096 && s.fd_open[1]);
+    /* every export the double made: from the mapping's base, PCIe */
+    assert_true(fc.nexports >= 2);
+    assert_true(fc.exports[fc.nexports - 1].ptr == GPU && fc.exports[fc.nexports - 1].fd >= 0);
+    assert_int_equal(fc.exports[fc.nexports - 1].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
+    for (int i = 0; i < fc.nexports; i++)
+        if (fc.exports[i].fd >= 0)
+            assert_int_equal(fc.exports[i].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
+    assert_int_equal(downgraded(c), 0);
+    assert_null(strstr(log, "PCIe"));
+    assert_int_equal(drc_cache_destroy(c), 0);
+}
+
+/*
+ * The control: where the driver really has no PCIe type for the pool (NOT_SUPPORTED, as the H200;
+ * or a driver older than the flag, INVALID_VALUE where the default type exports the same range), the
+ * tensor registers with the default type, each such registration is counted, and DRC_LOG says why
+ * once per device and cause.
+ */
+static void pool_allocations_report_a_downgrade(void **state)
+{
+    static const struct {
+        int pcie_unsupported, pcie_rc;
+        const char *cause;
+    } drivers[] = {
+        { 1, 0, "CUDA_ERROR_NOT_SUPPORTED" },
+        { 0, DRC__CUDA_ERROR_INVALID_VALUE, "older than the flag" },
+    };
+    struct seen s;
+    drc_cache_t *c;
+    char log[1024];
+    const char *line;
+    unsigned i;
+
+    (void)state;
+    for (i = 0; i < 2; i++) {
+        fc_reset();
+        add_pool();
+        fc.pcie_unsupported = drivers[i].pcie_unsupported;
+        fc.pcie_rc = drivers[i].pcie_rc;
+        c = seen_cache(&s, DRC_F_DMABUF_PCIE);
+        logged(register_pool_tensor, c, log, sizeof(log));
+        assert_int_equal(s.calls, 2);
+        assert_int_equal(fc.exports[fc.nexports - 1].flags, 0);
+        assert_true(fc.exports[fc.nexports - 1].ptr == GPU && fc.exports[fc.nexports - 1].fd >= 0);
+        assert_int_equal(downgraded(c), 2);     /* both registrations */
+        line = strstr(log, "drc: GPU 0: no PCIe dmabuf mapping type");
+        assert_non_null(line);
+        assert_null(strstr(line + 1, "drc: GPU 0: no PCIe"));  /* once */
+        assert_non_null(strstr(log, drivers[i].cause));
+        assert_int_equal(drc_cache_destroy(c), 0);
+    }
+    /* without DRC_LOG nothing is written; the count is there all the same */
+    fc_reset();
+    add_pool();
+    fc.pcie_unsupported = 1;
+    c = seen_cache(&s, DRC_F_DMABUF_PCIE);
+    register_pool_tensor(c);
+    assert_int_equal(downgraded(c), 2);
+    assert_int_equal(drc_cache_destroy(c), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -629,6 +779,8 @@ int main(void)
         cmocka_unit_test_setup(validate_catches_realloc, setup),
         cmocka_unit_test_setup(no_coalescing_across_allocations, setup),
         cmocka_unit_test_setup(pool_allocations_export_from_their_mapping, setup),
+        cmocka_unit_test_setup(pool_allocations_keep_the_pcie_type, setup),
+        cmocka_unit_test_setup(pool_allocations_report_a_downgrade, setup),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
