@@ -14,11 +14,11 @@
  *   prepare (parent, before the fork), outermost rank first: take the locks
  *     that guard state the child keeps, in the order every other path takes
  *     them, so that the fork falls between two critical sections and that
- *     state is whole in the child. Only locks whose holders never wait for
- *     anything taken earlier here, nor for a lock of the driver or of the
- *     dynamic loader, are taken (a holder of a lock held across a driver
- *     call could wait on a driver lock that the driver's own prepare handler
- *     holds);
+ *     state is whole in the child. Only locks whose holders wait for nothing
+ *     taken earlier here and call no other library are taken: the prepare
+ *     handlers of a library loaded after drc's registration (a verbs
+ *     provider, the CUDA driver at cuInit) run before drc's and may hold
+ *     the locks such a call needs;
  *   parent (after the fork), innermost first: release them;
  *   child, innermost first: make every lock of the layer anew, and make the
  *     state it guards whole or drop it. Inherited caches become inert.
@@ -28,8 +28,9 @@
  * "child" what the child does with the lock and its state.
  *
  *  rank      lock (file)                      held across             prepare  child
- *  REGMR     pds_lock, rw (verbs/regmr.c)     drc_cache_destroy in    write    anew; the PD table kept: a PD's
- *                                             drc_pd_release                   inherited cache is inert (-ESTALE)
+ *  REGMR     pds_lock, rw (verbs/regmr.c)     drc_cache_destroy in    no       anew; the PD table dropped: a
+ *                                             drc_pd_release (the              registration makes a cache of
+ *                                             provider's dereg)                the child's own
  *            mrs_lock (verbs/regmr.c)         hash operations         taken    anew; the MR table kept: the
  *                                                                              child's drc_dereg_mr of a parent
  *                                                                              MR frees it, calls no provider

@@ -43,8 +43,7 @@
  * drc_pd_release, and no memory is freed under them but uthash's own bucket
  * arrays, so a free hook (munmap, madvise) that runs inside such a call may
  * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock
- * (core/fork.h has the whole order, and what a fork() child does with them:
- * the fork waits for both, so that both tables are whole in the child).
+ * (core/fork.h has the whole order, and what a fork() child does with them).
  * (libibverbs is reached through the verbs ops table, which inside the
  * preload forwards to the next definitions: a dereg of the destroy never
  * comes back to the interposer.)
@@ -85,12 +84,7 @@ struct caller_mr {
     UT_hash_handle hh;
 };
 
-/*
- * Writers first: the fork waits for the write side (regmr_prepare), which
- * readers registering in a loop would otherwise keep from it for ever. No
- * path takes the read side twice.
- */
-static pthread_rwlock_t pds_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+static pthread_rwlock_t pds_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct pd_entry *pds;            /* pds_lock */
 static pthread_mutex_t mrs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct caller_mr *mrs;           /* mrs_lock */
@@ -104,31 +98,36 @@ static uint64_t n_pds;                      /* atomic: per-PD caches made, ever 
 static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
 static struct drc_stats retired;            /* pds_lock (write): stats of the caches released */
 
-/* fork() (core/fork.h): the fork falls between two critical sections of each table. */
+/*
+ * fork() (core/fork.h). mrs_lock is held for hash operations only: the fork
+ * waits for it, so the MR table is whole in the child and kept there; it is
+ * how the child's drc_dereg_mr of a parent MR knows it for drc's (released
+ * on its inert cache, never handed to the provider, which would take it for
+ * one of its own). pds_lock is held across drc_cache_destroy, which calls
+ * the provider: the fork cannot wait for it (a provider's own fork handler,
+ * run before this one, may hold what that call needs; the loopback provider
+ * does). So the PD table may be half written in the child: dropped, with the
+ * statistics it guards (its entries and their inert caches are left, memory
+ * only). A child's registration on a PD then makes a cache of its own, as the
+ * provider would be asked without drc.
+ */
 static void regmr_prepare(void)
 {
-    pthread_rwlock_wrlock(&pds_lock);
     pthread_mutex_lock(&mrs_lock);
 }
 
 static void regmr_parent(void)
 {
     pthread_mutex_unlock(&mrs_lock);
-    pthread_rwlock_unlock(&pds_lock);
 }
 
-/*
- * Only this thread exists. Both tables are whole (prepare); they are kept: a
- * PD's inherited cache is inert (its registrations fail with -ESTALE, its
- * release frees drc's memory only), and the MR table is how the child's
- * drc_dereg_mr of a parent MR knows it is drc's and never hands it to the
- * provider.
- */
 static void regmr_child(void)
 {
-    pthread_rwlock_t fresh = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+    pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
 
     pds_lock = fresh;
+    pds = NULL;
+    memset(&retired, 0, sizeof(retired));
     pthread_mutex_init(&mrs_lock, NULL);
 }
 
