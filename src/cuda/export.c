@@ -245,7 +245,7 @@ static void pcie_refused(int dev, int rc)
 static int export_range(const struct drc__cuda_driver *d, const struct drc__mem *m, uintptr_t base,
                         uintptr_t end, int *pcie, int *fd)
 {
-    int dev = m->device, rc, flag_rc = 0, err, switched, out = -1;
+    int dev = m->device, rc = DRC__CUDA_ERROR_NOT_SUPPORTED, flag_rc = 0, err, switched, out = -1;
     void *saved;
 
     err = drc__cuda_ctx_push(d, m->ctx, &saved, &switched);
