@@ -288,7 +288,7 @@ $B/engine/fakecuda/libcuda.so.1: $B/fakecuda/libcuda.so.1
 	cp $< $@
 FAKECUDA_LINK = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../../fakecuda:$$ORIGIN/../../../fakecuda'
 FAKECUDA_TESTS := cuda/test_cuda cuda/test_free cuda/test_export_mt verbs/test_verbs verbs/test_regmr \
-                  verbs/test_regmr_mt cuda/test_multi_device cuda/test_multi_device_mt cuda/test_hooks \
+                  verbs/test_regmr_mt verbs/test_regmr_fork_mt cuda/test_multi_device cuda/test_multi_device_mt cuda/test_hooks \
                   cuda/test_hooks_mt
 $(foreach f,$B $B/asan $B/tsan,$(addprefix $f/tests/,$(FAKECUDA_TESTS))): $B/fakecuda/libcuda.so.1
 cuda/test_cuda_LDFLAGS = $(FAKECUDA_LINK)
@@ -371,7 +371,7 @@ $B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o
 $B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
 # The in-process verbs tests dlopen the same provider and install it as drc's verbs ops table.
 $(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/loopnic/libibverbs.so.1
-$(foreach f,$B $B/asan $B/tsan,$f/tests/verbs/test_regmr_mt): $B/loopnic/libibverbs.so.1
+$(foreach f,$B $B/asan $B/tsan,$f/tests/verbs/test_regmr_mt $f/tests/verbs/test_regmr_fork_mt): $B/loopnic/libibverbs.so.1
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free,--wrap=mmap,--wrap=munmap,--wrap=madvise
 # test_arena: madvise refuses MADV_HUGEPAGE on demand, as where THP is compiled out.
@@ -440,3 +440,4 @@ clean:
 verbs/test_verbs_LDFLAGS += $(FAKECUDA_LINK)
 verbs/test_regmr_LDFLAGS += $(FAKECUDA_LINK)
 verbs/test_regmr_mt_LDFLAGS += $(FAKECUDA_LINK)
+verbs/test_regmr_fork_mt_LDFLAGS += $(FAKECUDA_LINK)

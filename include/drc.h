@@ -293,9 +293,17 @@ struct drc_stats {
     uint64_t regions, bytes, in_use;  /* now: regions a lookup can find, their bytes, regions referenced */
     uint32_t comp_mask;        /* in: the DRC_STATS_* fields your struct has; out: those filled */
     uint64_t detached;         /* DRC_STATS_DETACHED: invalidated or superseded regions still referenced */
+    /*
+     * DRC_STATS_DMABUF_DOWNGRADED: registrations of GPU memory that asked for
+     * the PCIe dmabuf mapping type (DRC_F_DMABUF_PCIE, or the verbs backend's
+     * topology) and were given the default type, because the driver has none
+     * for that GPU. Under DRC_LOG a line on stderr says why, once per GPU.
+     */
+    uint64_t dmabuf_downgraded;
 };
-#define DRC_STATS_DETACHED (1u << 0)
-#define DRC_STATS_ALL      DRC_STATS_DETACHED   /* every later field this header has */
+#define DRC_STATS_DETACHED          (1u << 0)
+#define DRC_STATS_DMABUF_DOWNGRADED (1u << 1)
+#define DRC_STATS_ALL               (DRC_STATS_DETACHED | DRC_STATS_DMABUF_DOWNGRADED)   /* every later field this header has */
 /*
  * A snapshot of the counters: O(1), takes no lock (but for DRC_STATS_DETACHED,
  * which takes it briefly). Each counter is exact and the set is not one

@@ -8,6 +8,13 @@
  * Errors follow drc.h: int calls return 0 or a negative errno, drc_reg_mr
  * returns NULL and sets errno. Everything here is thread-safe unless its
  * comment says otherwise.
+ *
+ * fork(): whatever the parent's threads were doing at the fork, no call here
+ * waits in the child for a lock they held. In the child, drc_dereg_mr of an
+ * MR the parent got from drc_reg_mr releases it with no provider call (the
+ * registration is the parent's, as drc.h says of every inherited cache);
+ * drc_reg_mr on any PD, the parent's included, uses a cache of the child's
+ * own, and asks the provider what ibv_reg_mr would.
  */
 #ifndef DRC_VERBS_H
 #define DRC_VERBS_H

@@ -358,6 +358,8 @@ struct drc_cache {
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
     unsigned (*export_flags)(void *ctx, int device);    /* drc__cache_opts; NULL: flags decide */
+    void (*forked)(void *ctx);                          /* drc__cache_opts */
+    uint64_t downgraded;            /* atomic: registrations given the default dmabuf type for the PCIe type asked */
     uint64_t misses, merges, invalidated, evicted, regs, regions, bytes;  /* written under c->lock with ST,
                                                                            * read by stats without it */
 
@@ -1537,10 +1539,14 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
     };
     int err = 0;
 
-    if (m->type == DRC_MEM_CUDA)
-        err = (DRC_ASSERT_NO_LOCK(), drc__mem_export(m, a.start, a.len,
-                                                     c->export_flags ? c->export_flags(c->be.ctx, m->device) : c->flags,
-                                                     &a.dmabuf_fd, &a.dmabuf_offset));
+    unsigned asked, flags;
+
+    if (m->type == DRC_MEM_CUDA) {
+        asked = flags = (c->export_flags ? c->export_flags(c->be.ctx, m->device) : c->flags) & DRC_F_DMABUF_PCIE;
+        err = (DRC_ASSERT_NO_LOCK(), drc__mem_export(m, a.start, a.len, &flags, &a.dmabuf_fd, &a.dmabuf_offset));
+        if (!err && asked && !flags)
+            __atomic_fetch_add(&c->downgraded, 1, __ATOMIC_RELAXED);    /* the default type instead of PCIe */
+    }
     if (err == -EOPNOTSUPP)
         err = 0;    /* no dmabuf here (proprietary GPU module): the backend gets fd -1 and may use peermem */
     if (!err)
@@ -2214,6 +2220,7 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
         c->max_len = o->max_len;
         c->release = o->release;
         c->export_flags = o->export_flags;
+        c->forked = o->forked;
     }
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->pending_done, NULL);
@@ -2267,7 +2274,8 @@ int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
  * the cache is the parent's, its registrations and backend context too. It
  * becomes inert: no backend call ever again, lookups fail with -ESTALE, puts
  * and invalidations do nothing, destroy frees drc's memory only. Its lock
- * may have been held by a parent thread that does not exist here: made anew.
+ * may have been held by a parent thread that does not exist here: made anew,
+ * as are the backend's (drc__cache_opts.forked). core/fork.h has the order.
  */
 void drc__cache_forked(drc_cache_t *c)
 {
@@ -2278,6 +2286,8 @@ void drc__cache_forked(drc_cache_t *c)
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->pending_done, NULL);
     drc__arena_forked(&c->arena);
+    if (c->forked)
+        c->forked(c->be.ctx);   /* the backend's own locks (a verbs cache's decision lock) */
 #ifdef DRC_DEBUG
     c->owner = (pthread_t)0;
     drc__lock_depth = 0;
@@ -2419,6 +2429,8 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     s->comp_mask = want;
     if (want & DRC_STATS_DETACHED)
         s->detached = 0;
+    if (want & DRC_STATS_DMABUF_DOWNGRADED)
+        s->dmabuf_downgraded = 0;
     if (!c)
         return;
     s->hits = tally_sum(c, ST_HITS);
@@ -2440,6 +2452,8 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     s->regs = LD(c->regs);
     s->regions = LD(c->regions);
     s->bytes = LD(c->bytes);
+    if (want & DRC_STATS_DMABUF_DOWNGRADED)
+        s->dmabuf_downgraded = LD(c->downgraded);
     if (want & DRC_STATS_DETACHED) {
         /* held invalid regions are counted as they leave; superseded ones sit in c->detached (few) */
         lock(c);

@@ -18,6 +18,12 @@ struct drc__cache_opts {
      * per (GPU, NIC) pair. NULL: the cache's own DRC_F_DMABUF_PCIE flag.
      */
     unsigned (*export_flags)(void *ctx, int device);
+    /*
+     * In a fork() child, when the cache is made inert (drc__cache_forked):
+     * make the backend context's own locks anew; only this thread exists.
+     * NULL: the backend has none.
+     */
+    void (*forked)(void *ctx);
 };
 
 /* drc_invalidate() without releasing the device layer's exports (drc_notify_free() does that once). */

@@ -30,12 +30,13 @@ int drc__mem_classify(uintptr_t addr, size_t len, struct drc__mem *m)
     return 0;
 }
 
-int drc__mem_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
+int drc__mem_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned *flags, int *fd,
                     uint64_t *offset)
 {
     const struct drc__mem_ops *ops = __atomic_load_n(&installed, __ATOMIC_ACQUIRE);
+    unsigned none = 0;
 
-    return ops ? ops->export_range(m, start, len, flags, fd, offset) : -EOPNOTSUPP;
+    return ops ? ops->export_range(m, start, len, flags ? flags : &none, fd, offset) : -EOPNOTSUPP;
 }
 
 int drc__mem_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)

@@ -51,11 +51,13 @@ int drc__mem_classify(uintptr_t addr, size_t len, struct drc__mem *m);
  * [m->lo, m->hi)): *fd to close by the caller, *offset = start - export base.
  * The CUDA layer exports each allocation once per mapping type, whole, and
  * shares it among every cache and PD (src/cuda/export.c): *fd is then a dup
- * of the shared export. @flags: DRC_F_DMABUF_PCIE for the PCIe mapping type
- * (the default type where the driver does not support it).
+ * of the shared export. *@flags: in, DRC_F_DMABUF_PCIE for the PCIe mapping
+ * type; out, on success, the flags of the export made: DRC_F_DMABUF_PCIE
+ * cleared where the driver has no PCIe type and the default type was given
+ * (a downgrade the caller counts). @flags NULL: no flags.
  * Returns 0 or a negative errno.
  */
-int drc__mem_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
+int drc__mem_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned *flags, int *fd,
                     uint64_t *offset);
 
 /*
@@ -83,7 +85,7 @@ void drc__mem_released(uintptr_t addr, size_t len);
  */
 struct drc__mem_ops {
     int (*classify)(uintptr_t addr, size_t len, struct drc__mem *m);
-    int (*export_range)(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
+    int (*export_range)(const struct drc__mem *m, uintptr_t start, size_t len, unsigned *flags, int *fd,
                         uint64_t *offset);
     int (*unchanged)(const struct drc__mem *m, uintptr_t addr, size_t len);
     void (*released)(uintptr_t addr, size_t len);

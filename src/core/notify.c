@@ -91,6 +91,7 @@
 #include "core/mem.h"
 
 #include "core/cache.h"
+#include "core/fork.h"
 #include "core/tslot.h"
 
 #include <dlfcn.h>
@@ -169,7 +170,7 @@ static void attach_hooks(void)
         attach(&hook_ops);
 }
 
-/* pthread_atfork child handler: see "fork()" above. Only this thread exists. */
+/* The caches' fork child handler (core/fork.h): see "fork()" above. Only this thread exists. */
 static void forked_child(void)
 {
     unsigned i;
@@ -192,7 +193,7 @@ static void forked_child(void)
 static void notify_init(void)
 {
     attach_hooks();
-    pthread_atfork(NULL, NULL, forked_child);
+    drc__fork_register(DRC__FORK_CACHES, NULL, NULL, forked_child);
 }
 
 int drc__notify_subscribe(drc_cache_t *c)

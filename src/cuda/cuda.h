@@ -239,11 +239,15 @@ int drc__cuda_pci_bus_id(int device, char *buf, int len);
  * PD that registers it. The export covers the whole allocation (its host-page
  * hull); *offset = start - export base. *fd is a descriptor of the caller's
  * own (a dup of the table's): it closes it, as it would a fresh export.
- * @pcie: ask for the PCIe mapping type; where the driver answers
- * NOT_SUPPORTED (it does on the H200 machine), the default type, and the
- * device is not asked for PCIe again. 0 or a negative errno.
+ * *@pcie: in, 1 to ask for the PCIe mapping type; out, on success, the type
+ * given (0: the default). Where the driver refuses the PCIe type on a range
+ * it exports with the default type (NOT_SUPPORTED on the H200 machine), the
+ * default type, the device not asked for PCIe again, and a line under
+ * DRC_LOG; a range the driver refuses whatever the type (a pool
+ * allocation's pages) keeps the type asked for the next range tried.
+ * 0 or a negative errno.
  */
-int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int pcie, int *fd, uint64_t *offset);
+int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int *pcie, int *fd, uint64_t *offset);
 
 /*
  * Drop (close) the table's exports of @device (-1: any) that overlap

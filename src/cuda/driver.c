@@ -14,6 +14,8 @@
  */
 #include "cuda/cuda.h"
 
+#include "core/fork.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -31,6 +33,21 @@ static void *primary[DRC__CUDA_MAX_DEVICES];    /* atomic, set under primary_loc
 static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void drc__cuda_forget(void);   /* memory.c: what it learnt per device */
+
+/*
+ * fork() (core/fork.h): primary_lock is held across cuDevicePrimaryCtxRetain, so the fork does not
+ * wait for it (the driver's own fork handling may hold what that call needs); the child makes it
+ * anew. The contexts retained are atomic, whole in the child.
+ */
+static void driver_child(void)
+{
+    pthread_mutex_init(&primary_lock, NULL);
+}
+
+__attribute__((constructor)) static void driver_fork_init(void)
+{
+    drc__fork_register(DRC__FORK_DRIVER, NULL, NULL, driver_child);
+}
 
 typedef int (*get_proc_fn)(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
 

@@ -28,17 +28,28 @@
  * dmabuf by itself: closing an entry never breaks a registration made from it.
  *
  * Mapping type: a request for the PCIe type that the driver answers with
- * NOT_SUPPORTED (no such path: the H200 tested) or INVALID_VALUE (a driver
- * older than the flag) is retried, once, with the default type; where that
- * export succeeds the device is never asked for PCIe again (the entry is then
- * a default-type entry). Only the export's failure falls back: a
- * registration's failure never does.
+ * NOT_SUPPORTED (no such path: the H200 tested) or INVALID_VALUE is retried,
+ * once, with the default type on the same range. INVALID_VALUE has two
+ * causes the driver does not tell apart: a driver older than the flag, or a
+ * range it refuses whatever the type (a stream-ordered pool allocation's own
+ * pages, see drc__cuda_export). The default type's answer on the same range
+ * tells them apart: it exports, and the flag was the trouble; it is refused
+ * too, and the range was: the type asked is kept for the next range tried
+ * (the pool's mapping base), where the driver is asked for PCIe again. Only
+ * where the flag was the trouble is the device never asked for PCIe again
+ * (the entry is then a default-type entry), and that downgrade is never
+ * silent: each registration given the default type instead of the PCIe type
+ * it asked is counted (drc_stats.dmabuf_downgraded), and under DRC_LOG one
+ * line on stderr says so, once per device and cause. Only the export's
+ * failure falls back: a registration's failure never does.
  *
  * Locks, in this order: `export_lock`, held by a miss from its second
  * lookup to its insertion, so that threads missing on one allocation together
  * (one per NIC) make one export, not one each (exports of different
  * allocations wait for each other: 20-35 us each on the H200); `lock`, which
- * protects the table and is never held across a driver call. Neither is a
+ * protects the table and is never held across a driver call or any call but
+ * close and dup (so a fork waits for it, and the child closes every export:
+ * core/fork.h). Neither is a
  * cache lock (no cache calls this with its lock held), and a free (drop)
  * takes `lock` only, so it never waits for an export. The races that leave
  * open and how they are closed. First, a drop after the lookup:
@@ -83,13 +94,17 @@
  * then deregisters that registration: its pending registration predates the
  * free's publication, else it would have waited for the free to end.)
  */
+#include "core/config.h"
 #include "cuda/cuda.h"
 
+#include "core/fork.h"
 #include "core/notify.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -109,6 +124,45 @@ static uint64_t tick, drops;    /* lock */
 static int live;                /* atomic, written under lock: entries in use */
 static int exporting;           /* atomic: misses between their second lookup and their decision (export_lock) */
 static int pcie_unsupported[DRC__CUDA_MAX_DEVICES];   /* atomic: the driver refused the PCIe type */
+static unsigned pcie_logged[DRC__CUDA_MAX_DEVICES];   /* atomic: the causes DRC_LOG was told of, a bit each */
+
+/*
+ * fork() (core/fork.h). The fork waits for `lock` (held for no call but close and dup), so the
+ * table is whole in the child, which closes every export: an open dmabuf keeps the memory it was
+ * exported from taken, and the parent's frees would not give it back while a child holds one.
+ * export_lock is held across the driver's export: not waited for, made anew with no export in
+ * flight (an export a parent thread was making stays open in the child: at most one fd).
+ */
+static void exports_prepare(void)
+{
+    pthread_mutex_lock(&lock);
+}
+
+static void exports_parent(void)
+{
+    pthread_mutex_unlock(&lock);
+}
+
+static void exports_child(void)
+{
+    struct entry *e;
+
+    pthread_mutex_init(&export_lock, NULL);
+    pthread_mutex_init(&lock, NULL);
+    for (e = table; e < table + EXPORTS; e++)
+        if (e->hi) {
+            close(e->fd);
+            e->hi = 0;
+        }
+    drops++;
+    __atomic_store_n(&live, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&exporting, 0, __ATOMIC_RELAXED);
+}
+
+__attribute__((constructor)) static void exports_fork_init(void)
+{
+    drc__fork_register(DRC__FORK_EXPORTS, exports_prepare, exports_parent, exports_child);
+}
 
 /*
  * What memory @m is: the allocation's buffer id, or for VMM memory the ids of
@@ -161,11 +215,35 @@ static int hand_out(struct entry *e, uintptr_t start, int *fd, uint64_t *offset)
     return 0;
 }
 
-/* The driver's export of [base, end), PCIe type first if asked and not known unsupported. */
+/*
+ * The device refuses the PCIe type (@rc: the driver's answer to the flag on a range the default
+ * type exported): not asked again; with DRC_LOG at warn or above, one line per device and cause.
+ */
+static void pcie_refused(int dev, int rc)
+{
+    unsigned bit = rc == DRC__CUDA_ERROR_NOT_SUPPORTED ? 1u : 2u;
+    __atomic_store_n(&pcie_unsupported[dev], 1, __ATOMIC_RELAXED);
+    if (drc__env(DRC__ENV_LOG) >= DRC__LOG_WARN && !(__atomic_fetch_or(&pcie_logged[dev], bit, __ATOMIC_RELAXED) & bit))
+        fprintf(stderr,
+                "drc: GPU %d: no PCIe dmabuf mapping type (%s): its memory is registered with the default "
+                "type, which a NIC under the GPU's PCIe switch may not reach\n",
+                dev, rc == DRC__CUDA_ERROR_NOT_SUPPORTED
+                         ? "the driver answers CUDA_ERROR_NOT_SUPPORTED: no such path"
+                         : "the driver refuses the flag with CUDA_ERROR_INVALID_VALUE where it exports the "
+                           "range without it: a driver older than the flag");
+}
+
+/*
+ * The driver's export of [base, end), the PCIe type first if *pcie. *pcie: in, the type asked;
+ * out, the type of the export made (0: the default), left as asked when the export fails. Where
+ * the driver refuses the PCIe type (NOT_SUPPORTED or INVALID_VALUE), the default type on the same
+ * range says why: it exports, and the flag was refused (pcie_refused); it is refused too, and the
+ * range was: -EINVAL, the type asked kept for another range.
+ */
 static int export_range(const struct drc__cuda_driver *d, const struct drc__mem *m, uintptr_t base,
                         uintptr_t end, int *pcie, int *fd)
 {
-    int dev = m->device, rc = DRC__CUDA_ERROR_NOT_SUPPORTED, err, switched, out = -1, wanted = *pcie;
+    int dev = m->device, rc = DRC__CUDA_ERROR_NOT_SUPPORTED, flag_rc = 0, err, switched, out = -1;
     void *saved;
 
     err = drc__cuda_ctx_push(d, m->ctx, &saved, &switched);
@@ -174,16 +252,16 @@ static int export_range(const struct drc__cuda_driver *d, const struct drc__mem 
     if (*pcie) {
         rc = d->cuMemGetHandleForAddressRange(&out, base, end - base, DRC__CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
                                               DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
-        /* NOT_SUPPORTED: no PCIe type here (the H200 tested); INVALID_VALUE: a driver older than the flag */
         if (rc == DRC__CUDA_ERROR_NOT_SUPPORTED || rc == DRC__CUDA_ERROR_INVALID_VALUE)
-            *pcie = 0;
+            flag_rc = rc;
     }
-    if (!*pcie) {
+    if (!*pcie || flag_rc) {
         out = -1;
         rc = d->cuMemGetHandleForAddressRange(&out, base, end - base, DRC__CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-        /* the flag was the trouble (the default type exported the same range): not worth asking again */
-        if (!rc && wanted)
-            __atomic_store_n(&pcie_unsupported[dev], 1, __ATOMIC_RELAXED);
+        if (!rc && flag_rc) {
+            *pcie = 0;
+            pcie_refused(dev, flag_rc);     /* the default type exported the same range: the flag was the trouble */
+        }
     }
     drc__cuda_ctx_pop(d, saved, switched);
     if (rc)
@@ -192,13 +270,13 @@ static int export_range(const struct drc__cuda_driver *d, const struct drc__mem 
     return 0;
 }
 
-int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int pcie, int *fd, uint64_t *offset)
+int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int *pcie_io, int *fd, uint64_t *offset)
 {
     const struct drc__cuda_driver *d = drc__cuda_driver();
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo, hi;
     struct entry *e, *slot = NULL;
     uint64_t ident, gen;
-    int err, out = -1, busy;
+    int err, out = -1, busy, pcie = *pcie_io;
 
     *fd = -1;
     *offset = 0;
@@ -221,6 +299,8 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
     if (e) {
         err = hand_out(e, start, fd, offset);
         pthread_mutex_unlock(&lock);
+        if (!err)
+            *pcie_io = pcie;
         return err;
     }
     pthread_mutex_unlock(&lock);
@@ -240,6 +320,8 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
         pthread_mutex_unlock(&lock);
         __atomic_fetch_sub(&exporting, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&export_lock);
+        if (!err)
+            *pcie_io = pcie;
         return err;
     }
     gen = drops;
@@ -253,7 +335,8 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
          * an allocation's pages may start inside another allocation; the driver refuses
          * such a range (INVALID_VALUE: measured on the H200, CUDA 13) but exports one
          * that starts at the mapping's base, across the allocations. The region's offset
-         * is then counted from there.
+         * is then counted from there. The type asked is asked again there: the range was
+         * refused, not the type (export_range).
          */
         drc__cuptr mbase = 0;
 
@@ -278,6 +361,7 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
         pthread_mutex_unlock(&export_lock);
         *fd = out;
         *offset = start - lo;
+        *pcie_io = pcie;
         return 0;
     }
     e = find_locked(m->device, m->lo, m->hi, ident, pcie);
@@ -303,6 +387,8 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
     pthread_mutex_unlock(&lock);
     __atomic_fetch_sub(&exporting, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&export_lock);
+    if (!err)
+        *pcie_io = pcie;
     return err;
 }
 
@@ -335,4 +421,5 @@ void drc__cuda_exports_forget(void)
 {
     drc__cuda_exports_drop(-1, 0, UINTPTR_MAX);
     memset(pcie_unsupported, 0, sizeof(pcie_unsupported));
+    memset(pcie_logged, 0, sizeof(pcie_logged));
 }

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/fork.h"
 #include "core/mem.h"
 
 enum {
@@ -66,6 +67,23 @@ void drc__cuda_forget(void)
     memset(tracked, 0, sizeof(tracked));
     overflow = 0;
     pthread_mutex_unlock(&track_lock);
+}
+
+/*
+ * fork() (core/fork.h): only this thread exists. The record may be half written by a parent
+ * thread that held the lock; it is the parent's memory anyway (the child's caches are inert, and
+ * CUDA does not work in a child): dropped, the lock made anew.
+ */
+static void track_child(void)
+{
+    pthread_mutex_init(&track_lock, NULL);
+    memset(tracked, 0, sizeof(tracked));
+    overflow = 0;
+}
+
+__attribute__((constructor)) static void track_fork_init(void)
+{
+    drc__fork_register(DRC__FORK_TRACK, NULL, NULL, track_child);
 }
 
 void drc__cuda_track(int device, uintptr_t lo, uintptr_t hi)
@@ -314,10 +332,14 @@ out:
 }
 
 /* The core's export (core/mem.h): through the process-wide table (export.c). */
-static int cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned flags, int *fd,
+static int cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned *flags, int *fd,
                        uint64_t *offset)
 {
-    return drc__cuda_export(m, start, len, (flags & DRC_F_DMABUF_PCIE) != 0, fd, offset);
+    int pcie = (*flags & DRC_F_DMABUF_PCIE) != 0, err = drc__cuda_export(m, start, len, &pcie, fd, offset);
+
+    if (!err && !pcie)
+        *flags &= ~DRC_F_DMABUF_PCIE;   /* the default type was given */
+    return err;
 }
 
 /* The buffer id recorded for the chunk containing @p, or 0 if it was not recorded. */

@@ -109,6 +109,21 @@ static struct drc__verbs_ops next_ops;  /* atomic per entry */
 static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /*
+ * fork() (libdrc's lock order: core/fork.h): a thread resolving at the fork holds resolve_lock, across
+ * dlopen, for ever in the child. The fork does not wait for it (the loader has its own fork handling);
+ * the child makes it anew, and the entries, each atomic, are whole. Only this thread exists.
+ */
+static void resolve_forked(void)
+{
+    pthread_mutex_init(&resolve_lock, NULL);
+}
+
+__attribute__((constructor)) static void resolve_fork_init(void)
+{
+    pthread_atfork(NULL, NULL, resolve_forked);
+}
+
+/*
  * Resolve every next definition still missing, all at once: the first registration resolves the
  * deregistration too, so a dereg that a free hook makes (inside munmap, maybe inside the dynamic
  * loader) never has to call dlopen or dlsym. libibverbs may be loaded after us: until it is, the

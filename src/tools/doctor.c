@@ -163,7 +163,7 @@ static void try_gpu(struct findings *f, struct ibv_pd *pd)
     e = drc__mem_classify((uintptr_t)p, TEST_BYTES, &m);
     t0 = now_us();
     if (!e)
-        e = drc__mem_export(&m, (uintptr_t)p, TEST_BYTES, 0, &fd, &off);
+        e = drc__mem_export(&m, (uintptr_t)p, TEST_BYTES, NULL, &fd, &off);
     t1 = now_us();
     f->export_ok = e == 0;
     if (e)

@@ -44,7 +44,8 @@
  * cache or libibverbs, except pds_lock around drc_cache_destroy in
  * drc_pd_release, and no memory is freed under them but uthash's own bucket
  * arrays, so a free hook (munmap, madvise) that runs inside such a call may
- * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock.
+ * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock
+ * (core/fork.h has the whole order, and what a fork() child does with them).
  * (libibverbs is reached through the verbs ops table, which inside the
  * preload forwards to the next definitions: a dereg of the destroy never
  * comes back to the interposer.)
@@ -55,6 +56,7 @@
 #include "verbs/regmr.h"
 
 #include "core/config.h"
+#include "core/fork.h"
 #include "cuda/cuda.h"
 #include "verbs/ops.h"
 
@@ -98,6 +100,44 @@ static uint64_t n_live, n_peak;             /* atomic: caller MRs held now, and 
 static uint64_t n_pds;                      /* atomic: per-PD caches made, ever */
 static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
 static struct drc_stats retired;            /* pds_lock (write): stats of the caches released */
+
+/*
+ * fork() (core/fork.h). mrs_lock is held for hash operations only: the fork
+ * waits for it, so the MR table is whole in the child and kept there; it is
+ * how the child's drc_dereg_mr of a parent MR knows it for drc's (released
+ * on its inert cache, never handed to the provider, which would take it for
+ * one of its own). pds_lock is held across drc_cache_destroy, which calls
+ * the provider: the fork cannot wait for it (a provider's own fork handler,
+ * run before this one, may hold what that call needs; the loopback provider
+ * does). So the PD table may be half written in the child: dropped, with the
+ * statistics it guards (its entries and their inert caches are left, memory
+ * only). A child's registration on a PD then makes a cache of its own, as the
+ * provider would be asked without drc.
+ */
+static void regmr_prepare(void)
+{
+    pthread_mutex_lock(&mrs_lock);
+}
+
+static void regmr_parent(void)
+{
+    pthread_mutex_unlock(&mrs_lock);
+}
+
+static void regmr_child(void)
+{
+    pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
+
+    pds_lock = fresh;
+    pds = NULL;
+    memset(&retired, 0, sizeof(retired));
+    pthread_mutex_init(&mrs_lock, NULL);
+}
+
+__attribute__((constructor)) static void regmr_fork_init(void)
+{
+    drc__fork_register(DRC__FORK_REGMR, regmr_prepare, regmr_parent, regmr_child);
+}
 
 void drc__regmr_configure(const struct drc_config *cfg)
 {
@@ -350,6 +390,7 @@ static void add_stats(struct drc_stats *to, const struct drc_stats *s)
     to->regions += s->regions;
     to->bytes += s->bytes;
     to->in_use += s->in_use;
+    to->dmabuf_downgraded += s->dmabuf_downgraded;
 }
 
 int drc_pd_release(struct ibv_pd *pd)

@@ -293,6 +293,14 @@ static int verbs_dereg(void *ctx, void *handle)
     return ret > 0 ? -ret : ret;
 }
 
+/* drc__cache_opts.forked: a parent thread may have held the lock at the fork (the cache is inert now). */
+static void verbs_forked(void *ctx)
+{
+    struct verbs *v = ctx;
+
+    pthread_mutex_init(&v->lock, NULL);
+}
+
 static void verbs_release(void *ctx)
 {
     struct verbs *v = ctx;
@@ -304,7 +312,7 @@ static void verbs_release(void *ctx)
 int drc_cache_create_verbs(struct ibv_pd *pd, const struct drc_config *cfg, drc_cache_t **out)
 {
     struct drc_backend be = { .reg = verbs_reg, .dereg = verbs_dereg, .ctx = NULL };
-    struct drc__cache_opts o = { 0, verbs_release, verbs_export_flags };
+    struct drc__cache_opts o = { 0, verbs_release, verbs_export_flags, verbs_forked };
     const struct drc__verbs_ops *ops = drc__verbs();
     struct drc_config core_cfg;
     struct ibv_device_attr attr;

@@ -128,8 +128,9 @@ static void stats_fill_what_is_asked_and_known(void **state)
     memset(&s, 0xab, sizeof(s));
     s.comp_mask = DRC_STATS_ALL | (1u << 31);
     drc_cache_stats(c, &s);
-    assert_int_equal(s.comp_mask, DRC_STATS_DETACHED);
+    assert_int_equal(s.comp_mask, DRC_STATS_DETACHED | DRC_STATS_DMABUF_DOWNGRADED);
     assert_int_equal(s.detached, 1);
+    assert_int_equal(s.dmabuf_downgraded, 0);  /* host memory: no dmabuf */
     assert_int_equal(s.in_use, 1);
     assert_int_equal(s.regions, 0);
     memset(&s, 0xab, sizeof(s));
@@ -137,6 +138,31 @@ static void stats_fill_what_is_asked_and_known(void **state)
     drc_cache_stats(c, &s);
     assert_int_equal(s.comp_mask, 0);
     assert_true(s.detached == 0xababababababababull);
+    assert_true(s.dmabuf_downgraded == 0xababababababababull);
+    assert_int_equal(drc_put(c, r), 0);
+    done(b, c);
+}
+
+/* A program built when drc_stats ended at detached asks for it alone: nothing is written past it. */
+static void stats_struct_with_detached_only_is_not_overrun(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    size_t size = offsetof(struct drc_stats, detached) + sizeof(uint64_t);
+    void *m;
+    struct drc_stats *s = guarded(size, &m);
+    drc_region_t *r;
+
+    (void)state;
+    assert_true(size < sizeof(struct drc_stats));
+    memset(s, 0xab, size);
+    s->comp_mask = DRC_STATS_DETACHED;
+    assert_int_equal(drc_get(c, at(0, 0), pg(), 1, &r), 0);
+    drc_cache_stats(c, s);
+    assert_int_equal(s->comp_mask, DRC_STATS_DETACHED);
+    assert_int_equal(s->detached, 0);
+    assert_int_equal(s->misses, 1);
+    guard_free(m);
     assert_int_equal(drc_put(c, r), 0);
     done(b, c);
 }
@@ -178,6 +204,7 @@ int main(void)
         cmocka_unit_test(old_config_and_backend_still_work),
         cmocka_unit_test(old_stats_struct_is_not_overrun),
         cmocka_unit_test(stats_fill_what_is_asked_and_known),
+        cmocka_unit_test(stats_struct_with_detached_only_is_not_overrun),
         cmocka_unit_test(unknown_input_bits_are_refused),
         cmocka_unit_test(reg_args_comp_mask_is_set),
     };

@@ -11,6 +11,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -18,6 +21,7 @@
 
 #include "drc.h"
 #include "fake_cuda.h"
+#include "core/config.h"
 #include "core/mem.h"
 #include "core/notify.h"
 
@@ -85,7 +89,7 @@ static void no_driver_is_host(void **state)
     assert_int_equal(drc__mem_unchanged(&m, GPU, 4096), 1);
     assert_int_equal(drc__cuda_alloc_range(GPU, &b, &l), -ENOENT);
     m.type = DRC_MEM_CUDA;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EOPNOTSUPP);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -EOPNOTSUPP);
     assert_int_equal(fd, -1);
     assert_null(drc__cuda_driver());
 }
@@ -153,14 +157,14 @@ static void context_set_and_restored(void **state)
     assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
     assert_ptr_equal(fc.range_ctx, FC_CTX0);
     assert_null(fc_current);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), 0);
     assert_ptr_equal(fc.exports[0].ctx, FC_CTX0);
     assert_null(fc_current);
     close(fd);
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);     /* the next export is the driver's again */
     /* a thread in another context gets it back */
     fc_current = (void *)0xbee;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), 0);
     assert_ptr_equal(fc.exports[1].ctx, FC_CTX0);
     assert_ptr_equal(fc_current, (void *)0xbee);
     close(fd);
@@ -168,7 +172,7 @@ static void context_set_and_restored(void **state)
     /* already current: no switch at all */
     fc_current = FC_CTX0;
     fc.set_calls = 0;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), 0);
     assert_int_equal(fc.set_calls, 0);
     close(fd);
 }
@@ -188,7 +192,7 @@ static void export_whole_allocation_shared(void **state)
     (void)state;
     fc_add(GPU, 8 * MiB, 0, 9);
     assert_int_equal(drc__mem_classify(GPU + 4096 + 100, 5000, &m), 0);
-    assert_int_equal(drc__mem_export(&m, GPU + 4096 + 100, 5000, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 4096 + 100, 5000, NULL, &fd, &off), 0);
     assert_int_equal(fc.nexports, 1);
     assert_true(fc.exports[0].ptr == GPU);
     assert_int_equal(fc.exports[0].size, 8 * MiB);
@@ -197,7 +201,7 @@ static void export_whole_allocation_shared(void **state)
     assert_int_not_equal(fd, fc.exports[0].fd);     /* the caller's own copy */
     assert_true(fd_is_open(fd));
     assert_int_equal(drc__mem_classify(GPU + 6 * MiB, 4096, &m), 0);
-    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd2, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, NULL, &fd2, &off), 0);
     assert_int_equal(fc.nexports, 1);               /* no second export */
     assert_int_equal(off, 6 * MiB);
     assert_int_equal(fstat(fd, &a), 0);
@@ -218,7 +222,7 @@ static void export_whole_allocation_shared(void **state)
         low.rlim_cur = (rlim_t)n;
         assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
         fd2 = 7;
-        assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd2, &off), -EMFILE);
+        assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, NULL, &fd2, &off), -EMFILE);
         assert_int_equal(fd2, -1);
         assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
         assert_int_equal(fc.nexports, 1);
@@ -229,7 +233,7 @@ static void export_whole_allocation_shared(void **state)
     assert_int_equal(drc__cuda_exports_live(), 0);
     assert_false(fd_is_open(fc.exports[0].fd));
     /* drc_notify_free (memory the program frees itself) does the same, cache or not */
-    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 6 * MiB, 4096, NULL, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 2);
     assert_true(fd_is_open(fc.exports[1].fd));
@@ -248,16 +252,16 @@ static void export_errors_map_and_leave_no_fd(void **state)
     fc_add(GPU, 8 * MiB, 0, 9);
     assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
     fc.export_rc = DRC__CUDA_ERROR_INVALID_VALUE;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EINVAL);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -EINVAL);
     assert_int_equal(fd, -1);
     assert_int_equal(off, 0);
     assert_null(fc_current);
     fc.export_rc = DRC__CUDA_ERROR_NOT_SUPPORTED;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EOPNOTSUPP);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -EOPNOTSUPP);
     fc.export_rc = DRC__CUDA_ERROR_OUT_OF_MEMORY;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -ENOMEM);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -ENOMEM);
     m.type = DRC_MEM_HOST;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), -EINVAL);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), -EINVAL);
 }
 
 /* DRC_F_DMABUF_PCIE: asked first; on NOT_SUPPORTED the default type, and not asked again. */
@@ -270,7 +274,7 @@ static void pcie_flag_falls_back_once(void **state)
     (void)state;
     fc_add(GPU, 8 * MiB, 0, 9);
     assert_int_equal(drc__mem_classify(GPU, 4096, &m), 0);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 1);
     assert_int_equal(fc.exports[0].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
@@ -278,36 +282,36 @@ static void pcie_flag_falls_back_once(void **state)
     fc_reset();     /* forgets what cuda.c learnt */
     fc_add(GPU, 8 * MiB, 0, 9);
     fc.pcie_unsupported = 1;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 2);
     assert_int_equal(fc.exports[0].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
     assert_int_equal(fc.exports[0].fd, -1);
     assert_int_equal(fc.exports[1].flags, 0);
     /* the default-type export is shared: asked for PCIe again, the device is not asked at all */
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 2);
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 3);
     assert_int_equal(fc.exports[2].flags, 0);
     /* without the flag the PCIe type is never asked for */
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, NULL, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.exports[3].flags, 0);
     /* a driver older than the flag (INVALID_VALUE): the default type, and not asked again */
     fc_reset();
     fc_add(GPU, 8 * MiB, 0, 9);
     fc.pcie_rc = DRC__CUDA_ERROR_INVALID_VALUE;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 2);
     assert_int_equal(fc.exports[1].flags, 0);
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 3);
     assert_int_equal(fc.exports[2].flags, 0);
@@ -316,11 +320,11 @@ static void pcie_flag_falls_back_once(void **state)
     fc_add(GPU, 8 * MiB, 0, 9);
     fc.pcie_rc = DRC__CUDA_ERROR_INVALID_VALUE;
     fc.export_rc = DRC__CUDA_ERROR_OUT_OF_MEMORY;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), -ENOMEM);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), -ENOMEM);
     assert_int_equal(fd, -1);
     fc.pcie_rc = fc.export_rc = 0;
     fc.pcie_unsupported = 0;
-    assert_int_equal(drc__mem_export(&m, GPU, 4096, DRC_F_DMABUF_PCIE, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU, 4096, &(unsigned){DRC_F_DMABUF_PCIE}, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.exports[fc.nexports - 1].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
 }
@@ -351,14 +355,14 @@ static void vmm_walk_joins_compatible_chunks(void **state)
     assert_ptr_equal(m.ctx, FC_PRIMARY(0));   /* VMM memory has no context: the primary one */
     assert_int_equal(fc.retains, fc.releases);
     /* the export spans the chunks, in the primary context */
-    assert_int_equal(drc__mem_export(&m, GPU + g / 2, g, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + g / 2, g, NULL, &fd, &off), 0);
     assert_ptr_equal(fc.exports[0].ctx, FC_PRIMARY(0));
     assert_true(fc.exports[0].ptr == GPU && fc.exports[0].size == 3 * g && off == g / 2);
     close(fd);
     /* another chunk of the same run (another buffer id at the byte asked): the same export */
     assert_int_equal(drc__mem_classify(GPU + 2 * g + 100, 100, &m), 0);
     assert_true(m.lo == GPU && m.hi == GPU + 3 * g && m.buffer_id == 12);
-    assert_int_equal(drc__mem_export(&m, GPU + 2 * g + 100, 100, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + 2 * g + 100, 100, NULL, &fd, &off), 0);
     assert_int_equal(fc.nexports, 1);
     assert_true(off == 2 * g + 100);
     close(fd);
@@ -483,19 +487,19 @@ static void export_during_free_not_kept(void **state)
     assert_int_equal(drc__mem_classify(GPU + MiB, 4096, &m), 0);
     t = drc__cuda_begin_free(GPU);
     assert_true(t >= 0);
-    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, 0, &fd, &off), 0);   /* the memory is still there */
+    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, NULL, &fd, &off), 0);   /* the memory is still there */
     close(fd);
     assert_int_equal(cuMemFree_v2(GPU), 0);
     drc__notify_end(t);
     assert_int_equal(drc__cuda_exports_live(), 0);
     /* a registration classified before the free: the driver is asked, and finds nothing there */
     fd = 7;
-    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, 0, &fd, &off), -EINVAL);
+    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, NULL, &fd, &off), -EINVAL);
     assert_int_equal(fd, -1);
     assert_int_equal(fc.nexports, 2);
     /* other memory at the same VA: the driver exports that */
     fc_add(GPU, 8 * MiB, 0, 10);
-    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, 0, &fd, &off), 0);
+    assert_int_equal(drc__mem_export(&m, GPU + MiB, 4096, NULL, &fd, &off), 0);
     close(fd);
     assert_int_equal(fc.nexports, 3);
     drc__cuda_exports_drop(-1, GPU, GPU + 8 * MiB);
@@ -609,6 +613,155 @@ static void pool_allocations_export_from_their_mapping(void **state)
     assert_int_equal(drc_cache_destroy(c), 0);
 }
 
+/* Three tensors packed into a pool's 2 MiB mapping at GPU, the third's pages starting inside the second. */
+static void add_pool(void)
+{
+    struct fc_alloc *a[3];
+    int i;
+
+    a[0] = fc_add(GPU, 1000, 0, 1);
+    a[1] = fc_add(GPU + 1024, 4096, 0, 2);
+    a[2] = fc_add(GPU + 5120, 5000, 0, 3);
+    for (i = 0; i < 3; i++) {
+        a[i]->map_base = GPU;
+        a[i]->map_size = 2 * MiB;
+    }
+}
+
+/* What drc wrote on stderr while @fn ran under DRC_LOG=info, in @buf. */
+static void logged(void (*fn)(void *), void *arg, char *buf, size_t size)
+{
+    int saved = dup(2), mem = memfd_create("stderr", 0);
+    ssize_t n;
+
+    assert_true(saved >= 0 && mem >= 0);
+    fflush(stderr);
+    dup2(mem, 2);
+    setenv("DRC_LOG", "info", 1);
+    drc__env_reset();   /* drc reads its environment once: read it again */
+    fn(arg);
+    unsetenv("DRC_LOG");
+    drc__env_reset();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    n = pread(mem, buf, size - 1, 0);
+    buf[n > 0 ? n : 0] = 0;
+    close(mem);
+}
+
+/* Register the third pool tensor twice (two misses: the second after a drop of the export). */
+static void register_pool_tensor(void *arg)
+{
+    drc_cache_t *c = arg;
+    drc_region_t *r;
+    int i;
+
+    for (i = 0; i < 2; i++) {
+        assert_int_equal(drc_get(c, (void *)(GPU + 5120), 5000, 3, &r), 0);
+        assert_int_equal(drc_put(c, r), 0);
+        drc_invalidate(c, (void *)GPU, 2 * MiB);
+        drc__cuda_exports_drop(-1, GPU, GPU + 2 * MiB);
+    }
+}
+
+static unsigned long long downgraded(drc_cache_t *c)
+{
+    struct drc_stats st = { .comp_mask = DRC_STATS_ALL };
+
+    drc_cache_stats(c, &st);
+    assert_true(st.comp_mask & DRC_STATS_DMABUF_DOWNGRADED);
+    return (unsigned long long)st.dmabuf_downgraded;
+}
+
+/*
+ * A pool tensor (cudaMallocAsync) registered with the PCIe mapping type asked gets it. The driver
+ * refuses the tensor's own pages whatever the type (INVALID_VALUE, the control below), which is not
+ * a refusal of the PCIe flag: the export from the mapping's base asks for PCIe again, and gets it.
+ * Nothing is counted or logged as a downgrade.
+ */
+static void pool_allocations_keep_the_pcie_type(void **state)
+{
+    struct seen s;
+    drc_cache_t *c = seen_cache(&s, DRC_F_DMABUF_PCIE);
+    char log[1024];
+    int fd = -1;
+
+    (void)state;
+    add_pool();
+    /* the controls: the double refuses the tensor's pages with either type, and takes PCIe from the base */
+    assert_int_equal(cuMemGetHandleForAddressRange(&fd, GPU + 4096, 8192, 1, 0), DRC__CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemGetHandleForAddressRange(&fd, GPU + 4096, 8192, 1,
+                                                   DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE),
+                     DRC__CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemGetHandleForAddressRange(&fd, GPU, 12288, 1, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE),
+                     0);
+    close(fd);
+    fc.nexports = 0;
+    logged(register_pool_tensor, c, log, sizeof(log));
+    assert_int_equal(s.calls, 2);
+    assert_true(s.a[1].start == GPU + 4096 && s.a[1].dmabuf_offset == 4096 && s.fd_open[1]);
+    /* every export the double made: from the mapping's base, PCIe */
+    assert_true(fc.nexports >= 2);
+    assert_true(fc.exports[fc.nexports - 1].ptr == GPU && fc.exports[fc.nexports - 1].fd >= 0);
+    assert_int_equal(fc.exports[fc.nexports - 1].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
+    for (int i = 0; i < fc.nexports; i++)
+        if (fc.exports[i].fd >= 0)
+            assert_int_equal(fc.exports[i].flags, DRC__CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
+    assert_int_equal(downgraded(c), 0);
+    assert_null(strstr(log, "PCIe"));
+    assert_int_equal(drc_cache_destroy(c), 0);
+}
+
+/*
+ * The control: where the driver really has no PCIe type for the pool (NOT_SUPPORTED, as the H200;
+ * or a driver older than the flag, INVALID_VALUE where the default type exports the same range), the
+ * tensor registers with the default type, each such registration is counted, and DRC_LOG says why
+ * once per device and cause.
+ */
+static void pool_allocations_report_a_downgrade(void **state)
+{
+    static const struct {
+        int pcie_unsupported, pcie_rc;
+        const char *cause;
+    } drivers[] = {
+        { 1, 0, "CUDA_ERROR_NOT_SUPPORTED" },
+        { 0, DRC__CUDA_ERROR_INVALID_VALUE, "older than the flag" },
+    };
+    struct seen s;
+    drc_cache_t *c;
+    char log[1024];
+    const char *line;
+    unsigned i;
+
+    (void)state;
+    for (i = 0; i < 2; i++) {
+        fc_reset();
+        add_pool();
+        fc.pcie_unsupported = drivers[i].pcie_unsupported;
+        fc.pcie_rc = drivers[i].pcie_rc;
+        c = seen_cache(&s, DRC_F_DMABUF_PCIE);
+        logged(register_pool_tensor, c, log, sizeof(log));
+        assert_int_equal(s.calls, 2);
+        assert_int_equal(fc.exports[fc.nexports - 1].flags, 0);
+        assert_true(fc.exports[fc.nexports - 1].ptr == GPU && fc.exports[fc.nexports - 1].fd >= 0);
+        assert_int_equal(downgraded(c), 2);     /* both registrations */
+        line = strstr(log, "drc: GPU 0: no PCIe dmabuf mapping type");
+        assert_non_null(line);
+        assert_null(strstr(line + 1, "drc: GPU 0: no PCIe"));  /* once */
+        assert_non_null(strstr(log, drivers[i].cause));
+        assert_int_equal(drc_cache_destroy(c), 0);
+    }
+    /* without DRC_LOG nothing is written; the count is there all the same */
+    fc_reset();
+    add_pool();
+    fc.pcie_unsupported = 1;
+    c = seen_cache(&s, DRC_F_DMABUF_PCIE);
+    register_pool_tensor(c);
+    assert_int_equal(downgraded(c), 2);
+    assert_int_equal(drc_cache_destroy(c), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -629,6 +782,8 @@ int main(void)
         cmocka_unit_test_setup(validate_catches_realloc, setup),
         cmocka_unit_test_setup(no_coalescing_across_allocations, setup),
         cmocka_unit_test_setup(pool_allocations_export_from_their_mapping, setup),
+        cmocka_unit_test_setup(pool_allocations_keep_the_pcie_type, setup),
+        cmocka_unit_test_setup(pool_allocations_report_a_downgrade, setup),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

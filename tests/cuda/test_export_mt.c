@@ -51,7 +51,7 @@ static void *registrar(void *arg)
     int fd;
 
     for (int i = 0; i < ITERS; i++) {
-        if (drc__mem_classify(at, 4096, &m) || drc__mem_export(&m, at, 4096, 0, &fd, &off) ||
+        if (drc__mem_classify(at, 4096, &m) || drc__mem_export(&m, at, 4096, NULL, &fd, &off) ||
             off != at - GPU || fstat(fd, &st) || st.st_size != (off_t)SIZE)
             __atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
         else

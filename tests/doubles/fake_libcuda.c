@@ -28,6 +28,32 @@ static unsigned exports;
 static fake_cuda_free_cb *free_cb;
 static void *free_arg;
 
+/*
+ * fork(): the double's lock is held for its own bookkeeping only (never across a call out of it),
+ * so the fork waits for it and the child gets it free, the record whole: a test's child then hangs
+ * only where drc would (tests/verbs/test_regmr_fork_mt.c). Not what the real driver offers: CUDA is
+ * not usable in a child.
+ */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&lock);
+}
+
+static void fork_child(void)
+{
+    pthread_mutex_init(&lock, NULL);
+}
+
+__attribute__((constructor)) static void fork_init(void)
+{
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
 /* VMM (cuMemCreate, cuMemAddressReserve, cuMemMap): physical handles and reserved ranges */
 #define CREATED 0x100000ull     /* a cuMemCreate handle is CREATED + slot; a retained one, a chunk's index + 1 */
 static struct { size_t size; int type, device, gdr, live; } handles[FC_MAX_ALLOCS];

@@ -12,6 +12,8 @@
 #include <cuda.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <stdint.h>
 #include <string.h>
@@ -71,7 +73,7 @@ static void test_mem_alloc(void)
     e = drc__mem_classify(p + 5 * page + 123, 2 * page, &m);
     CHECK(e == 0 && m.type == DRC_MEM_CUDA && m.lo == p && m.hi == p + 64 * MiB, "classify %d lo %#lx hi %#lx", e,
           (unsigned long)m.lo, (unsigned long)m.hi);
-    e = drc__mem_export(&m, p + 5 * page + 123, 2 * page, 0, &fd, &off);
+    e = drc__mem_export(&m, p + 5 * page + 123, 2 * page, NULL, &fd, &off);
     CHECK(e == 0 && off == 5 * page + 123 && rec_fdinfo_size(fd) == (long)(64 * MiB), "export %d off %lu size %ld", e,
           (unsigned long)off, e ? 0 : rec_fdinfo_size(fd));
     if (!e)
@@ -423,9 +425,9 @@ static void test_shared_export(void)
     before = free_mib();
     CU(cuMemAlloc(&p, size));
     e1 = drc__mem_classify(p + 5 * page, page, &m);
-    e1 = e1 ? e1 : drc__mem_export(&m, p + 5 * page, page, 0, &f1, &o1);
+    e1 = e1 ? e1 : drc__mem_export(&m, p + 5 * page, page, NULL, &f1, &o1);
     e2 = drc__mem_classify(p + 100 * MiB, page, &m);
-    e2 = e2 ? e2 : drc__mem_export(&m, p + 100 * MiB, page, 0, &f2, &o2);
+    e2 = e2 ? e2 : drc__mem_export(&m, p + 100 * MiB, page, NULL, &f2, &o2);
     CHECK(e1 == 0 && e2 == 0, "exports: %s / %s", drc_strerror(e1), drc_strerror(e2));
     if (!e1 && !e2) {
         CHECK(fstat(f1, &a) == 0 && fstat(f2, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev,
@@ -448,7 +450,7 @@ static void test_shared_export(void)
     /* the control: a free drc does not see keeps the export, and the memory, until the table drops it */
     CU(cuMemAlloc(&p, size));
     e1 = drc__mem_classify(p, page, &m);
-    e1 = e1 ? e1 : drc__mem_export(&m, p, page, 0, &f1, &o1);
+    e1 = e1 ? e1 : drc__mem_export(&m, p, page, NULL, &f1, &o1);
     if (!e1)
         close(f1);
     CU(cuMemFree(p));
@@ -458,6 +460,123 @@ static void test_shared_export(void)
     printf("  unannounced free: %zu MiB free with the export held, %zu MiB once dropped\n", held, after);
     CHECK(e1 == 0 && after + 4 >= before, "unannounced free: %s, %zu MiB still taken after the drop",
           drc_strerror(e1), before - after);
+}
+
+/* ---- stream-ordered pool memory with the PCIe mapping type (issue 23) ------ */
+
+/* The driver's own answer to a dmabuf export of [lo, hi) with @flags (the fd closed). */
+static CUresult try_export(CUdeviceptr lo, CUdeviceptr hi, unsigned long long flags)
+{
+    int fd = -1;
+    CUresult rc = cuMemGetHandleForAddressRange(&fd, lo, hi - lo, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, flags);
+
+    if (!rc)
+        close(fd);
+    return rc;
+}
+
+static const char *cu_name(CUresult rc)
+{
+    const char *s = "?";
+
+    cuGetErrorName(rc, &s);
+    return s;
+}
+
+/*
+ * Tensors packed into the device's default pool (cuMemAllocFromPoolAsync, what cudaMallocAsync and
+ * PyTorch's cudaMallocAsync backend use), registered with the PCIe mapping type asked. The driver
+ * refuses a tensor's own pages whatever the type; drc exports from the pool mapping's base and must
+ * ask for PCIe there too. What a user checks: either the PCIe type was given (no downgrade counted),
+ * or, where the driver has no PCIe type for the device (its answer from the mapping's base, asked
+ * here directly), the downgrade is counted and DRC_LOG says so.
+ */
+static void test_pool_pcie(void)
+{
+    static const size_t sizes[] = { 1000, 4096, 5000, 3 * 4096 + 100 };
+    enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+    CUdeviceptr p[N], mbase = 0, lo, hi;
+    CUmemoryPool pool;
+    CUdevice dev;
+    struct rec r;
+    drc_cache_t *c = rec_cache(&r, DRC_F_DMABUF_PCIE);
+    struct drc_stats st = { .comp_mask = DRC_STATS_ALL };
+    CUresult own_pcie = CUDA_SUCCESS, own_default = CUDA_SUCCESS, base_pcie, base_default;
+    char log[2048];
+    int i, e, saved, mem, interior = -1;
+    ssize_t n;
+
+    printf("pool memory (cuMemAllocFromPoolAsync), registered asking for the PCIe mapping type\n");
+    CU(cuCtxGetDevice(&dev));
+    CU(cuDeviceGetDefaultMemPool(&pool, dev));
+    for (i = 0; i < N; i++)
+        CU(cuMemAllocFromPoolAsync(&p[i], sizes[i], pool, 0));
+    CU(cuStreamSynchronize(0));
+    for (i = 0; i < N; i++) {
+        lo = p[i] & ~(CUdeviceptr)(page - 1);
+        printf("  tensor %d: %zu bytes at %#llx%s\n", i, sizes[i], (unsigned long long)p[i],
+               p[i] != lo ? " (its first page starts before it)" : "");
+        if (p[i] != lo && interior < 0)
+            interior = i;
+    }
+    CU(cuPointerGetAttribute(&mbase, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, p[N - 1]));
+    /* the driver's answers, asked directly: the tensor's own pages, and from the mapping's base */
+    i = interior >= 0 ? interior : N - 1;
+    lo = p[i] & ~(CUdeviceptr)(page - 1);
+    hi = (p[i] + sizes[i] + page - 1) & ~(CUdeviceptr)(page - 1);
+    if (interior >= 0) {
+        own_pcie = try_export(lo, hi, CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
+        own_default = try_export(lo, hi, 0);
+        printf("  fact: tensor %d's own pages export: PCIe %s, default %s\n", i, cu_name(own_pcie),
+               cu_name(own_default));
+    }
+    base_pcie = try_export(mbase, hi, CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE);
+    base_default = try_export(mbase, hi, 0);
+    printf("  fact: from the mapping's base %#llx: PCIe %s, default %s\n", (unsigned long long)mbase,
+           cu_name(base_pcie), cu_name(base_default));
+    CHECK(base_default == CUDA_SUCCESS, "the pool mapping's base does not export: %s", cu_name(base_default));
+
+    /* register each tensor under DRC_LOG, stderr kept to read what drc said */
+    fflush(stderr);
+    saved = dup(2);
+    mem = memfd_create("stderr", 0);
+    dup2(mem, 2);
+    setenv("DRC_LOG", "info", 1);
+    for (i = 0; i < N; i++) {
+        e = get_put(c, p[i], sizes[i]);
+        CHECK(e == 0, "tensor %d: %s", i, drc_strerror(e));
+    }
+    unsetenv("DRC_LOG");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    n = pread(mem, log, sizeof(log) - 1, 0);
+    log[n > 0 ? n : 0] = 0;
+    close(mem);
+    if (log[0])
+        printf("  drc said: %s", log);
+    drc_cache_stats(c, &st);
+    CHECK(st.comp_mask & DRC_STATS_DMABUF_DOWNGRADED, "no dmabuf_downgraded in the stats");
+    printf("  %d registrations, %llu given the default type instead of PCIe\n", r.calls,
+           (unsigned long long)st.dmabuf_downgraded);
+    CHECK(r.calls >= 1 && r.exported == r.calls, "calls %d, with a dmabuf %d", r.calls, r.exported);
+    if (base_pcie == CUDA_SUCCESS) {
+        /* the driver has the PCIe type for the pool: drc must have used it */
+        CHECK(st.dmabuf_downgraded == 0, "%llu registrations downgraded where the driver takes PCIe",
+              (unsigned long long)st.dmabuf_downgraded);
+        CHECK(!strstr(log, "no PCIe dmabuf mapping type"), "a downgrade was logged: %s", log);
+    } else {
+        /* no PCIe type (e.g. NOT_SUPPORTED, as on the H200): each registration counted, said once */
+        CHECK(st.dmabuf_downgraded == (uint64_t)r.calls, "downgraded %llu of %d registrations",
+              (unsigned long long)st.dmabuf_downgraded, r.calls);
+        CHECK(strstr(log, "drc: GPU 0: no PCIe dmabuf mapping type") != NULL, "no DRC_LOG line: \"%s\"", log);
+    }
+    for (i = 0; i < N; i++) {
+        drc_notify_free((void *)(uintptr_t)p[i], sizes[i]);
+        CU(cuMemFreeAsync(p[i], 0));
+    }
+    CU(cuStreamSynchronize(0));
+    rec_done(c);
 }
 
 int main(void)
@@ -472,6 +591,7 @@ int main(void)
     CU(cuCtxSetCurrent(ctx));
     CHECK(drc__cuda_driver() != NULL, "drc found no driver");
     facts();
+    test_pool_pcie();      /* first: before any export teaches drc the device's PCIe support */
     test_mem_alloc();
     test_other_kinds();
     test_vmm();
