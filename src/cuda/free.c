@@ -111,10 +111,10 @@ int drc__cuda_free_emulated(void *ptr)
     void *ctx = NULL, *data = &ctx, *saved = NULL;
     int err = DRC__CUDA_SUCCESS, switched = 0;
 
-    if (!d || !d->cuMemFree)
-        return DRC__CUDART_INITIALIZATION_ERROR;
     if (!ptr)
-        return DRC__CUDART_SUCCESS;
+        return DRC__CUDART_SUCCESS;     /* the runtime's idiom for "initialise": nothing is freed */
+    if (!d)
+        return DRC__CUDART_INITIALIZATION_ERROR;
     /*
      * cudaFree waits for the device before it frees. The device is the
      * allocation's: its context is made current for the wait, as the calling
