@@ -272,7 +272,7 @@ int drc__cuda_tracked_hull(int device, uintptr_t *lo, uintptr_t *hi);
 
 /*
  * THE routine every free path of drc goes through: the wrappers (wrappers.c),
- * the PyTorch allocator (torch.c), and through the hook ABI the preload
+ * the PyTorch allocator (torch.c), and through the preload ABI the preload
  * interposer and the CUPTI monitor (src/preload/). Each begins a free and
  * returns a ticket for drc__notify_end(), to call once the real call
  * returned (-1: nothing to end; no cache exists).

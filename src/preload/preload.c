@@ -51,7 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/notify.h"     /* struct drc__hook_ops: the hook ABI (only the struct is used here) */
+#include "core/preload_abi.h"    /* struct drc__hook_ops: what each drc attaches with */
 #include "preload/hook_preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
