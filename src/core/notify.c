@@ -82,11 +82,12 @@
  * in the child afterwards works as usual.
  *
  * The preload library (src/preload/, LD_PRELOADed) is told where drc lives on
- * the first subscribe (the hook ABI, notify.h): it begins and ends frees
+ * the first subscribe (the preload ABI, preload_abi.h): it begins and ends frees
  * through the pointers it is given, so a program that preloads it but never
  * creates a cache never enters drc at all.
  */
 #include "core/notify.h"
+#include "core/preload_abi.h"
 
 #include "core/mem.h"
 
@@ -146,7 +147,7 @@ static unsigned freeing_sleepers; /* atomic: getters asleep on freeing_gen */
 static unsigned subscribed; /* atomic: caches in the table, for the early out */
 static unsigned used;       /* atomic: 1 + the highest slot ever filled; only grows */
 
-/* What the preload library is handed (notify.h, the hook ABI). */
+/* What the preload library is handed (preload_abi.h). */
 static struct drc__hook_ops hook_ops = {
     .version = 2, .begin = drc__notify_begin, .end = drc__notify_end, .caches = &subscribed,
 };

@@ -44,25 +44,9 @@ void drc__notify_wait_frees(uintptr_t s, uintptr_t last);
 int  drc__notify_freeing(uintptr_t s, uintptr_t last);
 
 /*
- * The hook ABI: what drc hands the preload library (src/preload/) through
- * its exported drc_hook_attach(), on the first subscribe. The preload may sit
- * in front of several copies of drc (libdrc.so and a static libdrc.a in the
- * executable): each attaches its own ops, and the preload notifies each.
- * Version 2; fields are only ever added at the end.
+ * The CUDA layer fills in its part of the preload ABI (core/preload_abi.h)
+ * from a constructor, before any cache exists.
  */
-struct drc__hook_ops {
-    int version;                                    /* 2 */
-    int (*begin)(const void *addr, size_t len);     /* drc__notify_begin */
-    void (*end)(int ticket);                        /* drc__notify_end */
-    const unsigned *caches;                         /* atomic: caches subscribed now */
-    /* the CUDA layer's (src/cuda/free.c), NULL in a drc built without it */
-    int (*begin_free)(unsigned long long ptr);     /* drc__cuda_begin_free */
-    int (*begin_teardown)(int device);             /* drc__cuda_begin_teardown (-1: every device) */
-    int (*ctx_device)(void *ctx);                  /* drc__cuda_ctx_device */
-    void (*primary_released)(int device);          /* drc__cuda_primary_released */
-};
-
-/* The CUDA layer fills in its part of the hook ABI (from a constructor, before any cache exists). */
 void drc__notify_set_cuda_hooks(int (*begin_free)(unsigned long long), int (*begin_teardown)(int),
                                 int (*ctx_device)(void *), void (*primary_released)(int));
 

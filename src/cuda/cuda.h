@@ -15,10 +15,12 @@
  * a CUresult, and may be called from any thread. cuMemAlloc, cuMemFree,
  * cuMemGetAddressRange, cuMemFreeHost, cuMemHostUnregister, cuCtxDestroy,
  * cuDevicePrimaryCtxRelease/Reset and cuDevicePrimaryCtxRetain are the
- * entry points of CUDA 12 (the _v2 ones where a _v2 exists). ANY entry may
- * be NULL where the driver lacks it: every caller checks the entries it
- * uses; drc__cuda_can_export() says whether the ones classification and
- * export need are all there. The runtime entries (cudaFree ...) return a
+ * entry points of CUDA 12 (the _v2 ones where a _v2 exists). The frees
+ * (frees.h, the one list of them) are never NULL: where the driver lacks one,
+ * a stub stands in that answers CUDA_ERROR_NOT_INITIALIZED. Any other entry
+ * may be NULL where the driver lacks it: every caller checks those it uses;
+ * drc__cuda_can_export() says whether the ones classification and export
+ * need are all there. The runtime entries (cudaFree ...) return a
  * cudaError_t; the real table finds them with dlsym(RTLD_DEFAULT) on use
  * (drc__cuda_runtime()), so they stay NULL under a static runtime.
  */
@@ -29,6 +31,7 @@
 #include <stdint.h>
 
 #include "core/mem.h"
+#include "cuda/frees.h"
 #include "drc.h"   /* DRC_API: the few names libdrc_preload.so needs are exported under DRC_PRIVATE (drc.map) */
 
 /* The CUDA constants drc uses, from cuda.h and cuda_runtime_api.h (CUDA 11.7 - 13): here and nowhere else. */
@@ -139,28 +142,20 @@ struct drc__cuda_driver {
     int (*cuDeviceGetPCIBusId)(char *bus_id, int len, int dev);   /* "DDDD:BB:DD.F": the topology (verbs/topo.h) */
     int (*cuDeviceGetAttribute)(int *value, int attr, int dev);
     int (*cuDevicePrimaryCtxRetain)(void **ctx, int dev);
-    int (*cuDevicePrimaryCtxRelease)(int dev);
     int (*cuDevicePrimaryCtxGetState)(int dev, unsigned *flags, int *active);
-    int (*cuDevicePrimaryCtxReset)(int dev);
-    int (*cuCtxDestroy)(void *ctx);
     int (*cuCtxGetDevice)(int *dev);
     int (*cuCtxSynchronize)(void);
     int (*cuStreamSynchronize)(void *stream);
-    /* allocation and the frees the wrappers wrap (the real functions, never a wrapper) */
     int (*cuMemAlloc)(drc__cuptr *dptr, size_t size);
-    int (*cuMemFree)(drc__cuptr dptr);
-    int (*cuMemFreeAsync)(drc__cuptr dptr, void *stream);
-    int (*cuMemUnmap)(drc__cuptr ptr, size_t size);
-    int (*cuMemFreeHost)(void *p);
-    int (*cuMemHostUnregister)(void *p);
-    int (*cuIpcCloseMemHandle)(drc__cuptr dptr);
-    /* the runtime (cudaError_t): read them through drc__cuda_runtime() */
-    int (*cudaFree)(void *ptr);
-    int (*cudaFreeAsync)(void *ptr, void *stream);
-    int (*cudaFreeHost)(void *ptr);
-    int (*cudaHostUnregister)(void *ptr);
-    int (*cudaDeviceReset)(void);
-    int (*cudaIpcCloseMemHandle)(void *ptr);
+    /*
+     * The frees (frees.h), the real functions, never a wrapper: the driver's
+     * never NULL (a stub answering CUDA_ERROR_NOT_INITIALIZED where the
+     * driver lacks one); the runtime's (cudaError_t) read through
+     * drc__cuda_runtime(), NULL when no shared libcudart is seen.
+     */
+#define DRC__CUDA_FIELD(api, name, versions, since, kind, params, args, fallback) int (*name) params;
+    DRC__CUDA_FREES(DRC__CUDA_FIELD)
+#undef DRC__CUDA_FIELD
 };
 
 /*
@@ -171,11 +166,15 @@ struct drc__cuda_driver {
 const struct drc__cuda_driver *drc__cuda_driver(void);
 
 /*
- * Fill @d from the loaded driver library @lib (a dlopen handle; NULL: all
- * NULL), as drc__cuda_driver() does for libcuda.so.1. Tests fill a table
- * from the CUDA double (tests/doubles/) with it.
+ * Fill @d from the loaded driver library @lib (a dlopen handle; NULL: as
+ * drc__cuda_no_driver), as drc__cuda_driver() does for libcuda.so.1. Tests
+ * fill a table from the CUDA double (tests/doubles/) with it: a table handed
+ * to drc__cuda_set_driver() is one it filled.
  */
 void drc__cuda_fill(void *lib, struct drc__cuda_driver *d);
+
+/* The table of no driver: the driver's frees are stubs (CUDA_ERROR_NOT_INITIALIZED), every other entry NULL. */
+extern const struct drc__cuda_driver drc__cuda_no_driver;
 
 /* 1 if @d has every entry that classification and export need (CUDA 11.7 or later). */
 int drc__cuda_can_export(const struct drc__cuda_driver *d);
@@ -277,7 +276,7 @@ int drc__cuda_tracked_hull(int device, uintptr_t *lo, uintptr_t *hi);
 
 /*
  * THE routine every free path of drc goes through: the wrappers (wrappers.c),
- * the PyTorch allocator (torch.c), and through the hook ABI the preload
+ * the PyTorch allocator (torch.c), and through the preload ABI the preload
  * interposer and the CUPTI monitor (src/preload/). Each begins a free and
  * returns a ticket for drc__notify_end(), to call once the real call
  * returned (-1: nothing to end; no cache exists).
@@ -310,7 +309,8 @@ int drc__cuda_ctx_device(void *ctx);
  * What cudaFree does for cudaMalloc memory, for a program whose runtime is
  * static (no cudaFree visible to the dynamic linker): synchronise the
  * allocation's own context (the thread may have none current), then
- * cuMemFree. Returns a cudaError_t. Notifies nothing: the caller brackets.
+ * cuMemFree. Returns a cudaError_t (NULL: cudaSuccess, as the runtime's
+ * cudaFree(NULL), driver or not). Notifies nothing: the caller brackets.
  */
 int drc__cuda_free_emulated(void *ptr);
 

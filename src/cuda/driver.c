@@ -5,7 +5,8 @@
  * The first call that needs the driver opens libcuda.so.1 and resolves every
  * entry once (pthread_once), through cuGetProcAddress_v2 where the driver has
  * it, so that each entry is the version this code was written for whatever
- * the driver's default is; a missing entry stays NULL. The handle is kept:
+ * the driver's default is; a missing entry stays NULL, or for a free
+ * (frees.h) is a stub that answers CUDA_ERROR_NOT_INITIALIZED. The handle is kept:
  * the driver stays loaded for the life of the process.
  *
  * Under the preload library (src/preload/), whose dlsym interposer hands out
@@ -61,11 +62,39 @@ static void *resolve(void *lib, get_proc_fn gpa, const char *name, const char *e
     return dlsym(lib, exported ? exported : name);
 }
 
+/*
+ * What stands in for a driver free the driver lacks (or, in
+ * drc__cuda_no_driver, for every one): the answer of a driver that is not
+ * there. Callers call the frees without testing them.
+ */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#define STUB_DRIVER(name, params) \
+    static int stub_##name params { return DRC__CUDA_ERROR_NOT_INITIALIZED; }
+#define STUB_RUNTIME(name, params)
+#define STUB(api, name, versions, since, kind, params, args, fallback) STUB_##api(name, params)
+DRC__CUDA_FREES(STUB)
+#undef STUB
+#undef STUB_RUNTIME
+#undef STUB_DRIVER
+#pragma GCC diagnostic pop
+
+const struct drc__cuda_driver drc__cuda_no_driver = {
+#define NO_DRIVER_DRIVER(name) .name = stub_##name,
+#define NO_DRIVER_RUNTIME(name)
+#define NO_DRIVER(api, name, versions, since, kind, params, args, fallback) NO_DRIVER_##api(name)
+    DRC__CUDA_FREES(NO_DRIVER)
+#undef NO_DRIVER
+#undef NO_DRIVER_RUNTIME
+#undef NO_DRIVER_DRIVER
+};
+
 void drc__cuda_fill(void *lib, struct drc__cuda_driver *d)
 {
     get_proc_fn gpa;
+    void *p;
 
-    memset(d, 0, sizeof(*d));
+    *d = drc__cuda_no_driver;
     if (!lib)
         return;
     gpa = (get_proc_fn)dlsym(lib, "cuGetProcAddress_v2");
@@ -93,21 +122,22 @@ void drc__cuda_fill(void *lib, struct drc__cuda_driver *d)
     R(cuDeviceGetPCIBusId, NULL);
     R(cuDeviceGetAttribute, NULL);
     R(cuDevicePrimaryCtxRetain, NULL);
-    R(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
     R(cuDevicePrimaryCtxGetState, NULL);
-    R(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
-    R(cuCtxDestroy, "cuCtxDestroy_v2");
     R(cuCtxGetDevice, NULL);
     R(cuCtxSynchronize, NULL);
     R(cuStreamSynchronize, NULL);
     R(cuMemAlloc, "cuMemAlloc_v2");
-    R(cuMemFree, "cuMemFree_v2");
-    R(cuMemFreeAsync, NULL);
-    R(cuMemUnmap, NULL);
-    R(cuMemFreeHost, NULL);
-    R(cuMemHostUnregister, NULL);
-    R(cuIpcCloseMemHandle, NULL);
 #undef R
+    /* the frees: the symbol of the table's version, the stub where there is none; the runtime's on use */
+#define FREE_DRIVER(name, versions)                                                     \
+    if ((p = resolve(lib, gpa, #name, DRC__CUDA_TABLE_SYM(versions, name))))              \
+        *(void **)&d->name = p;
+#define FREE_RUNTIME(name, versions)
+#define FREE(api, name, versions, since, kind, params, args, fallback) FREE_##api(name, versions)
+    DRC__CUDA_FREES(FREE)
+#undef FREE
+#undef FREE_RUNTIME
+#undef FREE_DRIVER
 }
 
 static void load(void)

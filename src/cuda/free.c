@@ -3,8 +3,8 @@
  * drc__notify_begin/end (cuda.h), and the static-runtime cudaFree.
  *
  * Every free path of drc comes here: the wrappers (wrappers.c), the PyTorch
- * allocator (torch.c), and through the hook ABI (core/notify.h, struct
- * drc__hook_ops) the preload interposer and the CUPTI monitor. The bounds
+ * allocator (torch.c), and through the preload ABI (core/preload_abi.h)
+ * the preload interposer and the CUPTI monitor. The bounds
  * are looked up before the real call, while the pointer is still valid:
  * after it the driver no longer knows them, and a region may cover any part
  * of the allocation, not only the byte the pointer names.
@@ -111,10 +111,10 @@ int drc__cuda_free_emulated(void *ptr)
     void *ctx = NULL, *data = &ctx, *saved = NULL;
     int err = DRC__CUDA_SUCCESS, switched = 0;
 
-    if (!d || !d->cuMemFree)
-        return DRC__CUDART_INITIALIZATION_ERROR;
     if (!ptr)
-        return DRC__CUDART_SUCCESS;
+        return DRC__CUDART_SUCCESS;     /* the runtime's idiom for "initialise": nothing is freed */
+    if (!d)
+        return DRC__CUDART_INITIALIZATION_ERROR;
     /*
      * cudaFree waits for the device before it frees. The device is the
      * allocation's: its context is made current for the wait, as the calling
@@ -134,7 +134,7 @@ int drc__cuda_free_emulated(void *ptr)
     return drc__cuda_rt_error(d->cuMemFree((drc__cuptr)(uintptr_t)ptr));
 }
 
-/* What the preload library (src/preload/) reaches the CUDA layer through: notify.h's hook ABI. */
+/* What the preload library (src/preload/) reaches the CUDA layer through: the preload ABI. */
 __attribute__((constructor)) static void install_hook_ops(void)
 {
     drc__notify_set_cuda_hooks(drc__cuda_begin_free, drc__cuda_begin_teardown, drc__cuda_ctx_device,

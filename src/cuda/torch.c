@@ -81,7 +81,7 @@ static int decide_kind(const struct drc__cuda_driver *d, int device, struct dev_
     size_t g = 0;
 
     if (!drc__env(DRC__ENV_TORCH_VMM) || !d->cuMemCreate || !d->cuMemAddressReserve || !d->cuMemMap ||
-        !d->cuMemSetAccess || !d->cuMemUnmap || !d->cuMemAddressFree || !d->cuMemRelease ||
+        !d->cuMemSetAccess || !d->cuMemAddressFree || !d->cuMemRelease ||
         !d->cuMemGetAllocationGranularity || !d->cuDeviceGetAttribute || !d->cuDeviceGet || d->cuDeviceGet(&dev, device) ||
         d->cuDeviceGetAttribute(&vmm, DRC__CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) ||
         d->cuDeviceGetAttribute(&rdma, DRC__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) || !vmm || !rdma ||

@@ -11,178 +11,89 @@
  *
  * With no cache in the process the wrappers skip the lookup and cost one
  * load more than the real call.
+ *
+ * They are generated from the one list of the frees (frees.h); the
+ * prototypes of drc_cuda.h must agree with it, or these definitions do not
+ * compile.
  */
 #include "drc.h"
 #include "drc_cuda.h"
 #include "cuda/cuda.h"
 #include "core/notify.h"
 
-static const struct drc__cuda_driver none;
+/* What each kind begins before the real call (free.c), from the call's arguments. */
+#define BEGIN_FREE(...) drc__cuda_begin_free((uintptr_t)DRC__FIRST(__VA_ARGS__))
+#define BEGIN_UNMAP(ptr, size) drc__cuda_begin_unmap(ptr, size)
+#define BEGIN_TEARDOWN(dev) drc__cuda_begin_teardown(dev)
+#define BEGIN_DESTROY(ctx) drc__cuda_begin_teardown(drc__cuda_ctx_device(ctx))  /* device unknown: every device */
+#define BEGIN_RELEASE(dev) -1
+/* ... and what it does once the real call returned */
+#define AFTER_FREE(...) (void)0
+#define AFTER_UNMAP(...) (void)0
+#define AFTER_TEARDOWN(...) (void)0
+#define AFTER_DESTROY(...) (void)0
+#define AFTER_RELEASE(err, dev)                                                        \
+    if (!(err))                                                                        \
+        drc__cuda_primary_released(dev)    /* the last reference: the context was reset */
 
-/* The table, or an empty one: every entry is checked before use. */
+/* A driver entry: no driver, no call; else begin, the real call (or its stub), end. */
+#define WRAP_DRIVER(name, kind, params, args, fallback)                                 \
+    int drc_##name params                                                              \
+    {                                                                                  \
+        const struct drc__cuda_driver *d = drc__cuda_driver();                         \
+        int t, err;                                                                    \
+                                                                                       \
+        if (!d)                                                                        \
+            return DRC__CUDA_ERROR_NOT_INITIALIZED;                                    \
+        t = BEGIN_##kind args;                                                         \
+        err = d->name args;                                                            \
+        drc__notify_end(t);                                                            \
+        AFTER_##kind(err, DRC__UNPAREN args);                                          \
+        return err;                                                                    \
+    }
+
+/*
+ * A runtime entry: the shared libcudart's function, or with a static runtime
+ * (none the dynamic linker sees) the fallback through the driver table, or
+ * the stubs of drc__cuda_no_driver when there is no driver.
+ */
+#define WRAP_RUNTIME(name, kind, params, args, fallback) WRAP_RUNTIME_##kind(name, params, args, fallback)
+#define WRAP_RUNTIME_FREE(name, params, args, fallback)                                \
+    int drc_##name params                                                              \
+    {                                                                                  \
+        const struct drc__cuda_driver *d = driver();                                   \
+        int (*rt) params;                                                              \
+        int t, err;                                                                    \
+                                                                                       \
+        *(void **)&rt = DRC__CUDA_RT(d, name);                                         \
+        t = BEGIN_FREE args;                                                           \
+        err = rt ? rt args : fallback;                                                 \
+        drc__notify_end(t);                                                            \
+        return err;                                                                    \
+    }
+/* cudaDeviceReset: a static runtime resets the current device's primary context */
+#define WRAP_RUNTIME_DEVICE_RESET(name, params, args, fallback)                        \
+    int drc_##name params                                                              \
+    {                                                                                  \
+        const struct drc__cuda_driver *d = driver();                                   \
+        int (*rt) params;                                                              \
+        int t, err, dev = current_device(d);                                           \
+                                                                                       \
+        *(void **)&rt = DRC__CUDA_RT(d, name);                                         \
+        if (!rt && dev < 0)                                                            \
+            return DRC__CUDART_INITIALIZATION_ERROR;                                   \
+        t = drc__cuda_begin_teardown(dev);                                             \
+        err = rt ? rt args : fallback;                                                 \
+        drc__notify_end(t);                                                            \
+        return err;                                                                    \
+    }
+
+/* The table, or that of no driver. */
 static const struct drc__cuda_driver *driver(void)
 {
     const struct drc__cuda_driver *d = drc__cuda_driver();
 
-    return d ? d : &none;
-}
-
-int drc_cuMemFree(unsigned long long dptr)
-{
-    const struct drc__cuda_driver *d = driver();
-    int t, err;
-
-    if (!d->cuMemFree)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    t = drc__cuda_begin_free(dptr);
-    err = d->cuMemFree(dptr);
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cuMemFreeAsync(unsigned long long dptr, void *stream)
-{
-    const struct drc__cuda_driver *d = driver();
-    int t, err;
-
-    if (!d->cuMemFreeAsync)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    /* Early, not wrong: the caller promises not to touch the memory once the free is enqueued. */
-    t = drc__cuda_begin_free(dptr);
-    err = d->cuMemFreeAsync(dptr, stream);
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cuMemUnmap(unsigned long long ptr, size_t size)
-{
-    const struct drc__cuda_driver *d = driver();
-    int t, err;
-
-    if (!d->cuMemUnmap)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    t = drc__cuda_begin_unmap(ptr, size);
-    err = d->cuMemUnmap(ptr, size);
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cuMemRelease(unsigned long long handle)
-{
-    const struct drc__cuda_driver *d = driver();
-
-    if (!d->cuMemRelease)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    /*
-     * Nothing to notify, on purpose. The driver frees a cuMemCreate handle's
-     * memory only once every mapping of it is unmapped and every reference
-     * released; a handle released while still mapped keeps its memory until
-     * cuMemUnmap, and that is where drc_cuMemUnmap invalidates. A handle
-     * carries no address, so there would be no range to give anyway.
-     */
-    return d->cuMemRelease(handle);
-}
-
-int drc_cuMemFreeHost(void *p)
-{
-    const struct drc__cuda_driver *d = driver();
-    int t, err;
-
-    if (!d->cuMemFreeHost)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    t = drc__cuda_begin_free((uintptr_t)p);
-    err = d->cuMemFreeHost(p);
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cuMemHostUnregister(void *p)
-{
-    const struct drc__cuda_driver *d = driver();
-    int t, err;
-
-    if (!d->cuMemHostUnregister)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    /* The pages stay mapped, but unpinned: a registration of them must not outlive the pinning. */
-    t = drc__cuda_begin_free((uintptr_t)p);
-    err = d->cuMemHostUnregister(p);
-    drc__notify_end(t);
-    return err;
-}
-
-/*
- * The mapping of memory imported with cuIpcOpenMemHandle goes when its last
- * reference is closed. Whether this close is the last cannot be told, so
- * every close invalidates the mapping (a registration of an imported buffer
- * still open elsewhere in the process is registered again on its next get).
- */
-int drc_cuIpcCloseMemHandle(unsigned long long dptr)
-{
-    const struct drc__cuda_driver *d = driver();
-    int t, err;
-
-    if (!d->cuIpcCloseMemHandle)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    t = drc__cuda_begin_free(dptr);
-    err = d->cuIpcCloseMemHandle(dptr);
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cudaIpcCloseMemHandle(void *ptr)
-{
-    const struct drc__cuda_driver *d = driver();
-    int (*rt)(void *);
-    int t, err;
-
-    *(void **)&rt = DRC__CUDA_RT(d, cudaIpcCloseMemHandle);
-    t = drc__cuda_begin_free((uintptr_t)ptr);
-    if (rt)
-        err = rt(ptr);
-    else
-        err = d->cuIpcCloseMemHandle ? drc__cuda_rt_error(d->cuIpcCloseMemHandle((uintptr_t)ptr))
-                                     : DRC__CUDART_INITIALIZATION_ERROR;
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cuDevicePrimaryCtxReset(int dev)
-{
-    const struct drc__cuda_driver *d = driver();
-    int t, err;
-
-    if (!d->cuDevicePrimaryCtxReset)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    t = drc__cuda_begin_teardown(dev);
-    err = d->cuDevicePrimaryCtxReset(dev);
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cuDevicePrimaryCtxRelease(int dev)
-{
-    const struct drc__cuda_driver *d = driver();
-    int err;
-
-    if (!d->cuDevicePrimaryCtxRelease)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    err = d->cuDevicePrimaryCtxRelease(dev);
-    if (!err)
-        drc__cuda_primary_released(dev);   /* the last reference: the context was reset */
-    return err;
-}
-
-int drc_cuCtxDestroy(void *ctx)
-{
-    const struct drc__cuda_driver *d = driver();
-    int t, err;
-
-    if (!d->cuCtxDestroy)
-        return DRC__CUDA_ERROR_NOT_INITIALIZED;
-    t = drc__cuda_begin_teardown(drc__cuda_ctx_device(ctx));  /* device unknown: every device */
-    err = d->cuCtxDestroy(ctx);
-    drc__notify_end(t);
-    return err;
+    return d ? d : &drc__cuda_no_driver;
 }
 
 /* The device whose context is current (-1: none, or unknown). */
@@ -195,83 +106,22 @@ static int current_device(const struct drc__cuda_driver *d)
     return dev;
 }
 
-int drc_cudaDeviceReset(void)
+#define WRAP(api, name, versions, since, kind, params, args, fallback) WRAP_##api(name, kind, params, args, fallback)
+DRC__CUDA_FREES(WRAP)
+#undef WRAP
+
+int drc_cuMemRelease(unsigned long long handle)
 {
-    const struct drc__cuda_driver *d = driver();
-    int (*rt)(void);
-    int t, err, dev = current_device(d);
+    const struct drc__cuda_driver *d = drc__cuda_driver();
 
-    *(void **)&rt = DRC__CUDA_RT(d, cudaDeviceReset);
-    if (!rt && (dev < 0 || !d->cuDevicePrimaryCtxReset))
-        return DRC__CUDART_INITIALIZATION_ERROR;
-    t = drc__cuda_begin_teardown(dev);
-    /* a static runtime: what cudaDeviceReset does, reset the current device's primary context */
-    err = rt ? rt() : drc__cuda_rt_error(d->cuDevicePrimaryCtxReset(dev));
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cudaFree(void *ptr)
-{
-    const struct drc__cuda_driver *d = driver();
-    int (*rt)(void *);
-    int t, err;
-
-    *(void **)&rt = DRC__CUDA_RT(d, cudaFree);
-    if (!ptr)   /* the runtime's idiom for "initialise": nothing is freed */
-        return rt ? rt(ptr) : DRC__CUDART_SUCCESS;
-    t = drc__cuda_begin_free((uintptr_t)ptr);
-    err = rt ? rt(ptr) : drc__cuda_free_emulated(ptr);
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cudaFreeAsync(void *ptr, void *stream)
-{
-    const struct drc__cuda_driver *d = driver();
-    int (*rt)(void *, void *);
-    int t, err;
-
-    *(void **)&rt = DRC__CUDA_RT(d, cudaFreeAsync);
-    t = drc__cuda_begin_free((uintptr_t)ptr);
-    if (rt)
-        err = rt(ptr, stream);
-    else
-        err = d->cuMemFreeAsync ? drc__cuda_rt_error(d->cuMemFreeAsync((uintptr_t)ptr, stream))
-                                : DRC__CUDART_INITIALIZATION_ERROR;
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cudaFreeHost(void *ptr)
-{
-    const struct drc__cuda_driver *d = driver();
-    int (*rt)(void *);
-    int t, err;
-
-    *(void **)&rt = DRC__CUDA_RT(d, cudaFreeHost);
-    t = drc__cuda_begin_free((uintptr_t)ptr);
-    if (rt)
-        err = rt(ptr);
-    else
-        err = d->cuMemFreeHost ? drc__cuda_rt_error(d->cuMemFreeHost(ptr)) : DRC__CUDART_INITIALIZATION_ERROR;
-    drc__notify_end(t);
-    return err;
-}
-
-int drc_cudaHostUnregister(void *ptr)
-{
-    const struct drc__cuda_driver *d = driver();
-    int (*rt)(void *);
-    int t, err;
-
-    *(void **)&rt = DRC__CUDA_RT(d, cudaHostUnregister);
-    t = drc__cuda_begin_free((uintptr_t)ptr);
-    if (rt)
-        err = rt(ptr);
-    else
-        err = d->cuMemHostUnregister ? drc__cuda_rt_error(d->cuMemHostUnregister(ptr))
-                                     : DRC__CUDART_INITIALIZATION_ERROR;
-    drc__notify_end(t);
-    return err;
+    if (!d || !d->cuMemRelease)
+        return DRC__CUDA_ERROR_NOT_INITIALIZED;
+    /*
+     * Nothing to notify, on purpose. The driver frees a cuMemCreate handle's
+     * memory only once every mapping of it is unmapped and every reference
+     * released; a handle released while still mapped keeps its memory until
+     * cuMemUnmap, and that is where drc_cuMemUnmap invalidates. A handle
+     * carries no address, so there would be no range to give anyway.
+     */
+    return d->cuMemRelease(handle);
 }

@@ -5,15 +5,14 @@
  *
  * libcupti is loaded with dlopen (DRC_CUPTI_LIB names it, else the usual
  * places), a callback subscriber is registered, and the enter callbacks of
- * cuMemFree_v2, cuMemFreeAsync(_ptsz), cuMemUnmap, cuMemFreeHost,
- * cuMemHostUnregister, cuDevicePrimaryCtxReset(_v2), cuCtxDestroy(_v2),
- * cuIpcCloseMemHandle, cudaFree, cudaFreeAsync(_ptsz), cudaFreeHost,
- * cudaHostUnregister, cudaIpcCloseMemHandle and cudaDeviceReset are
- * enabled: each enter begins the free in drc (the whole allocation, or every
- * allocation of the device for a teardown) and the matching exit ends it.
+ * the frees (every symbol of each entry of src/cuda/frees.h: cuMemFree_v2,
+ * cudaFree, cuDevicePrimaryCtxReset(_v2) ...) are enabled: each enter begins
+ * the free in drc (the whole allocation, or every allocation of the device
+ * for a teardown) and the matching exit ends it.
  * cuDevicePrimaryCtxRelease(_v2) is looked at on exit: if it dropped the
- * last reference, the device's allocations are invalidated then. The driver runs these callbacks however the program reached the
- * entry point, runtime included.
+ * last reference, the device's allocations are invalidated then. The driver
+ * runs these callbacks however the program reached the entry point, runtime
+ * included.
  *
  * The limit: CUPTI allows one callback subscriber per process, so this
  * monitor and a profiler (Nsight Systems, Kineto/torch.profiler, ...) exclude
@@ -33,6 +32,7 @@
 #include <string.h>
 
 #include "core/config.h"
+#include "cuda/cuda.h"      /* the list of the frees (frees.h) */
 #include "preload/hook_preload.h"
 
 enum { DOMAIN_DRIVER = 1, DOMAIN_RUNTIME = 2, SITE_ENTER = 0, MAX_CBID = 4096 };
@@ -57,7 +57,7 @@ typedef int enable_domain_fn(uint32_t enable, void *subscriber, int domain);
 typedef int name_fn(int domain, uint32_t cbid, const char **name);
 typedef int result_string_fn(int result, const char **str);
 
-enum what { NONE = 0, FREE = 1, UNMAP = 2, RESET = 3, DESTROY = 4, DEVICE_RESET = 5, RELEASE = 6 };
+enum what { NONE = 0, FREE = 1, UNMAP = 2, TEARDOWN = 3, DESTROY = 4, DEVICE_RESET = 5, RELEASE = 6 };
 
 /* written before the subscriber is enabled, read-only after */
 static unsigned char driver_what[MAX_CBID], runtime_what[MAX_CBID];
@@ -75,35 +75,37 @@ static size_t base_len(const char *name)
     return n;
 }
 
+/* The frees of the one list (frees.h), by domain, with what each takes. */
+static const struct {
+    int domain;
+    const char *name, *suffix;
+    int since;
+    enum what w;
+} frees[] = {
+#define ROW(api, name, versions, since, kind, params, args, fallback) \
+    { DOMAIN_##api, #name, DRC__CUDA_SUFFIX(versions), since, kind },
+    DRC__CUDA_FREES(ROW)
+#undef ROW
+};
+
 static enum what classify(int domain, const char *name)
 {
-    static const struct {
-        const char *name;
-        enum what w;
-    } driver[] = {
-        { "cuMemFree_v2", FREE }, { "cuMemFreeAsync", FREE }, { "cuMemFreeAsync_ptsz", FREE },
-        { "cuMemFreeHost", FREE }, { "cuMemHostUnregister", FREE }, { "cuMemUnmap", UNMAP },
-        { "cuDevicePrimaryCtxReset", RESET }, { "cuDevicePrimaryCtxReset_v2", RESET },
-        { "cuCtxDestroy", DESTROY }, { "cuCtxDestroy_v2", DESTROY }, { "cuIpcCloseMemHandle", FREE },
-        { "cuDevicePrimaryCtxRelease", RELEASE }, { "cuDevicePrimaryCtxRelease_v2", RELEASE },
-    }, runtime[] = {
-        { "cudaFree", FREE }, { "cudaFreeAsync", FREE }, { "cudaFreeAsync_ptsz", FREE }, { "cudaFreeHost", FREE },
-        { "cudaHostUnregister", FREE }, { "cudaDeviceReset", DEVICE_RESET }, { "cudaIpcCloseMemHandle", FREE },
-    };
+    char base[128];
     size_t i, n;
 
     if (!name)
         return NONE;
-    if (domain == DOMAIN_DRIVER) {
-        for (i = 0; i < sizeof(driver) / sizeof(driver[0]); i++)
-            if (!strcmp(name, driver[i].name))
-                return driver[i].w;
-        return NONE;
+    if (domain == DOMAIN_RUNTIME) {
+        if ((n = base_len(name)) >= sizeof(base))
+            return NONE;
+        memcpy(base, name, n);
+        base[n] = 0;
+        name = base;
     }
-    n = base_len(name);
-    for (i = 0; i < sizeof(runtime) / sizeof(runtime[0]); i++)
-        if (strlen(runtime[i].name) == n && !strncmp(name, runtime[i].name, n))
-            return runtime[i].w;
+    /* a callback is named by its symbol: the plain name only where it is the list's ABI (since 0) */
+    for (i = 0; i < sizeof(frees) / sizeof(frees[0]); i++)
+        if (frees[i].domain == domain && drc__cuda_names(name, 0, frees[i].name, frees[i].since, frees[i].suffix))
+            return frees[i].w;
     return NONE;
 }
 
@@ -145,7 +147,7 @@ static void on_callback(void *userdata, int domain, uint32_t cbid, const void *d
         t = drc__hook_begin_unmap(p->ptr, p->size);
         break;
     }
-    case RESET:
+    case TEARDOWN:
         t = drc__hook_begin_teardown(*(const int *)cb->params);
         break;
     case DESTROY:

@@ -19,13 +19,12 @@
  *     runtime then frees through a wrapped driver entry: drc is told twice,
  *     which costs one more lookup and is otherwise harmless).
  *
- * What is caught: cuMemFree, cuMemFreeAsync(_ptsz), cuMemUnmap, the pinned
- * host frees cuMemFreeHost and cuMemHostUnregister, cuIpcCloseMemHandle,
- * and the teardowns cuDevicePrimaryCtxReset and cuCtxDestroy (and
+ * What is caught: every entry of the one list of the CUDA frees
+ * (src/cuda/frees.h), under each of its symbols: the frees, unmaps, pinned
+ * host frees, IPC closes and context teardowns of the driver (and
  * cuDevicePrimaryCtxRelease when it dropped the last reference: told only
- * afterwards, so the invalidation follows the call); cudaFree,
- * cudaFreeAsync, cudaFreeHost, cudaHostUnregister, cudaIpcCloseMemHandle
- * and cudaDeviceReset of a shared runtime.
+ * afterwards, so the invalidation follows the call), and the frees and
+ * cudaDeviceReset of a shared runtime.
  * Each wrapper begins the free in every attached drc, through drc's own
  * begin-free routine (src/cuda/free.c: the whole allocation, whatever the
  * calling thread's context), calls the real function, and ends the free.
@@ -49,12 +48,10 @@
 
 #include "drc_cuda.h"
 #include "core/config.h"
-#include "cuda/cuda.h"      /* the CUDA constants (only those: the driver is reached through its own symbols) */
+#include "cuda/cuda.h"      /* the list of the frees and the constants: the driver is reached through its own symbols */
 #include "preload/hook_preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
-
-typedef unsigned long long cuptr;
 
 enum mode { MODE_UNSET = 0, MODE_HOOK = 1, MODE_CUPTI = 2, MODE_OFF = 3 };
 
@@ -140,23 +137,23 @@ static void *sibling(const void *p, const char *name)
     return s;
 }
 
-/* ---- the wrappers, one per kind of entry point ------------------------------- */
+/* ---- the wrappers, one per driver entry point (frees.h) ----------------------- */
 
-enum kind { K_FREE, K_FREE_ASYNC, K_UNMAP, K_FREE_HOST, K_HOST_UNREG, K_RESET, K_DESTROY, K_IPC_CLOSE, K_RELEASE,
-            K_GPA1, K_GPA2, KINDS };
+/* The kinds of slot: each driver free of the list, and cuGetProcAddress in its two ABIs. */
+#define KIND_DRIVER(name) K_##name,
+#define KIND_RUNTIME(name)
+#define KIND(api, name, versions, since, kind, params, args, fallback) KIND_##api(name)
+enum kind { DRC__CUDA_FREES(KIND) K_GPA1, K_GPA2, KINDS };
+#undef KIND
 enum { SLOTS = 3 };
 
 static void *slot_real[KINDS][SLOTS];   /* atomic: the real function slot i of a kind calls */
-static const char *const kind_name[KINDS] = { "cuMemFree_v2", "cuMemFreeAsync", "cuMemUnmap", "cuMemFreeHost",
-                                              "cuMemHostUnregister", "cuDevicePrimaryCtxReset", "cuCtxDestroy",
-                                              "cuIpcCloseMemHandle", "cuDevicePrimaryCtxRelease", "cuGetProcAddress",
-                                              "cuGetProcAddress_v2" };
+#define KIND_NAME_DRIVER(name) #name,
+#define KIND_NAME_RUNTIME(name)
+#define KIND_NAME(api, name, versions, since, kind, params, args, fallback) KIND_NAME_##api(name)
+static const char *const kind_name[KINDS] = { DRC__CUDA_FREES(KIND_NAME) "cuGetProcAddress", "cuGetProcAddress_v2" };
+#undef KIND_NAME
 
-typedef int free_fn(cuptr);
-typedef int free_async_fn(cuptr, void *);
-typedef int unmap_fn(cuptr, size_t);
-typedef int ptr_fn(void *);
-typedef int reset_fn(int);
 typedef int gpa1_fn(const char *, void **, int, unsigned long long);
 typedef int gpa2_fn(const char *, void **, int, unsigned long long, int *);
 
@@ -164,95 +161,57 @@ static void *bind(enum kind k, void *real);
 
 enum { NOT_INITIALIZED = DRC__CUDA_ERROR_NOT_INITIALIZED };    /* there is no driver behind us */
 
-static int call_free(void *real, cuptr d)
-{
-    int t, r;
+/* What each kind begins in every attached drc (hook_preload.h), from the call's arguments. */
+#define BEGIN_FREE(...) drc__hook_begin_free((uintptr_t)DRC__FIRST(__VA_ARGS__))
+#define BEGIN_UNMAP(ptr, size) drc__hook_begin_unmap(ptr, size)
+#define BEGIN_TEARDOWN(dev) drc__hook_begin_teardown(dev)
+#define BEGIN_DESTROY(ctx) drc__hook_begin_teardown(drc__hook_ctx_device(ctx))
+#define BEGIN_RELEASE(dev) -1
+/* ... and what it does once the real call returned: a release is told only afterwards */
+#define AFTER_FREE(...) (void)0
+#define AFTER_UNMAP(...) (void)0
+#define AFTER_TEARDOWN(...) (void)0
+#define AFTER_DESTROY(...) (void)0
+#define AFTER_RELEASE(r, dev)                                                           \
+    if ((r) == 0 && hooking())                                                          \
+        drc__hook_primary_released(dev)
 
-    if (!real)
-        return NOT_INITIALIZED;
-    t = hooking() ? drc__hook_begin_free(d) : -1;
-    r = ((free_fn *)real)(d);
-    drc__hook_end(t);
-    return r;
-}
-
-static int call_free_async(void *real, cuptr d, void *stream)
-{
-    int t, r;
-
-    if (!real)
-        return NOT_INITIALIZED;
-    t = hooking() ? drc__hook_begin_free(d) : -1;
-    r = ((free_async_fn *)real)(d, stream);
-    drc__hook_end(t);
-    return r;
-}
-
-static int call_unmap(void *real, cuptr p, size_t size)
-{
-    int t, r;
-
-    if (!real)
-        return NOT_INITIALIZED;
-    t = hooking() ? drc__hook_begin_unmap(p, size) : -1;
-    r = ((unmap_fn *)real)(p, size);
-    drc__hook_end(t);
-    return r;
-}
-
-/* cuMemFreeHost and cuMemHostUnregister: the pinned range goes (or stops being pinned). */
-static int call_host(void *real, void *p)
-{
-    int t, r;
-
-    if (!real)
-        return NOT_INITIALIZED;
-    t = hooking() ? drc__hook_begin_free((uintptr_t)p) : -1;
-    r = ((ptr_fn *)real)(p);
-    drc__hook_end(t);
-    return r;
-}
-
-static int call_reset(void *real, int dev)
-{
-    int t, r;
-
-    if (!real)
-        return NOT_INITIALIZED;
-    t = hooking() ? drc__hook_begin_teardown(dev) : -1;
-    r = ((reset_fn *)real)(dev);
-    drc__hook_end(t);
-    return r;
-}
-
-/* cuDevicePrimaryCtxRelease: only afterwards can it be told whether it was the last reference. */
-static int call_release(void *real, int dev)
-{
-    int r;
-
-    if (!real)
-        return NOT_INITIALIZED;
-    r = ((reset_fn *)real)(dev);
-    if (r == 0 && hooking())
-        drc__hook_primary_released(dev);
-    return r;
-}
-
-static int call_destroy(void *real, void *ctx)
-{
-    int t, r;
-
-    if (!real)
-        return NOT_INITIALIZED;
-    t = hooking() ? drc__hook_begin_teardown(drc__hook_ctx_device(ctx)) : -1;
-    r = ((ptr_fn *)real)(ctx);
-    drc__hook_end(t);
-    return r;
-}
+/* call_<name>(real, args): begin, the real function, end; what every wrapper of the entry calls. */
+#define CALL_DRIVER(name, kind, params, args)                                           \
+    static int call_##name(void *real, DRC__UNPAREN params)                             \
+    {                                                                                   \
+        int t, r;                                                                       \
+                                                                                        \
+        if (!real)                                                                      \
+            return NOT_INITIALIZED;                                                     \
+        t = hooking() ? BEGIN_##kind args : -1;                                         \
+        r = ((int (*) params)real) args;                                                \
+        drc__hook_end(t);                                                               \
+        AFTER_##kind(r, DRC__UNPAREN args);                                             \
+        return r;                                                                       \
+    }
+#define CALL_RUNTIME(name, kind, params, args)
+#define CALL(api, name, versions, since, kind, params, args, fallback) CALL_##api(name, kind, params, args)
+DRC__CUDA_FREES(CALL)
+#undef CALL
 
 /* Which wrapper an answer of cuGetProcAddress gets, by the symbol asked for. */
+static const struct {
+    const char *name, *suffix;
+    int since;
+    enum kind k;
+} names[] = {
+#define NAME_DRIVER(name, versions, since) { #name, DRC__CUDA_SUFFIX(versions), since, K_##name },
+#define NAME_RUNTIME(name, versions, since)
+#define NAME(api, name, versions, since, kind, params, args, fallback) NAME_##api(name, versions, since)
+    DRC__CUDA_FREES(NAME)
+#undef NAME
+};
+
 static void *rewrite(const char *sym, int version, void *p)
 {
+    size_t i;
+
     if (!sym || !p || !hooking())
         return p;
     if (!strcmp(sym, "cuGetProcAddress") || !strcmp(sym, "cuGetProcAddress_v2")) {
@@ -263,24 +222,10 @@ static void *rewrite(const char *sym, int version, void *p)
             return bind(K_GPA2, p);
         return bind(K_GPA1, p);
     }
-    if ((!strcmp(sym, "cuMemFree") && version >= 3020) || !strcmp(sym, "cuMemFree_v2"))
-        return bind(K_FREE, p);     /* below 3020 it is the 32-bit cuMemFree, which no 64-bit program uses */
-    if (!strcmp(sym, "cuMemFreeAsync") || !strcmp(sym, "cuMemFreeAsync_ptsz"))
-        return bind(K_FREE_ASYNC, p);
-    if (!strcmp(sym, "cuMemUnmap"))
-        return bind(K_UNMAP, p);
-    if (!strcmp(sym, "cuMemFreeHost"))
-        return bind(K_FREE_HOST, p);
-    if (!strcmp(sym, "cuMemHostUnregister"))
-        return bind(K_HOST_UNREG, p);
-    if (!strcmp(sym, "cuDevicePrimaryCtxReset") || !strcmp(sym, "cuDevicePrimaryCtxReset_v2"))
-        return bind(K_RESET, p);
-    if (!strcmp(sym, "cuCtxDestroy") || !strcmp(sym, "cuCtxDestroy_v2"))
-        return bind(K_DESTROY, p);
-    if (!strcmp(sym, "cuDevicePrimaryCtxRelease") || !strcmp(sym, "cuDevicePrimaryCtxRelease_v2"))
-        return bind(K_RELEASE, p);
-    if (!strcmp(sym, "cuIpcCloseMemHandle"))
-        return bind(K_IPC_CLOSE, p);    /* the imported mapping goes (at its last close: each is taken as it) */
+    /* below its since, a plain name is an older ABI (the 32-bit cuMemFree), which no 64-bit program uses */
+    for (i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (drc__cuda_names(sym, version, names[i].name, names[i].since, names[i].suffix))
+            return bind(names[i].k, p);
     return p;
 }
 
@@ -315,26 +260,23 @@ static int call_gpa2(void *real, const char *sym, void **pfn, int version, unsig
     static int NAME##_1 P { return call_##CALL(REAL(K, 1), __VA_ARGS__); }              \
     static int NAME##_2 P { return call_##CALL(REAL(K, 2), __VA_ARGS__); }
 
-SLOT3(K_FREE, free, free, (cuptr d), d)
-SLOT3(K_FREE_ASYNC, free_async, free_async, (cuptr d, void *s), d, s)
-SLOT3(K_UNMAP, unmap, unmap, (cuptr p, size_t n), p, n)
-SLOT3(K_FREE_HOST, free_host, host, (void *p), p)
-SLOT3(K_HOST_UNREG, host_unreg, host, (void *p), p)
-SLOT3(K_RESET, reset, reset, (int dev), dev)
-SLOT3(K_DESTROY, destroy, destroy, (void *ctx), ctx)
-SLOT3(K_IPC_CLOSE, ipc_close, free, (cuptr d), d)
-SLOT3(K_RELEASE, release, release, (int dev), dev)
-SLOT3(K_GPA1, gpa1, gpa1, (const char *s, void **p, int v, unsigned long long f), s, p, v, f)
-SLOT3(K_GPA2, gpa2, gpa2, (const char *s, void **p, int v, unsigned long long f, int *st), s, p, v, f, st)
+#define SLOTS_DRIVER(name, params, args) SLOT3(K_##name, slot_##name, name, params, DRC__UNPAREN args)
+#define SLOTS_RUNTIME(name, params, args)
+#define SLOTS(api, name, versions, since, kind, params, args, fallback) SLOTS_##api(name, params, args)
+DRC__CUDA_FREES(SLOTS)
+#undef SLOTS
+SLOT3(K_GPA1, slot_gpa1, gpa1, (const char *s, void **p, int v, unsigned long long f), s, p, v, f)
+SLOT3(K_GPA2, slot_gpa2, gpa2, (const char *s, void **p, int v, unsigned long long f, int *st), s, p, v, f, st)
 
 #undef SLOT3
 #undef REAL
 
-#define FNS3(NAME) { (void *)NAME##_0, (void *)NAME##_1, (void *)NAME##_2 }
-static void *const slot_fn[KINDS][SLOTS] = {
-    FNS3(free), FNS3(free_async), FNS3(unmap), FNS3(free_host), FNS3(host_unreg),
-    FNS3(reset), FNS3(destroy), FNS3(ipc_close), FNS3(release), FNS3(gpa1), FNS3(gpa2),
-};
+#define FNS3(NAME) { (void *)NAME##_0, (void *)NAME##_1, (void *)NAME##_2 },
+#define FNS_DRIVER(name) FNS3(slot_##name)
+#define FNS_RUNTIME(name)
+#define FNS(api, name, versions, since, kind, params, args, fallback) FNS_##api(name)
+static void *const slot_fn[KINDS][SLOTS] = { DRC__CUDA_FREES(FNS) FNS3(slot_gpa1) FNS3(slot_gpa2) };
+#undef FNS
 #undef FNS3
 
 /* ---- the exported entry points --------------------------------------------- */
@@ -353,140 +295,91 @@ static void *next_sym(void **cache, const char *name)
     return p;
 }
 
+/*
+ * Our exports: every symbol of each driver free; the runtime's frees under
+ * their plain names (a shared libcudart's _ptsz ones free through the
+ * driver's, which are caught); cuGetProcAddress in its two ABIs.
+ */
+#define O_SYM(name, sym, ...) O_##sym,
+#define O_DRIVER(name, versions) DRC__CUDA_SYMS(versions, O_SYM, name, ~)
+#define O_RUNTIME(name, versions) O_##name,
+#define O(api, name, versions, since, kind, params, args, fallback) O_##api(name, versions)
+enum { DRC__CUDA_FREES(O) O_cuGetProcAddress, O_cuGetProcAddress_v2, OURS };
+#undef O
+
+#define PROTO_SYM(name, sym, params) EXPORT int sym params;
+#define PROTO_DRIVER(name, versions, params) DRC__CUDA_SYMS(versions, PROTO_SYM, name, params)
+#define PROTO_RUNTIME(name, versions, params) EXPORT int name params;
+#define PROTO(api, name, versions, since, kind, params, args, fallback) PROTO_##api(name, versions, params)
+DRC__CUDA_FREES(PROTO)
+#undef PROTO
+EXPORT int cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags);
+EXPORT int cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status);
+
 /* Each exported name with its cache of the next definition: what drc's own lookups get. */
-struct ours {
+static struct ours {
     const char *name;
     void *self;
     void *next;         /* atomic */
+} ours[OURS] = {
+#define OURS_SYM(name, sym, ...) [O_##sym] = { #sym, (void *)sym, NULL },
+#define OURS_DRIVER(name, versions) DRC__CUDA_SYMS(versions, OURS_SYM, name, ~)
+#define OURS_RUNTIME(name, versions) OURS_SYM(name, name)
+#define OURS(api, name, versions, since, kind, params, args, fallback) OURS_##api(name, versions)
+    DRC__CUDA_FREES(OURS)
+#undef OURS
+    OURS_SYM(cuGetProcAddress, cuGetProcAddress)
+    OURS_SYM(cuGetProcAddress_v2, cuGetProcAddress_v2)
 };
 
-EXPORT int cuMemFree_v2(cuptr d);
-EXPORT int cuMemFreeAsync(cuptr d, void *s);
-EXPORT int cuMemFreeAsync_ptsz(cuptr d, void *s);
-EXPORT int cuMemUnmap(cuptr p, size_t n);
-EXPORT int cuMemFreeHost(void *p);
-EXPORT int cuMemHostUnregister(void *p);
-EXPORT int cuDevicePrimaryCtxReset(int dev);
-EXPORT int cuDevicePrimaryCtxReset_v2(int dev);
-EXPORT int cuCtxDestroy(void *ctx);
-EXPORT int cuCtxDestroy_v2(void *ctx);
-EXPORT int cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags);
-EXPORT int cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status);
-EXPORT int cudaFree(void *ptr);
-EXPORT int cudaFreeHost(void *ptr);
-EXPORT int cudaHostUnregister(void *ptr);
-EXPORT int cudaFreeAsync(void *ptr, void *stream);
-EXPORT int cudaDeviceReset(void);
-EXPORT int cuIpcCloseMemHandle(cuptr d);
-EXPORT int cudaIpcCloseMemHandle(void *ptr);
-EXPORT int cuDevicePrimaryCtxRelease(int dev);
-EXPORT int cuDevicePrimaryCtxRelease_v2(int dev);
+#define NEXT(sym) next_sym(&ours[O_##sym].next, ours[O_##sym].name)
 
-static struct ours ours[] = {
-    { "cuMemFree_v2", (void *)cuMemFree_v2, NULL },
-    { "cuMemFreeAsync", (void *)cuMemFreeAsync, NULL },
-    { "cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz, NULL },
-    { "cuMemUnmap", (void *)cuMemUnmap, NULL },
-    { "cuMemFreeHost", (void *)cuMemFreeHost, NULL },
-    { "cuMemHostUnregister", (void *)cuMemHostUnregister, NULL },
-    { "cuDevicePrimaryCtxReset", (void *)cuDevicePrimaryCtxReset, NULL },
-    { "cuDevicePrimaryCtxReset_v2", (void *)cuDevicePrimaryCtxReset_v2, NULL },
-    { "cuCtxDestroy", (void *)cuCtxDestroy, NULL },
-    { "cuCtxDestroy_v2", (void *)cuCtxDestroy_v2, NULL },
-    { "cuGetProcAddress", (void *)cuGetProcAddress, NULL },
-    { "cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, NULL },
-    { "cudaFree", (void *)cudaFree, NULL },
-    { "cudaFreeHost", (void *)cudaFreeHost, NULL },
-    { "cudaHostUnregister", (void *)cudaHostUnregister, NULL },
-    { "cudaFreeAsync", (void *)cudaFreeAsync, NULL },
-    { "cudaDeviceReset", (void *)cudaDeviceReset, NULL },
-    { "cuIpcCloseMemHandle", (void *)cuIpcCloseMemHandle, NULL },
-    { "cudaIpcCloseMemHandle", (void *)cudaIpcCloseMemHandle, NULL },
-    { "cuDevicePrimaryCtxRelease", (void *)cuDevicePrimaryCtxRelease, NULL },
-    { "cuDevicePrimaryCtxRelease_v2", (void *)cuDevicePrimaryCtxRelease_v2, NULL },
-};
-
-#define NEXT(i) next_sym(&ours[i].next, ours[i].name)
-
-EXPORT int cuMemFree_v2(cuptr d) { return call_free(NEXT(0), d); }
-EXPORT int cuMemFreeAsync(cuptr d, void *s) { return call_free_async(NEXT(1), d, s); }
-EXPORT int cuMemFreeAsync_ptsz(cuptr d, void *s) { return call_free_async(NEXT(2), d, s); }
-EXPORT int cuMemUnmap(cuptr p, size_t n) { return call_unmap(NEXT(3), p, n); }
-EXPORT int cuMemFreeHost(void *p) { return call_host(NEXT(4), p); }
-EXPORT int cuMemHostUnregister(void *p) { return call_host(NEXT(5), p); }
-EXPORT int cuDevicePrimaryCtxReset(int dev) { return call_reset(NEXT(6), dev); }
-EXPORT int cuDevicePrimaryCtxReset_v2(int dev) { return call_reset(NEXT(7), dev); }
-EXPORT int cuCtxDestroy(void *ctx) { return call_destroy(NEXT(8), ctx); }
-EXPORT int cuCtxDestroy_v2(void *ctx) { return call_destroy(NEXT(9), ctx); }
-EXPORT int cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags)
-{
-    return call_gpa1(NEXT(10), sym, pfn, version, flags);
-}
-EXPORT int cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status)
-{
-    return call_gpa2(NEXT(11), sym, pfn, version, flags, status);
-}
+/* The driver's: each symbol calls the entry's call_<name> with its own next definition. */
+#define EXPORT_SYM(name, sym, params, args)                                              \
+    EXPORT int sym params { return call_##name(NEXT(sym), DRC__UNPAREN args); }
+#define EXPORT_DRIVER(name, versions, kind, params, args) DRC__CUDA_SYMS(versions, EXPORT_SYM, name, params, args)
 
 /*
  * The runtime's: a shared libcudart behind us, or else (someone found these
  * with dlsym under a static runtime: a static libdrc's drc_cudaFree does) the
- * same call through libdrc's wrapper, which does it with the driver.
+ * same call through libdrc's wrapper, which does it with the driver. With no
+ * libcudart behind, libdrc's drc_cudaDeviceReset tells of the current
+ * device itself; with one, every device is taken, to be sure.
  */
-static int rt_call(void *next, int (*drc_fn)(void *), void *ptr)
-{
-    int t = hooking() ? drc__hook_begin_free((uintptr_t)ptr) : -1;
-    int r = next ? ((ptr_fn *)next)(ptr) : drc_fn(ptr);
+#define RT_BEGIN_FREE(next, ...) BEGIN_FREE(__VA_ARGS__)
+#define RT_BEGIN_DEVICE_RESET(next, ...) ((next) ? drc__hook_begin_teardown(-1) : -1)
+#define EXPORT_RUNTIME(name, versions, kind, params, args)                               \
+    EXPORT int name params                                                               \
+    {                                                                                    \
+        void *next = NEXT(name);                                                         \
+        int t = hooking() ? RT_BEGIN_##kind(next, DRC__UNPAREN args) : -1;               \
+        int r = next ? ((int (*) params)next) args : drc_##name args;                    \
+                                                                                         \
+        drc__hook_end(t);                                                                \
+        return r;                                                                        \
+    }
 
-    drc__hook_end(t);
-    return r;
+#define EXPORTS(api, name, versions, since, kind, params, args, fallback) EXPORT_##api(name, versions, kind, params, args)
+DRC__CUDA_FREES(EXPORTS)
+#undef EXPORTS
+
+EXPORT int cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags)
+{
+    return call_gpa1(NEXT(cuGetProcAddress), sym, pfn, version, flags);
 }
-
-EXPORT int cudaFree(void *ptr)
+EXPORT int cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status)
 {
-    if (!ptr && NEXT(12))
-        return ((ptr_fn *)NEXT(12))(ptr);     /* "initialise": nothing is freed */
-    return ptr ? rt_call(NEXT(12), drc_cudaFree, ptr) : 0;
-}
-
-EXPORT int cudaFreeHost(void *ptr) { return rt_call(NEXT(13), drc_cudaFreeHost, ptr); }
-EXPORT int cuIpcCloseMemHandle(cuptr d) { return call_free(NEXT(17), d); }
-EXPORT int cudaIpcCloseMemHandle(void *ptr) { return rt_call(NEXT(18), drc_cudaIpcCloseMemHandle, ptr); }
-EXPORT int cuDevicePrimaryCtxRelease(int dev) { return call_release(NEXT(19), dev); }
-EXPORT int cuDevicePrimaryCtxRelease_v2(int dev) { return call_release(NEXT(20), dev); }
-EXPORT int cudaHostUnregister(void *ptr) { return rt_call(NEXT(14), drc_cudaHostUnregister, ptr); }
-
-EXPORT int cudaFreeAsync(void *ptr, void *stream)
-{
-    void *next = NEXT(15);
-    int t = hooking() ? drc__hook_begin_free((uintptr_t)ptr) : -1;
-    int r = next ? ((int (*)(void *, void *))next)(ptr, stream) : drc_cudaFreeAsync(ptr, stream);
-
-    drc__hook_end(t);
-    return r;
-}
-
-EXPORT int cudaDeviceReset(void)
-{
-    void *next = NEXT(16);
-    int t, r;
-
-    if (!next)
-        return drc_cudaDeviceReset();
-    t = hooking() ? drc__hook_begin_teardown(-1) : -1;     /* the current device's: every device, to be sure */
-    r = ((int (*)(void))next)();
-    drc__hook_end(t);
-    return r;
+    return call_gpa2(NEXT(cuGetProcAddress_v2), sym, pfn, version, flags, status);
 }
 
 #undef NEXT
-
 
 /* Our own exported functions: never wrapped again when dlsym finds them first. */
 static int is_ours(const void *p)
 {
     unsigned i;
 
-    for (i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
+    for (i = 0; i < OURS; i++)
         if (p == ours[i].self)
             return 1;
     return 0;
@@ -520,7 +413,7 @@ void *drc__hook_cuda_symbol(const char *name, void *p, int for_drc)
 
     if (for_drc) {
         /* drc's own tables must hold the real functions, never ours (drc_cudaFree would come back here) */
-        for (i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
+        for (i = 0; i < OURS; i++)
             if (p == ours[i].self)
                 return next_sym(&ours[i].next, ours[i].name);
         return p;

@@ -23,7 +23,7 @@ enum { DRC__PRELOAD_CUDA = 1, DRC__PRELOAD_HOST = 2, DRC__PRELOAD_VERBS = 4 };
 int drc__preload_part(int part);
 
 /*
- * Begin a free in every drc that attached (notify.h, the hook ABI), through
+ * Begin a free in every drc that attached (core/preload_abi.h), through
  * its own begin-free routine: the allocation containing @ptr; the mapping
  * [ptr, ptr+size) (also a host range for hook_host.c); every allocation of
  * @device (-1: every device). Returns the tickets for drc__hook_end(), to

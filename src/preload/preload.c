@@ -52,7 +52,7 @@
 #include <string.h>
 
 #include "core/config.h"
-#include "core/notify.h"     /* struct drc__hook_ops: the hook ABI (only the struct is used here) */
+#include "core/preload_abi.h"    /* struct drc__hook_ops: what each drc attaches with */
 #include "preload/hook_preload.h"
 
 #define EXPORT __attribute__((visibility("default")))

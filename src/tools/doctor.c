@@ -155,7 +155,7 @@ static void try_gpu(struct findings *f, struct ibv_pd *pd)
     double t0, t1;
     int fd, e;
 
-    if (!d->cuDevicePrimaryCtxRetain || !d->cuMemAlloc || !d->cuMemFree || d->cuDevicePrimaryCtxRetain(&ctx, 0) ||
+    if (!d->cuDevicePrimaryCtxRetain || !d->cuMemAlloc || d->cuDevicePrimaryCtxRetain(&ctx, 0) ||
         d->cuCtxGetCurrent(&old) || d->cuCtxSetCurrent(ctx) || d->cuMemAlloc(&p, TEST_BYTES)) {
         printf("test            could not allocate %d MiB on GPU 0\n", TEST_BYTES >> 20);
         return;

@@ -13,6 +13,7 @@
  * already deregistered. fc.free_rc makes the double's frees return a result
  * no driver returns on success, which the wrappers must hand back unchanged.
  */
+#include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <string.h>
 
@@ -236,6 +237,59 @@ static void test_no_driver_frees_nothing(void **state)
     teardown_regions(c);
 }
 
+/*
+ * A driver that lacks the frees (its table filled from a library with none
+ * of them): every driver free of the table is a stub that answers
+ * CUDA_ERROR_NOT_INITIALIZED, so drc's callers call them without testing
+ * for NULL; an entry that is not a free stays NULL (the control: the
+ * library really lacks the driver's symbols). The wrappers then answer
+ * NOT_INITIALIZED, or cudaErrorInitializationError through a static
+ * runtime's fallback, and nothing reaches the double. Every entry of the
+ * list is called, with its own parameters (frees.h).
+ */
+static void test_missing_frees_are_stubs(void **state)
+{
+    struct drc__cuda_driver none, d;
+    drc__cuptr dptr = alloc_base(), ptr = alloc_base();
+    void *lib = dlopen("libm.so.6", RTLD_NOW | RTLD_LOCAL), *stream = NULL, *p = NULL, *ctx = FC_CTX0;
+    size_t size = pg();
+    int dev = 0;
+    drc_cache_t *c = setup_regions(PLAIN);
+    unsigned frees = fake_cuda_frees();
+
+    (void)state;
+    (void)ptr, (void)stream, (void)p, (void)ctx, (void)size, (void)dev;
+    assert_non_null(lib);
+    drc__cuda_fill(lib, &d);
+    drc__cuda_fill(NULL, &none);
+    assert_null(d.cuMemAlloc);         /* not a free: NULL, as the library lacks it */
+#define DRIVER_STUB(name, args)                                                         \
+    assert_non_null(d.name);                                                            \
+    assert_int_equal(d.name args, 3);                                                   \
+    assert_ptr_equal(none.name, d.name);                                                \
+    assert_ptr_equal(drc__cuda_no_driver.name, d.name);
+#define RUNTIME_STUB(name, args)                                                        \
+    assert_null(d.name);    /* a runtime is looked for on use, never stubbed */
+#define STUB(api, name, versions, since, kind, params, args, fallback) api##_STUB(name, args)
+    DRC__CUDA_FREES(STUB)
+#undef STUB
+    drc__cuda_set_driver(&d);
+    assert_int_equal(drc_cuMemFree(alloc_base()), 3);
+    assert_int_equal(drc_cuMemFreeAsync(alloc_base(), NULL), 3);
+    assert_int_equal(drc_cuMemUnmap(alloc_base(), pg()), 3);
+    assert_int_equal(drc_cuMemFreeHost(p), 3);
+    assert_int_equal(drc_cuIpcCloseMemHandle(alloc_base()), 3);
+    assert_int_equal(drc_cudaFreeAsync((void *)(uintptr_t)alloc_base(), NULL), 3);
+    assert_int_equal(drc_cudaIpcCloseMemHandle((void *)(uintptr_t)alloc_base()), 3);
+    assert_int_equal(fake_cuda_frees(), frees);
+    assert_int_equal(fk.calls, 0);
+    fc_reset();
+    fake_cuda_on_free(look, NULL);
+    assert_true(fc_table_()->cuMemFree != d.cuMemFree);    /* the double's own, where it has them */
+    dlclose(lib);
+    teardown_regions(c);
+}
+
 /* ---- drc_notify_free ------------------------------------------------------- */
 
 static void test_notify_arguments(void **state)
@@ -417,6 +471,7 @@ int main(void)
         cmocka_unit_test(test_cudaFree_without_a_visible_runtime),
         cmocka_unit_test(test_unknown_bounds_notify_the_first_byte),
         cmocka_unit_test(test_no_driver_frees_nothing),
+        cmocka_unit_test(test_missing_frees_are_stubs),
         cmocka_unit_test(test_notify_arguments),
         cmocka_unit_test(test_notify_reaches_every_cache),
         cmocka_unit_test(test_notify_reentry_from_dereg),
