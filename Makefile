@@ -314,8 +314,8 @@ $B/hooktest/librtld_user.so: tests/hooks/rtld_local.c $B/hooktest/librtld_dep.so
 	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -L$(@D) -l:librtld_dep.so -Wl,-rpath,'$$ORIGIN' -ldl
 $B/hooktest/hook_child: $B/hooktest/librtld_user.so
 # The verbs front's seam (drc__preload_verbs_symbol), stood in for: the preload without
-# verbs_preload.c, plus tests/hooks/verbs_standin.c, which serves ibv_dereg_mr.
-$B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/verbs_preload.c,$(PRELOAD_SRCS))) \
+# preload_verbs.c, plus tests/hooks/verbs_standin.c, which serves ibv_dereg_mr.
+$B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/preload_verbs.c,$(PRELOAD_SRCS))) \
                                        tests/hooks/verbs_standin.c $B/libdrc.so
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) -c tests/hooks/verbs_standin.c -o $(@D)/verbs_standin.o
@@ -366,9 +366,9 @@ $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B
 $B/tests/preload/test_config_preload $B/asan/tests/preload/test_config_preload: $B/libdrc_preload.so $B/libdrc_host.so.0 \
   $B/engine/engine_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so
 # ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).
-preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/verbs_preload.o
-$B/tests/preload/test_verbs_preload: $B/obj/preload/verbs_preload.o
-$B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/verbs_preload.o
+preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/preload_verbs.o
+$B/tests/preload/test_verbs_preload: $B/obj/preload/preload_verbs.o
+$B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/preload_verbs.o
 # The in-process verbs tests dlopen the same provider and install it as drc's verbs ops table.
 $(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/loopnic/libibverbs.so.1
 $(foreach f,$B $B/asan $B/tsan,$f/tests/verbs/test_regmr_mt $f/tests/verbs/test_regmr_fork_mt): $B/loopnic/libibverbs.so.1

@@ -48,7 +48,7 @@ static const struct word bools[] = {
     { "1", 1 }, { "on", 1 }, { "yes", 1 }, { "true", 1 },
     { "0", 0 }, { "off", 0 }, { "no", 0 }, { "false", 0 }, { NULL, 0 },
 };
-/* DRC__PRELOAD_CUDA, _HOST, _VERBS of preload/hook_preload.h */
+/* DRC__PRELOAD_CUDA, _HOST, _VERBS of preload/preload.h */
 static const struct word parts[] = {
     { "cuda", 1 }, { "host", 2 }, { "verbs", 4 }, { "all", 7 }, { "none", 0 }, { NULL, 0 },
 };

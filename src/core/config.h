@@ -24,7 +24,7 @@
 #include "drc.h"   /* DRC_API: libdrc_preload.so reads the table through libdrc.so (drc.map, DRC_PRIVATE_0.1) */
 
 enum drc__env {
-    DRC__ENV_PRELOAD,           /* bits: DRC__PRELOAD_* (preload/hook_preload.h) */
+    DRC__ENV_PRELOAD,           /* bits: DRC__PRELOAD_* (preload/preload.h) */
     DRC__ENV_MONITOR,           /* enum drc__monitor */
     DRC__ENV_CUPTI_LIB,         /* path */
     DRC__ENV_HOOK_DEBUG,        /* bool */

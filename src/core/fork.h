@@ -37,7 +37,7 @@
  *  (VERBS)   a verbs cache's lock             the NIC's dmabuf probe   no       anew, through the cache's forked
  *            (verbs/verbs.c)                  (the provider)                   callback (drc__cache_opts)
  *  (preload) resolve_lock                     dlopen, dlsym           no       anew (its own pthread_atfork:
- *            (preload/verbs_preload.c)                                         another library); entries atomic
+ *            (preload/preload_verbs.c)                                         another library); entries atomic
  *  CACHES    a cache's lock, its arena's      nothing outside drc     no       anew; the cache inert
  *            (core/cache.c, core/arena.c)                                      (notify.c, cache.c)
  *  EXPORTS   export_lock (cuda/export.c)      the driver's export     no       anew; no export in flight

@@ -148,7 +148,7 @@ static unsigned subscribed; /* atomic: caches in the table, for the early out */
 static unsigned used;       /* atomic: 1 + the highest slot ever filled; only grows */
 
 /* What the preload library is handed (preload_abi.h). */
-static struct drc__hook_ops hook_ops = {
+static struct drc__preload_ops hook_ops = {
     .version = 2, .begin = drc__notify_begin, .end = drc__notify_end, .caches = &subscribed,
 };
 
@@ -161,10 +161,10 @@ void drc__notify_set_cuda_hooks(int (*begin_free)(unsigned long long), int (*beg
     hook_ops.primary_released = primary_released;
 }
 
-/* The preload library's entry point, if it is loaded: see src/preload/hook_preload.c. */
+/* The preload library's entry point, if it is loaded: see src/preload/preload_cuda.c. */
 static void attach_hooks(void)
 {
-    void (*attach)(const struct drc__hook_ops *);
+    void (*attach)(const struct drc__preload_ops *);
 
     *(void **)&attach = dlsym(RTLD_DEFAULT, "drc_hook_attach");
     if (attach)

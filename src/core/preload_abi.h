@@ -2,7 +2,7 @@
  * The preload ABI: what a drc hands the preload library (src/preload/), two
  * objects built apart that may come from different releases.
  *
- * The preload library exports drc_hook_attach(const struct drc__hook_ops *).
+ * The preload library exports drc_hook_attach(const struct drc__preload_ops *).
  * A drc looks it up with dlsym(RTLD_DEFAULT) when its first cache subscribes
  * (notify.c) and, where it is there, hands it its ops. The preload may sit in
  * front of several copies of drc (libdrc.so and a static libdrc.a in the
@@ -20,7 +20,7 @@
 
 #include <stddef.h>
 
-struct drc__hook_ops {
+struct drc__preload_ops {
     int version;                                    /* 2 */
     /* [addr, addr + len) is being freed: invalidate it in every cache, mark it until end */
     int (*begin)(const void *addr, size_t len);

@@ -11,7 +11,7 @@
  *
  * Under the preload library (src/preload/), whose dlsym interposer hands out
  * wrappers for the frees, these lookups still get the real functions: the
- * interposer recognises drc's own callers (hook_preload.c, from_drc).
+ * interposer recognises drc's own callers (preload_cuda.c, from_drc).
  */
 #include "cuda/cuda.h"
 

@@ -1,12 +1,12 @@
 /*
  * build/libdrc_preload.so: drc in front of a program that knows nothing of
  * it. One LD_PRELOAD; it links libdrc.so (NEEDED libdrc.so.0) and has three
- * parts, chosen by DRC_PRELOAD (hook_preload.h):
+ * parts, chosen by DRC_PRELOAD (preload.h):
  *
- *   cuda   the CUDA frees, unmaps and teardowns (hook_preload.c), or with
- *          DRC_MONITOR=cupti the CUPTI monitor (hook_cupti.c)
- *   host   the libc calls that unmap host memory (hook_host.c)
- *   verbs  the ibv_reg_mr front for transfer engines (verbs_preload.c)
+ *   cuda   the CUDA frees, unmaps and teardowns (preload_cuda.c), or with
+ *          DRC_MONITOR=cupti the CUPTI monitor (preload_cupti.c)
+ *   host   the libc calls that unmap host memory (preload_host.c)
+ *   verbs  the ibv_reg_mr front for transfer engines (preload_verbs.c)
  *
  * libdrc_hook.so and libdrc_verbs.so are links to this library, so existing
  * command lines keep working, and preloading both loads it once (the
@@ -15,7 +15,7 @@
  * This file holds what the parts share:
  *
  * The drcs to tell. A drc attaches on its first cache (notify.c calls the
- * exported drc_hook_attach with its struct drc__hook_ops). A process may
+ * exported drc_hook_attach with its struct drc__preload_ops). A process may
  * hold several copies of drc (the libdrc.so this library links, and a
  * static libdrc.a inside the program): each attaches, and every begin goes
  * to each that has a cache. Their tickets are packed into one int, a byte
@@ -52,8 +52,8 @@
 #include <string.h>
 
 #include "core/config.h"
-#include "core/preload_abi.h"    /* struct drc__hook_ops: what each drc attaches with */
-#include "preload/hook_preload.h"
+#include "core/preload_abi.h"    /* struct drc__preload_ops: what each drc attaches with */
+#include "preload/preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -70,7 +70,7 @@ void drc__test_race_window(void);
 
 enum { MAX_DRCS = 4 };
 
-static const struct drc__hook_ops *drcs[MAX_DRCS];  /* atomic: filled in order, never emptied */
+static const struct drc__preload_ops *drcs[MAX_DRCS];  /* atomic: filled in order, never emptied */
 static int parts = -1;                         /* atomic: DRC__PRELOAD_* bits, -1 until decided */
 
 typedef void *dlsym_fn(void *, const char *);
@@ -100,7 +100,7 @@ int drc__preload_part(int part)
     return (p & part) != 0;
 }
 
-/* The verbs front's seam, until verbs_preload.c defines it: no ibv_* name is served. */
+/* The verbs front's seam, until preload_verbs.c defines it: no ibv_* name is served. */
 __attribute__((weak)) void *drc__preload_verbs_symbol(const char *name, const char *version)
 {
     (void)name;
@@ -116,14 +116,14 @@ __attribute__((weak)) int drc__preload_verbs_enabled(void)
 /* ---- the drcs to tell -------------------------------------------------------- */
 
 /* Called by drc (notify.c) when its first cache is created. */
-EXPORT void drc_hook_attach(const struct drc__hook_ops *o)
+EXPORT void drc_hook_attach(const struct drc__preload_ops *o)
 {
     int i;
 
     if (!o || o->version < 2)
         return;
     for (i = 0; i < MAX_DRCS; i++) {
-        const struct drc__hook_ops *cur = NULL;
+        const struct drc__preload_ops *cur = NULL;
 
         if (__atomic_compare_exchange_n(&drcs[i], &cur, o, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) || cur == o)
             break;
@@ -139,7 +139,7 @@ EXPORT void drc_hook_attach(const struct drc__hook_ops *o)
 #define EACH_BEGIN(call)                                                                  \
     int i, t, all = 0;                                                                    \
     for (i = 0; i < MAX_DRCS; i++) {                                                      \
-        const struct drc__hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);          \
+        const struct drc__preload_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);          \
         if (!o)                                                                           \
             break;                                                                        \
         if (!__atomic_load_n(o->caches, __ATOMIC_ACQUIRE))                               \
@@ -150,34 +150,34 @@ EXPORT void drc_hook_attach(const struct drc__hook_ops *o)
     }                                                                                     \
     return all ? all : -1
 
-int drc__hook_begin_free(unsigned long long ptr)
+int drc__preload_begin_free(unsigned long long ptr)
 {
     EACH_BEGIN(o->begin_free ? o->begin_free(ptr) : o->begin((const void *)(uintptr_t)ptr, 1));
 }
 
-int drc__hook_begin_unmap(unsigned long long ptr, size_t size)
+int drc__preload_begin_unmap(unsigned long long ptr, size_t size)
 {
     EACH_BEGIN(ptr && size ? o->begin((const void *)(uintptr_t)ptr, size) : -1);
 }
 
-int drc__hook_begin_teardown(int device)
+int drc__preload_begin_teardown(int device)
 {
     EACH_BEGIN(o->begin_teardown ? o->begin_teardown(device) : -1);
 }
 
-int drc__hook_ctx_device(void *ctx)
+int drc__preload_ctx_device(void *ctx)
 {
-    const struct drc__hook_ops *o = __atomic_load_n(&drcs[0], __ATOMIC_ACQUIRE);
+    const struct drc__preload_ops *o = __atomic_load_n(&drcs[0], __ATOMIC_ACQUIRE);
 
     return o && o->ctx_device ? o->ctx_device(ctx) : -1;
 }
 
-void drc__hook_primary_released(int device)
+void drc__preload_primary_released(int device)
 {
     int i;
 
     for (i = 0; i < MAX_DRCS; i++) {
-        const struct drc__hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);
+        const struct drc__preload_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);
 
         if (!o)
             break;
@@ -186,14 +186,14 @@ void drc__hook_primary_released(int device)
     }
 }
 
-void drc__hook_end(int tickets)
+void drc__preload_end(int tickets)
 {
     int i, t;
 
     if (tickets < 0)
         return;
     for (i = 0; i < MAX_DRCS; i++) {
-        const struct drc__hook_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);
+        const struct drc__preload_ops *o = __atomic_load_n(&drcs[i], __ATOMIC_ACQUIRE);
 
         t = (int)(((unsigned)tickets >> (8 * i)) & 0xff);
         if (o && t)
@@ -285,14 +285,14 @@ static void *libc_function(void **cache, const char *name)
     return p;
 }
 
-void *drc__hook_real_dlsym(void *handle, const char *name)
+void *drc__preload_real_dlsym(void *handle, const char *name)
 {
     dlsym_fn *f = (dlsym_fn *)libc_function((void **)&libc_dlsym, "dlsym");
 
     return f ? f(handle, name) : NULL;
 }
 
-void *drc__hook_real_dlvsym(void *handle, const char *name, const char *version)
+void *drc__preload_real_dlvsym(void *handle, const char *name, const char *version)
 {
     dlvsym_fn *f = (dlvsym_fn *)libc_function((void **)&libc_dlvsym, "dlvsym");
 
@@ -314,7 +314,7 @@ static void *next_after(const void *ra, const char *name, const char *version)
 
         if (!h)
             continue;
-        p = version ? drc__hook_real_dlvsym(h, name, version) : drc__hook_real_dlsym(h, name);
+        p = version ? drc__preload_real_dlvsym(h, name, version) : drc__preload_real_dlsym(h, name);
         dlclose(h);     /* drops the reference NOLOAD took */
         owner = NULL;
         if (p && dladdr1(p, &info, (void **)&owner, RTLD_DL_LINKMAP) && owner == l)
@@ -334,7 +334,7 @@ static void *next_after(const void *ra, const char *name, const char *version)
  */
 static void *default_for(const void *ra, const char *name, const char *version)
 {
-    void *p = version ? drc__hook_real_dlvsym(RTLD_DEFAULT, name, version) : drc__hook_real_dlsym(RTLD_DEFAULT, name);
+    void *p = version ? drc__preload_real_dlvsym(RTLD_DEFAULT, name, version) : drc__preload_real_dlsym(RTLD_DEFAULT, name);
     struct link_map *self = NULL;
     Dl_info info;
     void *h;
@@ -343,7 +343,7 @@ static void *default_for(const void *ra, const char *name, const char *version)
         return p;       /* found, or the caller is the executable: its scope is the global one */
     h = dlopen(self->l_name, RTLD_LAZY | RTLD_NOLOAD);
     if (h) {
-        p = version ? drc__hook_real_dlvsym(h, name, version) : drc__hook_real_dlsym(h, name);
+        p = version ? drc__preload_real_dlvsym(h, name, version) : drc__preload_real_dlsym(h, name);
         dlclose(h);     /* drops the reference NOLOAD took */
     }
     return p;
@@ -390,7 +390,7 @@ static int from_drc(const void *ra)
     }
     h = self.dli_fname && self.dli_fname[0] ? dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
     if (h) {
-        p = drc__hook_real_dlsym(h, "drc_notify_free");
+        p = drc__preload_real_dlsym(h, "drc_notify_free");
         yes = p && dladdr(p, &found) && found.dli_fbase == self.dli_fbase;
         dlclose(h);
     }
@@ -410,7 +410,7 @@ static void *answer(const char *name, const char *version, void *p, const void *
         (ours = drc__preload_verbs_symbol(name, version)))
         return ours;
     if (p && name[0] == 'c' && name[1] == 'u' && drc__preload_part(DRC__PRELOAD_CUDA))
-        return drc__hook_cuda_symbol(name, p, from_drc(ra));
+        return drc__preload_cuda_symbol(name, p, from_drc(ra));
     return p;
 }
 
@@ -420,7 +420,7 @@ EXPORT void *dlsym(void *handle, const char *name)
 
     if (handle == RTLD_NEXT)
         return next_after(ra, name, NULL);
-    return answer(name, NULL, handle == RTLD_DEFAULT ? default_for(ra, name, NULL) : drc__hook_real_dlsym(handle, name),
+    return answer(name, NULL, handle == RTLD_DEFAULT ? default_for(ra, name, NULL) : drc__preload_real_dlsym(handle, name),
                   ra);
 }
 
@@ -431,7 +431,7 @@ EXPORT void *dlvsym(void *handle, const char *name, const char *version)
     if (handle == RTLD_NEXT)
         return next_after(ra, name, version);
     return answer(name, version, handle == RTLD_DEFAULT ? default_for(ra, name, version) :
-                  drc__hook_real_dlvsym(handle, name, version), ra);
+                  drc__preload_real_dlvsym(handle, name, version), ra);
 }
 
 /* ---- at load: do the names served here resolve to this library? ------------- */
@@ -515,7 +515,7 @@ static void check_shadowing(void)
         if (s->st_shndx == SHN_UNDEF || ELF64_ST_TYPE(s->st_info) != STT_FUNC ||
             ELF64_ST_VISIBILITY(s->st_other) != STV_DEFAULT || !name_in_use(name))
             continue;
-        found = drc__hook_real_dlsym(RTLD_DEFAULT, name);
+        found = drc__preload_real_dlsym(RTLD_DEFAULT, name);
         if (!found || found == (void *)(self->l_addr + s->st_value) || !dladdr(found, &info))
             continue;
         if (!other)

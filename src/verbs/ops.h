@@ -14,7 +14,7 @@
  *  - The table is filled, once, from one of:
  *      libibverbs itself: dlopen("libibverbs.so.1") and a versioned lookup
  *        (the default, on first use: libdrc needs no link-time libibverbs);
- *      the next definitions, inside the preload (verbs_preload.c installs
+ *      the next definitions, inside the preload (preload_verbs.c installs
  *        functions that forward to the definitions after its own), so that
  *        drc's own registrations never re-enter the ibv_reg_mr interposer;
  *      a double in tests: drc__verbs_ops_dlopen() of any library path (the

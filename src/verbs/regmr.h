@@ -1,5 +1,5 @@
 /*
- * What the ibv_reg_mr interposer (verbs_preload.c) asks of regmr.c beyond the
+ * What the ibv_reg_mr interposer (preload_verbs.c) asks of regmr.c beyond the
  * public drc_reg_mr / drc_dereg_mr / drc_pd_release.
  */
 #ifndef DRC_REGMR_H

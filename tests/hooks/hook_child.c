@@ -33,7 +33,7 @@
  *       ibv-dlsym dlopen libibverbs.so.1 RTLD_LOCAL, dlsym/dlvsym "ibv_dereg_mr" on that handle:
  *                 prints whose definition it got; exits 0 when drc's (the preload's), 2 when not
  *
- * Host memory (the preload's host part, hook_host.c): 4 pages registered as
+ * Host memory (the preload's host part, preload_host.c): 4 pages registered as
  * a held region on page 1 and an idle one on page 2, then new pages put over
  * them by one libc call without munmap. Prints "MODE: invalidated" (the held
  * region invalid, the idle one deregistered, and the next registration of

@@ -1,5 +1,5 @@
 /*
- * A stand-in for the verbs front's seam (src/preload/verbs_preload.c), linked
+ * A stand-in for the verbs front's seam (src/preload/preload_verbs.c), linked
  * into a test copy of the preload library in place of the real front: it
  * serves ibv_dereg_mr only, with a function that says it is drc's. The
  * preload test checks that dlsym and dlvsym on any handle, libibverbs's own

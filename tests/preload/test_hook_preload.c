@@ -1,5 +1,5 @@
 /*
- * Tests of build/libdrc_hook.so (src/hook_preload.c): does LD_PRELOADing it
+ * Tests of build/libdrc_hook.so (src/preload/preload_cuda.c): does LD_PRELOADing it
  * make drc invalidate before a free, however the program reaches the driver?
  *
  * There is no GPU in CI: the driver is build/fakecuda/libcuda.so.1, a DOUBLE

@@ -1,5 +1,5 @@
 /*
- * Tests of build/libdrc_verbs.so (src/verbs_preload.c, with hook_host.c and
+ * Tests of build/libdrc_verbs.so (src/preload/preload_verbs.c, with preload_host.c and
  * the CUDA free hooks): does a transfer engine that calls ibv_reg_mr on GPU
  * and host memory work through drc with LD_PRELOAD and no code change?
  *
@@ -13,7 +13,7 @@
  * checks, from the double's record, what the engine and the NIC would see,
  * and exits 0 with "ok <scenario>" when all of it held.
  *
- * This binary also links src/preload/verbs_preload.c itself, to test the
+ * This binary also links src/preload/preload_verbs.c itself, to test the
  * seam with the preload's dlsym interposer (drc__preload_verbs_symbol).
  *
  * Controls: the same program without the preload fails the GPU and
@@ -36,7 +36,7 @@
 #include <infiniband/verbs.h>
 
 #include "buildpath.h"
-#include "preload/verbs_preload.h"
+#include "preload/preload_verbs.h"
 #include "verbs/ops.h"
 
 static char build[PATH_MAX];
@@ -256,7 +256,7 @@ static void test_verbs_front_off(void **state)
 
 /*
  * The seam with the preload's dlsym interposer: drc__preload_verbs_symbol() answers the names drc
- * serves, in the version it implements, with the definitions this program links (verbs_preload.o is
+ * serves, in the version it implements, with the definitions this program links (preload_verbs.o is
  * linked into it for this test), and nothing else.
  */
 static void test_symbol_seam(void **state)
@@ -417,7 +417,7 @@ static void test_nic_decisions_match_the_c_api(void **state)
 }
 
 /*
- * The ops table the preload installs (verbs_preload.o is linked into this program: its constructor
+ * The ops table the preload installs (preload_verbs.o is linked into this program: its constructor
  * ran) has every entry: drc's per-NIC decisions read it as they read libibverbs's own outside the
  * preload. Checked field by field and over the whole struct, so that an entry added later without a
  * forwarder fails here.

@@ -1,10 +1,10 @@
 /*
- * The seam between the verbs front (verbs_preload.c) and the rest of the
+ * The seam between the verbs front (preload_verbs.c) and the rest of the
  * preload library: its dlsym/dlvsym interposer asks here which ibv_* names
  * drc serves. Hidden names, within the preload library only.
  */
-#ifndef DRC_VERBS_PRELOAD_H
-#define DRC_VERBS_PRELOAD_H
+#ifndef DRC_PRELOAD_VERBS_H
+#define DRC_PRELOAD_VERBS_H
 
 /*
  * drc's definition of @name if the verbs front serves it (ibv_reg_mr,
@@ -15,7 +15,7 @@
  * A dlsym(handle, "ibv_dereg_mr") from a library that opened libibverbs
  * itself must get this answer, whatever the handle. Thread-safe, no lock,
  * no allocation. The next definitions drc forwards to are looked up with
- * dlvsym/dlsym from verbs_preload.c: a dlsym interposer must answer those
+ * dlvsym/dlsym from preload_verbs.c: a dlsym interposer must answer those
  * calls as libc would (drc ignores an answer that is its own definition).
  */
 void *drc__preload_verbs_symbol(const char *name, const char *version);

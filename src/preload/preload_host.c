@@ -1,7 +1,7 @@
 /*
  * The host part of the preload library (preload.c): the libc calls that take
  * pages away from a range of the address space begin the free of the range
- * in every attached drc first (drc__hook_begin_unmap: invalidated and marked
+ * in every attached drc first (drc__preload_begin_unmap: invalidated and marked
  * as being freed), then do what was asked, then end it. With the host part
  * off (DRC_PRELOAD without host) they only do what was asked.
  *
@@ -71,7 +71,7 @@
 #define HUGETLBFS_MAGIC 0x958458f6
 #endif
 
-#include "preload/hook_preload.h"
+#include "preload/preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -91,7 +91,7 @@ static int (*next_remap_file_pages)(void *, size_t, int, size_t, int);
 __attribute__((constructor)) static void hook_host_init(void)
 {
     /* each store is atomic so that a thread racing the constructor sees NULL or the function */
-#define NEXT(name) drc__hook_real_dlsym(RTLD_NEXT, name)
+#define NEXT(name) drc__preload_real_dlsym(RTLD_NEXT, name)
     __atomic_store_n(&next_munmap, (int (*)(void *, size_t))NEXT("munmap"), __ATOMIC_RELEASE);
     __atomic_store_n(&next_mremap, (void *(*)(void *, size_t, size_t, int, ...))NEXT("mremap"), __ATOMIC_RELEASE);
     __atomic_store_n(&next_madvise, (int (*)(void *, size_t, int))NEXT("madvise"), __ATOMIC_RELEASE);
@@ -110,7 +110,7 @@ __attribute__((constructor)) static void hook_host_init(void)
 /* Begin the free of [addr, addr+len) in every attached drc, if the host part is on: tickets or -1. */
 static int begin(const void *addr, size_t len)
 {
-    return drc__preload_part(DRC__PRELOAD_HOST) ? drc__hook_begin_unmap((uintptr_t)addr, len) : -1;
+    return drc__preload_part(DRC__PRELOAD_HOST) ? drc__preload_begin_unmap((uintptr_t)addr, len) : -1;
 }
 
 static uintptr_t page_size(void)
@@ -156,7 +156,7 @@ EXPORT int munmap(void *addr, size_t len)
     int t = notify_pages(addr, len), r;
 
     r = f ? f(addr, len) : (int)sys_result(syscall(SYS_munmap, addr, len));
-    drc__hook_end(t);
+    drc__preload_end(t);
     return r;
 }
 
@@ -194,8 +194,8 @@ EXPORT void *mremap(void *old, size_t old_size, size_t new_size, int flags, ...)
 
         r = sys_result(s) == -1 ? MAP_FAILED : (void *)s;
     }
-    drc__hook_end(t2);
-    drc__hook_end(t1);
+    drc__preload_end(t2);
+    drc__preload_end(t1);
     return r;
 }
 
@@ -220,7 +220,7 @@ EXPORT int madvise(void *addr, size_t len, int advice)
     int t = drops_pages(advice) ? notify_pages(addr, len) : -1, r;
 
     r = f ? f(addr, len, advice) : (int)sys_result(syscall(SYS_madvise, addr, len, advice));
-    drc__hook_end(t);
+    drc__preload_end(t);
     return r;
 }
 
@@ -247,7 +247,7 @@ EXPORT int brk(void *addr)
     int t = heap_shrinks((uintptr_t)addr, cur), r;
 
     r = f ? f(addr) : __sbrk((intptr_t)((uintptr_t)addr - cur)) == (void *)-1 ? -1 : 0;
-    drc__hook_end(t);
+    drc__preload_end(t);
     return r;
 }
 
@@ -264,7 +264,7 @@ EXPORT void *sbrk(intptr_t increment)
             t = heap_shrinks(cur - (uintptr_t)-increment, cur);
     }
     r = f ? f(increment) : __sbrk(increment);
-    drc__hook_end(t);
+    drc__preload_end(t);
     return r;
 }
 
@@ -327,7 +327,7 @@ EXPORT int shmdt(const void *addr)
     int t = end > (uintptr_t)addr ? begin(addr, end - (uintptr_t)addr) : -1, r;
 
     r = f ? f(addr) : (int)sys_result(syscall(SYS_shmdt, addr));
-    drc__hook_end(t);
+    drc__preload_end(t);
     return r;
 }
 
@@ -401,7 +401,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 
     r = f ? f(addr, len, prot, flags, fd, off)
           : (void *)sys_result(syscall(SYS_mmap, addr, len, (long)prot, (long)flags, (long)fd, (long)off));
-    drc__hook_end(t);
+    drc__preload_end(t);
     return r;
 }
 
@@ -413,7 +413,7 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t
 
     r = f ? f(addr, len, prot, flags, fd, off)
           : (void *)sys_result(syscall(SYS_mmap, addr, len, (long)prot, (long)flags, (long)fd, (long)off));
-    drc__hook_end(t);
+    drc__preload_end(t);
     return r;
 }
 
@@ -443,9 +443,9 @@ EXPORT void *shmat(int id, const void *addr, int flags)
     r = f ? f(id, addr, flags) : (void *)sys_result(syscall(SYS_shmat, (long)id, addr, (long)flags));
     if (end && r == (void *)a && (real = mapping_end(a)) > end) {
         t2 = begin((void *)end, real - end);
-        drc__hook_end(t2);
+        drc__preload_end(t2);
     }
-    drc__hook_end(t);
+    drc__preload_end(t);
     return r;
 }
 
@@ -463,6 +463,6 @@ EXPORT int remap_file_pages(void *addr, size_t size, int prot, size_t pgoff, int
 
     r = f ? f(addr, size, prot, pgoff, flags)
           : (int)sys_result(syscall(SYS_remap_file_pages, addr, size, (long)prot, pgoff, (long)flags));
-    drc__hook_end(t);
+    drc__preload_end(t);
     return r;
 }

@@ -34,7 +34,7 @@
  * Libraries that open libibverbs themselves (dlopen RTLD_LOCAL + dlsym, as
  * Mooncake's TENT engine and NCCL do) would get libibverbs's ibv_dereg_mr,
  * ibv_dealloc_pd and ibv_rereg_mr, not these. The preload's dlsym/dlvsym
- * interposer (hook_preload.c) asks drc__preload_verbs_symbol() for each
+ * interposer (preload_cuda.c) asks drc__preload_verbs_symbol() for each
  * ibv_* name and hands out the definition here instead.
  *
  * drc's own verbs calls go through the verbs ops table (verbs/ops.h). The
@@ -47,7 +47,7 @@
  * DRC_VERBS_WIDEN (regmr.c says why local is the default), DRC_VERBS_REVOKE,
  * DRC_LOG.
  */
-#include "preload/verbs_preload.h"
+#include "preload/preload_verbs.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -63,7 +63,7 @@
 #include "drc_verbs.h"
 #include "verbs/ops.h"
 #include "verbs/regmr.h"
-#include "preload/hook_preload.h"
+#include "preload/preload.h"
 
 /* preload.c's choice of parts; weak: the unit test links this file without preload.c */
 #pragma weak drc__preload_part

@@ -1,12 +1,12 @@
 /*
  * What the files of build/libdrc_preload.so share (hidden symbols):
  * preload.c (the parts, the attached drcs, dlsym/dlvsym and the next-symbol
- * lookup), hook_preload.c (the CUDA free hooks), hook_cupti.c (the CUPTI
- * monitor), hook_host.c (the libc unmap hooks) and verbs_preload.c (the
+ * lookup), preload_cuda.c (the CUDA free hooks), preload_cupti.c (the CUPTI
+ * monitor), preload_host.c (the libc unmap hooks) and preload_verbs.c (the
  * ibv_* front).
  */
-#ifndef DRC_HOOK_PRELOAD_H
-#define DRC_HOOK_PRELOAD_H
+#ifndef DRC_PRELOAD_H
+#define DRC_PRELOAD_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -25,35 +25,35 @@ int drc__preload_part(int part);
 /*
  * Begin a free in every drc that attached (core/preload_abi.h), through
  * its own begin-free routine: the allocation containing @ptr; the mapping
- * [ptr, ptr+size) (also a host range for hook_host.c); every allocation of
- * @device (-1: every device). Returns the tickets for drc__hook_end(), to
+ * [ptr, ptr+size) (also a host range for preload_host.c); every allocation of
+ * @device (-1: every device). Returns the tickets for drc__preload_end(), to
  * call once the real call returned (-1: no drc with a cache).
  */
-int drc__hook_begin_free(unsigned long long ptr);
-int drc__hook_begin_unmap(unsigned long long ptr, size_t size);
-int drc__hook_begin_teardown(int device);
-int drc__hook_ctx_device(void *ctx);     /* the device of a CUcontext, -1 if unknown */
-void drc__hook_primary_released(int device);   /* after cuDevicePrimaryCtxRelease: the last one? */
-void drc__hook_end(int tickets);
+int drc__preload_begin_free(unsigned long long ptr);
+int drc__preload_begin_unmap(unsigned long long ptr, size_t size);
+int drc__preload_begin_teardown(int device);
+int drc__preload_ctx_device(void *ctx);     /* the device of a CUcontext, -1 if unknown */
+void drc__preload_primary_released(int device);   /* after cuDevicePrimaryCtxRelease: the last one? */
+void drc__preload_end(int tickets);
 
 /*
  * libc's dlsym and dlvsym, found without naming a version string (preload.c
  * reads libc's symbol table), for code of this library that must not see its
  * own interposers. RTLD_NEXT passed to them means "after this library".
  */
-void *drc__hook_real_dlsym(void *handle, const char *name);
-void *drc__hook_real_dlvsym(void *handle, const char *name, const char *version);
+void *drc__preload_real_dlsym(void *handle, const char *name);
+void *drc__preload_real_dlvsym(void *handle, const char *name, const char *version);
 
 /*
  * The CUDA part's answer to dlsym(name) whose real answer is @p
- * (hook_preload.c): for a program, a wrapper of @p where the name is a free,
+ * (preload_cuda.c): for a program, a wrapper of @p where the name is a free,
  * else @p; for drc's own lookups (@for_drc), the real function: the next
  * definition when @p is one of this library's own.
  */
-void *drc__hook_cuda_symbol(const char *name, void *p, int for_drc);
+void *drc__preload_cuda_symbol(const char *name, void *p, int for_drc);
 
 /*
- * The verbs front's seam (verbs_preload.c; weak defaults in preload.c):
+ * The verbs front's seam (preload_verbs.c; weak defaults in preload.c):
  * drc's definition of an ibv_* name it serves (@version may be NULL), or
  * NULL; and whether the front is on.
  */
@@ -64,6 +64,6 @@ int drc__preload_verbs_enabled(void);
  * Start the CUPTI monitor: dlopen libcupti, subscribe, enable the enter
  * callbacks of the frees. 0, or -1 after printing why to stderr.
  */
-int drc__hook_cupti_start(void);
+int drc__preload_cupti_start(void);
 
 #endif

@@ -33,7 +33,7 @@
 
 #include "core/config.h"
 #include "cuda/cuda.h"      /* the list of the frees (frees.h) */
-#include "preload/hook_preload.h"
+#include "preload/preload.h"
 
 enum { DOMAIN_DRIVER = 1, DOMAIN_RUNTIME = 2, SITE_ENTER = 0, MAX_CBID = 4096 };
 
@@ -127,34 +127,34 @@ static void on_callback(void *userdata, int domain, uint32_t cbid, const void *d
     if (w == RELEASE) {
         /* whether it dropped the last reference is known only once it returned */
         if (cb->site != SITE_ENTER)
-            drc__hook_primary_released(*(const int *)cb->params);
+            drc__preload_primary_released(*(const int *)cb->params);
         return;
     }
     if (cb->site != SITE_ENTER) {
         /* the exit callback: the memory is gone, end what the enter began (its tickets + 1) */
         if (cb->correlation_data && *cb->correlation_data)
-            drc__hook_end((int)(*cb->correlation_data - 1));
+            drc__preload_end((int)(*cb->correlation_data - 1));
         return;
     }
     /* each takes the pointer (device, context) first; cuMemUnmap's size follows it */
     switch (w) {
     case FREE:
-        t = drc__hook_begin_free(*(const unsigned long long *)cb->params);
+        t = drc__preload_begin_free(*(const unsigned long long *)cb->params);
         break;
     case UNMAP: {
         const struct { unsigned long long ptr; size_t size; } *p = cb->params;
 
-        t = drc__hook_begin_unmap(p->ptr, p->size);
+        t = drc__preload_begin_unmap(p->ptr, p->size);
         break;
     }
     case TEARDOWN:
-        t = drc__hook_begin_teardown(*(const int *)cb->params);
+        t = drc__preload_begin_teardown(*(const int *)cb->params);
         break;
     case DESTROY:
-        t = drc__hook_begin_teardown(drc__hook_ctx_device(*(void *const *)cb->params));
+        t = drc__preload_begin_teardown(drc__preload_ctx_device(*(void *const *)cb->params));
         break;
     case DEVICE_RESET:
-        t = drc__hook_begin_teardown(-1);
+        t = drc__preload_begin_teardown(-1);
         break;
     case RELEASE:
     case NONE:
@@ -163,7 +163,7 @@ static void on_callback(void *userdata, int domain, uint32_t cbid, const void *d
     if (cb->correlation_data)
         *cb->correlation_data = t >= 0 ? (uint64_t)t + 1 : 0;  /* CUPTI's scratch word from enter to exit */
     else
-        drc__hook_end(t);
+        drc__preload_end(t);
 }
 
 static void *open_cupti(void)
@@ -185,7 +185,7 @@ static void *open_cupti(void)
     return NULL;
 }
 
-int drc__hook_cupti_start(void)
+int drc__preload_cupti_start(void)
 {
     subscribe_fn *subscribe;
     enable_fn *enable;
@@ -202,11 +202,11 @@ int drc__hook_cupti_start(void)
                         "Falling back to symbol interposition.\n", dlerror());
         return -1;
     }
-    *(void **)&subscribe = drc__hook_real_dlsym(h, "cuptiSubscribe");
-    *(void **)&enable = drc__hook_real_dlsym(h, "cuptiEnableCallback");
-    *(void **)&enable_domain = drc__hook_real_dlsym(h, "cuptiEnableDomain");
-    *(void **)&get_name = drc__hook_real_dlsym(h, "cuptiGetCallbackName");
-    *(void **)&result_string = drc__hook_real_dlsym(h, "cuptiGetResultString");
+    *(void **)&subscribe = drc__preload_real_dlsym(h, "cuptiSubscribe");
+    *(void **)&enable = drc__preload_real_dlsym(h, "cuptiEnableCallback");
+    *(void **)&enable_domain = drc__preload_real_dlsym(h, "cuptiEnableDomain");
+    *(void **)&get_name = drc__preload_real_dlsym(h, "cuptiGetCallbackName");
+    *(void **)&result_string = drc__preload_real_dlsym(h, "cuptiGetResultString");
     if (!subscribe || !enable || !enable_domain) {
         fprintf(stderr, "drc hook: libcupti lacks cuptiSubscribe/cuptiEnableCallback. "
                         "Falling back to symbol interposition.\n");

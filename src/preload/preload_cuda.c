@@ -30,7 +30,7 @@
  * calling thread's context), calls the real function, and ends the free.
  *
  * With DRC_MONITOR=cupti the wrappers pass everything through untouched and
- * a CUPTI callback subscriber (hook_cupti.c) reports the frees instead;
+ * a CUPTI callback subscriber (preload_cupti.c) reports the frees instead;
  * DRC_MONITOR=none (or DRC_PRELOAD without cuda) turns this part off.
  *
  * A wrapper has to know which real function it calls, and cuGetProcAddress
@@ -49,7 +49,7 @@
 #include "drc_cuda.h"
 #include "core/config.h"
 #include "cuda/cuda.h"      /* the list of the frees and the constants: the driver is reached through its own symbols */
-#include "preload/hook_preload.h"
+#include "preload/preload.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -73,7 +73,7 @@ static int get_mode(void)
         /* pass through while CUPTI starts: libcupti's own dlsym calls come back here */
         if (!__atomic_compare_exchange_n(&mode, &m, MODE_OFF, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             return m;
-        m = drc__hook_cupti_start() == 0 ? MODE_CUPTI : MODE_HOOK;
+        m = drc__preload_cupti_start() == 0 ? MODE_CUPTI : MODE_HOOK;
     } else if (monitor == DRC__MONITOR_NONE) {
         m = MODE_OFF;
     } else {
@@ -119,7 +119,7 @@ static void *driver_sym(const char *name)
 
     if (!dl_iterate_phdr(find_lib, &f) || !(h = dlopen(f.path, RTLD_LAZY | RTLD_NOLOAD)))
         return NULL;
-    p = drc__hook_real_dlsym(h, name);
+    p = drc__preload_real_dlsym(h, name);
     dlclose(h);     /* drops the reference NOLOAD took; the driver stays */
     return p;
 }
@@ -132,7 +132,7 @@ static void *sibling(const void *p, const char *name)
 
     if (!dladdr(p, &info) || !info.dli_fname || !(h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD)))
         return NULL;
-    s = drc__hook_real_dlsym(h, name);
+    s = drc__preload_real_dlsym(h, name);
     dlclose(h);
     return s;
 }
@@ -161,11 +161,11 @@ static void *bind(enum kind k, void *real);
 
 enum { NOT_INITIALIZED = DRC__CUDA_ERROR_NOT_INITIALIZED };    /* there is no driver behind us */
 
-/* What each kind begins in every attached drc (hook_preload.h), from the call's arguments. */
-#define BEGIN_FREE(...) drc__hook_begin_free((uintptr_t)DRC__FIRST(__VA_ARGS__))
-#define BEGIN_UNMAP(ptr, size) drc__hook_begin_unmap(ptr, size)
-#define BEGIN_TEARDOWN(dev) drc__hook_begin_teardown(dev)
-#define BEGIN_DESTROY(ctx) drc__hook_begin_teardown(drc__hook_ctx_device(ctx))
+/* What each kind begins in every attached drc (preload.h), from the call's arguments. */
+#define BEGIN_FREE(...) drc__preload_begin_free((uintptr_t)DRC__FIRST(__VA_ARGS__))
+#define BEGIN_UNMAP(ptr, size) drc__preload_begin_unmap(ptr, size)
+#define BEGIN_TEARDOWN(dev) drc__preload_begin_teardown(dev)
+#define BEGIN_DESTROY(ctx) drc__preload_begin_teardown(drc__preload_ctx_device(ctx))
 #define BEGIN_RELEASE(dev) -1
 /* ... and what it does once the real call returned: a release is told only afterwards */
 #define AFTER_FREE(...) (void)0
@@ -174,7 +174,7 @@ enum { NOT_INITIALIZED = DRC__CUDA_ERROR_NOT_INITIALIZED };    /* there is no dr
 #define AFTER_DESTROY(...) (void)0
 #define AFTER_RELEASE(r, dev)                                                           \
     if ((r) == 0 && hooking())                                                          \
-        drc__hook_primary_released(dev)
+        drc__preload_primary_released(dev)
 
 /* call_<name>(real, args): begin, the real function, end; what every wrapper of the entry calls. */
 #define CALL_DRIVER(name, kind, params, args)                                           \
@@ -186,7 +186,7 @@ enum { NOT_INITIALIZED = DRC__CUDA_ERROR_NOT_INITIALIZED };    /* there is no dr
             return NOT_INITIALIZED;                                                     \
         t = hooking() ? BEGIN_##kind args : -1;                                         \
         r = ((int (*) params)real) args;                                                \
-        drc__hook_end(t);                                                               \
+        drc__preload_end(t);                                                               \
         AFTER_##kind(r, DRC__UNPAREN args);                                             \
         return r;                                                                       \
     }
@@ -287,7 +287,7 @@ static void *next_sym(void **cache, const char *name)
     void *p = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
 
     if (!p) {
-        p = drc__hook_real_dlsym(RTLD_NEXT, name);
+        p = drc__preload_real_dlsym(RTLD_NEXT, name);
         if (!p && !strncmp(name, "cu", 2) && strncmp(name, "cuda", 4))
             p = driver_sym(name);   /* a driver dlopen'ed RTLD_LOCAL is not "next" */
         __atomic_store_n(cache, p, __ATOMIC_RELEASE);
@@ -347,7 +347,7 @@ static struct ours {
  * device itself; with one, every device is taken, to be sure.
  */
 #define RT_BEGIN_FREE(next, ...) BEGIN_FREE(__VA_ARGS__)
-#define RT_BEGIN_DEVICE_RESET(next, ...) ((next) ? drc__hook_begin_teardown(-1) : -1)
+#define RT_BEGIN_DEVICE_RESET(next, ...) ((next) ? drc__preload_begin_teardown(-1) : -1)
 #define EXPORT_RUNTIME(name, versions, kind, params, args)                               \
     EXPORT int name params                                                               \
     {                                                                                    \
@@ -355,7 +355,7 @@ static struct ours {
         int t = hooking() ? RT_BEGIN_##kind(next, DRC__UNPAREN args) : -1;               \
         int r = next ? ((int (*) params)next) args : drc_##name args;                    \
                                                                                          \
-        drc__hook_end(t);                                                                \
+        drc__preload_end(t);                                                                \
         return r;                                                                        \
     }
 
@@ -407,7 +407,7 @@ static void *bind(enum kind k, void *real)
     return real;
 }
 
-void *drc__hook_cuda_symbol(const char *name, void *p, int for_drc)
+void *drc__preload_cuda_symbol(const char *name, void *p, int for_drc)
 {
     unsigned i;
 
