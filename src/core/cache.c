@@ -2384,18 +2384,67 @@ static uint64_t tally_sum(const drc_cache_t *c, int what)
 }
 
 /*
+ * The references the regions' words count (c->lock not needed): the
+ * per-thread 0->1 transitions (used) less the 1->0 ones (idled), read as
+ * used, idled, used again until no reference was taken meanwhile (a few
+ * tries): then no idled was read that is missing its used. *used and *idled
+ * say what was read.
+ */
+static uint64_t word_users(const drc_cache_t *c, uint64_t *used, uint64_t *idled)
+{
+    uint64_t again = tally_sum(c, ST_USED);
+    int tries;
+
+    for (tries = 0; tries < 16; tries++) {
+        *used = again;
+        *idled = tally_sum(c, ST_IDLED);
+        again = tally_sum(c, ST_USED);
+        if (again == *used)
+            break;
+    }
+    return *used > *idled ? *used - *idled : 0;
+}
+
+/*
+ * stats' in_use: the word's users, and the regions that only thread slots
+ * hold (see "Thread references"). The two are read one after the other, and
+ * a thread that drops a word's reference and takes a slot's in between
+ * (a miss's reference put, then a hit) would be counted twice, once in each,
+ * though it never held both:
+ *   reader                          thread
+ *   word_users: A counted           holds A (the word's: a miss)
+ *                                   put A: word 1 -> 0, idled++
+ *                                   get B: slot r|0 -> B|1 (a hit)
+ *   slot_refs: B counted            holds B
+ *   used, idled again: idled moved: read again
+ * The thread's idled++ comes before its slot's CAS, which the reader's load
+ * of the slot reads, so the reader's second read of idled sees it. So a read
+ * whose counts did not move counts each thread's references as they were at
+ * one instant (the thread's own, during the read; a reference whose CAS is
+ * done and whose count is not yet may be counted either way). Should they
+ * keep moving, the larger of the two parts, which counts no thread twice.
+ */
+static uint64_t in_use(const drc_cache_t *c)
+{
+    uint64_t used, idled, words = word_users(c, &used, &idled), slots = 0;
+    int tries;
+
+    for (tries = 0; tries < 16; tries++) {
+        slots = slot_refs(c, NULL, 0);
+        if (!slots || (tally_sum(c, ST_USED) == used && tally_sum(c, ST_IDLED) == idled))
+            return words + slots;
+        words = word_users(c, &used, &idled);
+    }
+    return words > slots ? words : slots;
+}
+
+/*
  * O(1) in the number of regions, and lockless: every counter is kept as it
- * changes. in_use is the per-thread 0->1 transitions (used) less the 1->0
- * ones (idled), read as used, idled, used again until no reference was
- * taken meanwhile (a few tries): then no idled was read that is missing its
- * used. It may be off by the threads between a reference's CAS and its
- * count; at rest it is exact.
+ * changes; in_use as in_use() says.
  */
 void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
 {
-    uint64_t used, idled, again;
     uint32_t want;
-    int tries;
 
     if (!s)
         return;
@@ -2407,16 +2456,7 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     if (!c)
         return;
     s->hits = tally_sum(c, ST_HITS);
-    again = tally_sum(c, ST_USED);
-    for (tries = 0; tries < 16; tries++) {
-        used = again;
-        idled = tally_sum(c, ST_IDLED);
-        again = tally_sum(c, ST_USED);
-        if (again == used)
-            break;
-    }
-    /* the word's users, and regions that only thread slots hold (see "Thread references") */
-    s->in_use = (used > idled ? used - idled : 0) + slot_refs(c, NULL, 0);
+    s->in_use = in_use(c);
     s->deregs = tally_sum(c, ST_DEREGS);
     s->misses = LD(c->misses);
     s->merges = LD(c->merges);
