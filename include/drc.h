@@ -307,10 +307,13 @@ struct drc_stats {
 /*
  * A snapshot of the counters: O(1), takes no lock (but for DRC_STATS_DETACHED,
  * which takes it briefly). Each counter is exact and the set is not one
- * instant; in_use is exact at rest and may be off by the threads in the middle
- * of a get or put. @c NULL zeroes @s. Set s->comp_mask first (DRC_STATS_ALL,
- * or 0 for the 0.1 fields only): the library writes nothing your struct does
- * not have. Thread-safe.
+ * instant. in_use is exact at rest; while other threads take and drop
+ * references it counts each thread's references as they were at one instant
+ * during the call (not the same instant for every thread), a reference whose
+ * get or put is in progress either way: it never counts a thread as holding
+ * more regions than that thread held at once. @c NULL zeroes @s. Set
+ * s->comp_mask first (DRC_STATS_ALL, or 0 for the 0.1 fields only): the
+ * library writes nothing your struct does not have. Thread-safe.
  */
 DRC_API void drc_cache_stats(drc_cache_t *c, struct drc_stats *s);
 

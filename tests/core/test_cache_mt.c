@@ -9,6 +9,7 @@
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <sched.h>
+#include <semaphore.h>
 #include <signal.h>
 
 #include <time.h>
@@ -445,13 +446,18 @@ static void *refs_thread(void *p)
     return NULL;
 }
 
-/* stats takes no lock and walks nothing, and in_use (kept per thread) never overcounts and is exact at rest */
+/*
+ * stats takes no lock and walks nothing, and in_use (kept per thread) never
+ * overcounts and is exact at rest: each thread holds at most one region at a
+ * time, and drc.h promises that a snapshot counts no thread as holding more
+ * than it held at once (the next test aims at the read that broke it).
+ */
 static void stats_are_kept_as_they_change(void **state)
 {
     struct tb *b = tb_new();
     drc_cache_t *c = mk(b, NULL);
     struct refs args[2] = { { c, 0 }, { c, 1 } };
-    struct drc_stats st;
+    struct drc_stats st = { .comp_mask = 0 };
     pthread_t th[2];
     int i;
 
@@ -468,6 +474,127 @@ static void stats_are_kept_as_they_change(void **state)
         pthread_join(th[i], NULL);
     EXPECT_STATS(c, .hits = 2 * 20000 * 2 - 16, .misses = 16, .regs = 16, .regions = 16, .bytes = 16 * pg());
     done(b, c);
+}
+
+/*
+ * in_use while a thread moves from a reference in a region's word to one in
+ * its thread slot: stats reads the word's counts and the slots one after the
+ * other, and a thread that puts the one and takes the other in between was
+ * counted twice (a miss hands out the word's reference, a hit a slot's, once
+ * two threads hit the cache). What a user would check: one thread that never
+ * holds more than one region at a time is never counted as holding two. The
+ * reader is this thread: the worker stops it with a signal wherever it is in
+ * its loop of drc_cache_stats, moves from A (a miss) to B (a hit) while it is
+ * stopped, and holds B until that stats call has returned. Where the signal
+ * lands is chance; over MOVES tries it lands between the two reads many
+ * times. Under TSan a signal waits for the next interceptor (the mutex in the
+ * loop), after the stats call: the test then runs without its power, never
+ * falsely. (Seen to fail: before stats read the word's counts again after
+ * the slots, it counted 2 here in every run.)
+ */
+enum { MOVES = 2000 };
+
+static struct move {
+    drc_cache_t *c;
+    pthread_t reader;
+    sem_t stopped, moved, ack;
+    unsigned want_ack, stop;    /* atomic */
+} mv;
+
+/* the reader, stopped (async-signal-safe: sem_post, sem_wait) */
+static void stopped_by_worker(int sig)
+{
+    (void)sig;
+    sem_post(&mv.stopped);
+    while (sem_wait(&mv.moved))
+        ;
+}
+
+static void *move_thread(void *p)
+{
+    drc_region_t *a, *b;
+    int k;
+
+    (void)p;
+    for (k = 0; k < MOVES && !__atomic_load_n(&mv.stop, __ATOMIC_SEQ_CST); k++) {
+        if (drc_get(mv.c, at(0, 0), pg(), LW, &a))      /* a miss: the word's reference */
+            abort();
+        pthread_kill(mv.reader, SIGUSR1);
+        while (sem_wait(&mv.stopped))
+            ;
+        drc_put(mv.c, a);
+        if (drc_get(mv.c, at(4, 0), pg(), LW, &b))      /* a hit: this thread's slot */
+            abort();
+        __atomic_store_n(&mv.want_ack, 1, __ATOMIC_SEQ_CST);
+        sem_post(&mv.moved);
+        while (sem_wait(&mv.ack))       /* the stopped stats call returned */
+            ;
+        drc_put(mv.c, b);
+        drc_invalidate(mv.c, at(0, 0), pg());           /* A misses again next time */
+    }
+    __atomic_store_n(&mv.stop, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static void stats_count_a_moving_reference_once(void **state)
+{
+    struct tb *b = tb_new();
+    struct sigaction sa = { .sa_handler = stopped_by_worker }, old;
+    struct drc_stats st = { .comp_mask = 0 };   /* no DRC_STATS_DETACHED: stopped, it holds no lock */
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    drc_region_t *r;
+    uint64_t most = 0;
+    cpu_set_t cpus, pin;
+    int i, n, one[2];
+    pthread_t th;
+
+    (void)state;
+    mv = (struct move){ .c = mk(b, NULL), .reader = pthread_self() };
+    sem_init(&mv.stopped, 0, 0);
+    sem_init(&mv.moved, 0, 0);
+    sem_init(&mv.ack, 0, 0);
+    /* B registered and hit by this thread, so that the worker's hits count in its slot (it joins) */
+    r = get_ok(mv.c, at(4, 0), pg(), LW);
+    assert_int_equal(drc_put(mv.c, r), 0);
+    r = get_ok(mv.c, at(4, 0), pg(), LW);
+    assert_int_equal(drc_put(mv.c, r), 0);
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, &old);
+    pthread_create(&th, NULL, move_thread, NULL);
+    /*
+     * Each on a CPU of its own where there are two: on one, the worker would
+     * run only when the reader sleeps or is preempted, and the signal would
+     * land there, mostly after the wake-up of the worker, not inside stats.
+     */
+    sched_getaffinity(0, sizeof(cpus), &cpus);
+    for (i = 0, n = 0; i < CPU_SETSIZE && n < 2; i++)
+        if (CPU_ISSET(i, &cpus))
+            one[n++] = i;
+    if (n == 2) {
+        CPU_ZERO(&pin);
+        CPU_SET(one[0], &pin);
+        pthread_setaffinity_np(pthread_self(), sizeof(pin), &pin);
+        CPU_ZERO(&pin);
+        CPU_SET(one[1], &pin);
+        pthread_setaffinity_np(th, sizeof(pin), &pin);
+    }
+    while (!__atomic_load_n(&mv.stop, __ATOMIC_SEQ_CST)) {
+        drc_cache_stats(mv.c, &st);
+        if (st.in_use > most)
+            most = st.in_use;
+        if (__atomic_exchange_n(&mv.want_ack, 0, __ATOMIC_SEQ_CST))
+            sem_post(&mv.ack);
+        pthread_mutex_lock(&m);     /* an interceptor: TSan delivers the signal here */
+        pthread_mutex_unlock(&m);
+    }
+    pthread_join(th, NULL);
+    pthread_setaffinity_np(pthread_self(), sizeof(cpus), &cpus);
+    sigaction(SIGUSR1, &old, NULL);
+    assert_true(most <= 1);         /* the worker held one region at a time */
+    assert_true(most == 1);         /* and stats saw it hold one */
+    EXPECT_STATS(mv.c, .hits = 1 + MOVES, .misses = 1 + MOVES, .regs = 1 + MOVES, .deregs = MOVES,
+                 .invalidated = MOVES, .regions = 1, .bytes = pg());
+    done(b, mv.c);
 }
 
 /* ---- references that cross threads ------------------------------------- */
@@ -890,6 +1017,7 @@ int main(void)
         cmocka_unit_test_setup(free_event_probe_racing_inserts, setup_alarm),
         cmocka_unit_test_setup(free_events_find_regions_inserted_while_the_hints_grow, setup_alarm),
         cmocka_unit_test_setup(stats_are_kept_as_they_change, setup_alarm),
+        cmocka_unit_test_setup(stats_count_a_moving_reference_once, setup_alarm),
         cmocka_unit_test_setup(getter_sleeps_through_a_free_in_flight, setup_alarm),
         cmocka_unit_test_setup(references_put_by_another_thread, setup_alarm),
         cmocka_unit_test_setup(invalidated_region_lives_while_two_threads_hold_it, setup_alarm),

@@ -1,0 +1,301 @@
+/*
+ * The miss: what to register (one overlap walk under the lock: merge or
+ * not), the registration without the lock against a pending entry that an
+ * invalidation may mark stale, and the publication of the new region in the
+ * tree (cache.c's top comment: "Registrations run without the lock").
+ */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/cache_int.h"
+#include "core/notify.h"
+
+static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
+{
+    if (start < c->lo)
+        __atomic_store_n(&c->lo, start, __ATOMIC_RELEASE);
+    if (last > c->hi)
+        __atomic_store_n(&c->hi, last, __ATOMIC_RELEASE);
+}
+
+static int pending_overlaps(const drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    const struct pending *p;
+
+    for (p = c->pending; p; p = p->next)
+        if (p->start <= last && s <= p->last)
+            return 1;
+    return 0;
+}
+
+static void pending_unlink(drc_cache_t *c, struct pending *p)
+{
+    struct pending **pp;
+
+    for (pp = &c->pending; *pp != p; pp = &(*pp)->next)
+        ;
+    *pp = p->next;
+    if (c->pending_waiters)
+        pthread_cond_broadcast(&c->pending_done);
+}
+
+/* A miss: what to register, given the overlapping live regions (c->lock). */
+struct plan {
+    uintptr_t start, last;
+    unsigned access;
+    int merging;
+    int overlaps;       /* a live region overlapping it stays: set c->overlapping */
+};
+
+/*
+ * May r be joined into a registration of @m with @access? Same memory, and
+ * the same bits (with DRC_F_ACCESS_SUPERSET: the same remote bits; the merge
+ * takes the union of the local ones): a merge never grants what was not asked.
+ */
+static int joinable(const drc_cache_t *c, const struct drc_region *r, const struct drc__mem *m, unsigned access)
+{
+    unsigned same = c->flags & DRC_F_ACCESS_SUPERSET ? DRC_ACCESS_REMOTE : ~0u;
+
+    return r->mem.type == m->type && r->mem.device == m->device && LD(r->node.start) >= m->lo &&
+           LD(r->node.last) < m->hi &&  /* hi is exclusive (mem.h) */
+           (r->access & same) == (access & same);
+}
+
+/*
+ * One overlap walk under the lock: a live region that serves [s, last]
+ * (returned in *hit), else the plan of the miss. A miss is coalesced with
+ * every overlapping joinable region, unless the union would be more than
+ * twice the request's own page range: then it is registered alone,
+ * overlapping its neighbours, so that buffers packed next to each other
+ * (sharing their boundary pages) never re-register a growing union.
+ */
+static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, const struct drc__mem *m,
+                       struct plan *p, struct drc_region **hit)
+{
+    struct drc__itree_node *n;
+    uintptr_t start = s & ~(uintptr_t)(c->page - 1), end = last | (c->page - 1);
+    int budget = DRC__ITREE_UNBOUNDED;
+
+    ASSERT_LOCKED(c);
+    *hit = NULL;
+    p->start = start;
+    p->last = end;
+    p->access = access;
+    p->merging = 0;
+    p->overlaps = 0;
+    /* no live region touches a grain of the pages (the filter is exact enough under the lock): no walk */
+    n = used_none(c->hint, start, end) ? NULL : drc__itree_first(&c->tree, start, end, &budget);
+    for (; n; n = drc__itree_next(&c->tree, n, start, end, &budget)) {
+        struct drc_region *r = region_of(n);
+
+        if (n->start <= s && n->last >= last && serves(c, r->access, access)) {
+            *hit = r;
+            return 0;
+        }
+        if ((c->flags & DRC_F_NO_MERGE) || !joinable(c, r, m, access)) {
+            p->overlaps = 1;
+            continue;
+        }
+        if (n->start < p->start)
+            p->start = n->start;
+        if (n->last > p->last)
+            p->last = n->last;
+        p->access |= r->access;
+        p->merging = 1;
+    }
+    if (c->max_len && end - start >= c->max_len)
+        return -E2BIG;
+    if (p->merging && ((c->max_len && p->last - p->start >= c->max_len) || p->last - p->start == UINTPTR_MAX ||
+                       (p->last - p->start) / 2 > end - start)) {
+        p->start = start;       /* too large for the device, for a size_t, or for what was asked */
+        p->last = end;
+        p->access = access;
+        p->merging = 0;
+        p->overlaps = 1;
+    }
+    return 0;
+}
+
+/* Move every live region the new one joins out of the tree (c->lock, seq odd). */
+static void supersede(drc_cache_t *c, const struct plan *p, const struct drc__mem *m, struct drc_region **dead)
+{
+    struct drc__itree_node *n, *next;
+    int budget = DRC__ITREE_UNBOUNDED;
+
+    ASSERT_WRITING(c);
+    for (n = drc__itree_first(&c->tree, p->start, p->last, &budget); n; n = next) {
+        struct drc_region *r = region_of(n);
+
+        next = drc__itree_next(&c->tree, n, p->start, p->last, &budget);
+        if (joinable(c, r, m, p->access) && n->start >= p->start && n->last <= p->last)
+            retire(c, r, dead);
+    }
+    INC(c->merges, 1);
+}
+
+static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc__mem *m, void **handle,
+                         uint32_t *lkey, uint32_t *rkey)
+{
+    struct drc_reg_args a = {
+        .start = p->start, .len = p->last - p->start + 1, .type = m->type, .device = m->device,
+        .dmabuf_fd = -1, .dmabuf_offset = 0, .access = p->access,
+    };
+    int err = 0;
+    unsigned asked, flags;
+
+    if (m->type == DRC_MEM_CUDA) {
+        asked = flags = (c->export_flags ? c->export_flags(c->be.ctx, m->device) : c->flags) & DRC_F_DMABUF_PCIE;
+        err = (DRC_ASSERT_NO_LOCK(), drc__mem_export(m, a.start, a.len, &flags, &a.dmabuf_fd, &a.dmabuf_offset));
+        if (!err && asked && !flags)
+            __atomic_fetch_add(&c->downgraded, 1, __ATOMIC_RELAXED);    /* the default type instead of PCIe */
+    }
+    if (err == -EOPNOTSUPP)
+        err = 0;    /* no dmabuf here (proprietary GPU module): the backend gets fd -1 and may use peermem */
+    if (!err)
+        err = be_reg(c, &a, handle, lkey, rkey);
+    if (a.dmabuf_fd >= 0)
+        close(a.dmabuf_fd);     /* the MR holds the buffer now */
+    return err;
+}
+
+/* Fill a pooled region and put it in the tree (c->lock, seq odd). */
+static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
+                    void *handle, uint32_t lkey, uint32_t rkey)
+{
+    ASSERT_WRITING(c);
+    DRC_ASSERT(LD(r->word) == 0 && r->cache == c);
+    ST(r->node.start, p->start);
+    ST(r->node.last, p->last);
+    ST(r->access, p->access);
+    ST(r->valid, 1);
+    ST(r->detached, 0);
+    /* r->mem.chunks is the slot's own (get_slow attached one if m has chunks) */
+    DRC_ASSERT(!m->nchunks || r->mem.chunks);
+    r->mem = (struct region_mem){ .type = m->type, .device = m->device, .lo = m->lo, .hi = m->hi,
+                                  .buffer_id = m->buffer_id, .ctx = m->ctx, .chunks = r->mem.chunks };
+    if (r->mem.chunks) {
+        r->mem.chunks->n = m->nchunks;
+        memcpy(r->mem.chunks->chunk, m->chunk, m->nchunks * sizeof(m->chunk[0]));
+    }
+    r->handle = handle;
+    r->lkey = lkey;
+    r->rkey = rkey;
+    __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
+    used_set(c->hint, p->start, p->last);       /* seq is odd: a probe that read the bits before retries */
+    drc__itree_insert(&c->tree, &r->node);
+    if (c->limited)
+        lru_append(c, r);
+    INC(c->regions, 1);
+    INC(c->bytes, region_len(r));
+    tally(c, ST_USED);      /* HELD + 1 */
+}
+
+/*
+ * The locked path: a hit the lockless walk could not take, or a miss.
+ * Returns 0 with a cached *out, 1 with a region registered just now, RACED
+ * if an invalidation raced the registration, or an error.
+ */
+int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struct drc_region **out)
+{
+    struct drc_region *r, *dead = NULL;
+    struct chunk *spare = NULL;
+    struct region_chunks *ext = NULL;     /* chunk records for r, if m has them and r has none */
+    struct drc__mem m;
+    struct pending pend;
+    struct plan p;
+    void *handle = NULL;
+    uint32_t lkey = 0, rkey = 0;
+    int err, registered;
+    unsigned grow;
+
+    DRC_ASSERT_NO_LOCK();
+    if ((last | (c->page - 1)) - (s & ~(uintptr_t)(c->page - 1)) == UINTPTR_MAX)
+        return -EINVAL;     /* page-rounded, it is the whole address space: its length does not fit (no
+                             * region can contain it, so a lookup has missed it already) */
+    err = drc__mem_classify(s, last - s + 1, &m);   /* a driver call: before the lock */
+    if (err)
+        return err;
+    lock(c);
+    for (;;) {
+        err = plan_region(c, s, last, access, &m, &p, &r);
+        if (r) {
+            if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
+                tally(c, ST_USED);
+            __atomic_store_n(hint_slot(c, s), r, __ATOMIC_RELEASE);
+            unlock(c);
+            count_hit(c);
+            *out = r;
+            return 0;
+        }
+        if (!pending_overlaps(c, s, last))
+            break;
+        wait_pending(c);
+    }
+    INC(c->misses, 1);
+    if (err) {
+        unlock(c);
+        return err;
+    }
+    pend = (struct pending){ .start = p.start, .last = p.last, .stale = 0, .next = c->pending };
+    c->pending = &pend;
+    __atomic_fetch_add(&c->npending, 1, __ATOMIC_SEQ_CST);    /* before the frees are read (notify.c) */
+    widen_hull(c, p.start, p.last);
+    unlock(c);
+
+    drc__notify_wait_frees(p.start, p.last);    /* never export memory a hook is freeing (notify.c) */
+    err = register_plan(c, &p, &m, &handle, &lkey, &rkey);
+    registered = !err;
+    if (!err && m.nchunks && !(ext = mem_alloc(sizeof(*ext))))     /* multi-chunk VMM memory only */
+        err = -ENOMEM;
+
+    lock(c);
+    r = NULL;
+    while (!err && !pend.stale && !(r = pool_get(c, &spare))) {
+        /* the pool is empty: allocate without the lock (an allocator may re-enter drc), still pending */
+        unlock(c);
+        spare = chunk_new(c);
+        lock(c);
+        if (!spare)
+            err = -ENOMEM;
+    }
+    pending_unlink(c, &pend);
+    INC(c->regs, (uint64_t)registered);
+    if (!err && pend.stale)
+        err = RACED;        /* it may map memory that is being freed: never insert it */
+    if (err) {
+        __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);
+        unlock(c);
+        chunk_drop(c, spare);
+        mem_free(ext);
+        if (registered)
+            be_dereg(c, handle);
+        return err;
+    }
+    if (m.nchunks && !r->mem.chunks) {
+        r->mem.chunks = ext;    /* the slot keeps it until drc_cache_destroy() */
+        ext = NULL;
+    }
+    seq_begin(c);
+    if (p.merging)
+        supersede(c, &p, &m, &dead);
+    if (p.overlaps && !c->overlapping) {
+        drc__itree_augment(&c->tree);   /* once, O(n): from now on queries need subtree_last (itree.h) */
+        ST_SC(c->overlapping, 1);
+    }
+    publish(c, r, &p, &m, handle, lkey, rkey);
+    __atomic_store_n(hint_slot(c, s), r, __ATOMIC_RELEASE);
+    if (c->limited)
+        evict(c, &dead);
+    seq_end(c);
+    __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);    /* inserted: a probe now finds it (see drc_invalidate) */
+    grow = hint_want(c);
+    unlock(c);
+    release_list(c, dead);
+    chunk_drop(c, spare);   /* a chunk another thread's made unneeded */
+    mem_free(ext);          /* r had chunk records of its own */
+    if (grow)
+        hint_grow(c, grow);
+    *out = r;
+    return 1;
+}

@@ -1,0 +1,187 @@
+/*
+ * c->lock, and the free events handed to its holder (the hand-off queue):
+ * how the lock is taken (try, spin, sleep), what its holder runs before it
+ * looks anything up and after it unlocks, and a free event's queued range.
+ * The protocol is in cache.c's top comment; the queue's timeline is at
+ * queue_invalidation.
+ */
+#include <pthread.h>
+
+#include "core/cache_int.h"
+
+
+/*
+ * Is a queued invalidation over [s, last] (or one being written) not done
+ * yet? With @s > @last: is any ready? Reads every entry: called only while
+ * ninvq says some are queued.
+ */
+int queued(const drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    unsigned i, st;
+
+    for (i = 0; i < INVQ; i++) {
+        st = __atomic_load_n(&c->invq[i].state, __ATOMIC_SEQ_CST);
+        if (st == Q_READY && (s > last || (LD(c->invq[i].start) <= last && s <= LD(c->invq[i].last))))
+            return 1;
+        if (st == Q_CLAIMED && s <= last)
+            return 1;   /* its range is being written: assume the worst */
+    }
+    return 0;
+}
+
+/* Does c->lock look free? A load of glibc's lock word shares its line, where a trylock takes it. */
+static inline int lock_looks_free(drc_cache_t *c)
+{
+#ifdef __GLIBC__
+    return __atomic_load_n(&c->lock.__data.__lock, __ATOMIC_RELAXED) == 0;
+#else
+    (void)c;
+    return 1;
+#endif
+}
+
+/*
+ * Take c->lock: try, spin, then sleep. A section under c->lock is short (no
+ * call out of drc, nothing allocated), so a thread that finds it taken spins
+ * with a pause instruction (lock_contended), looking at the lock word every
+ * SPIN_CHECK pauses, and sleeps in pthread_mutex_lock only after SPIN_MAX.
+ * On the 2-vCPU development machine (a PVM guest) a system call costs 0.1 to
+ * 1.2 us, depending on the host, so a contended pthread_mutex_lock that
+ * sleeps, and the unlock that must then wake it, cost as much as the section
+ * they wait for or more. The sparse checks matter as much as the spin
+ * (tests/bench/RESULTS.md, "Two threads on two vCPUs"): a waiter that checks after every
+ * pause (or every 16) takes the lock the moment it is released, so the
+ * cache's lines cross between the cores on every section; one that checks
+ * every 512 pauses (8-10 us here) lets the holder run several sections back
+ * to back (two threads missing at 1,024 regions, one interleaved run: about
+ * 1,100 ns a miss with the plain mutex, 1,500 checking after every pause,
+ * 600 every 512). Every way in goes through lock() or a trylock; the
+ * hand-offs of unlock() and queue_invalidation() do not change.
+ */
+__attribute__((noinline)) void lock_contended(drc_cache_t *c)
+{
+    unsigned spins;
+
+    for (spins = 1;; spins++) {
+        cpu_relax();
+        if (spins % SPIN_CHECK)
+            continue;
+        if (lock_looks_free(c) && pthread_mutex_trylock(&c->lock) == 0)
+            return;
+        if (spins >= SPIN_MAX) {
+            pthread_mutex_lock(&c->lock);
+            return;
+        }
+    }
+}
+
+static void unlock_once(drc_cache_t *c)
+{
+    struct drc_region *dead;
+
+    if (LD_SC(c->ninvq))
+        invq_run(c);    /* what was handed to this holder */
+    dead = c->qdead;
+    c->qdead = NULL;
+#ifdef DRC_DEBUG
+    ASSERT_LOCKED(c);
+    DRC_ASSERT(!(c->seq & 1));
+    check_trees(c);
+    ST(c->owner, (pthread_t)0);
+    drc__lock_depth--;
+#endif
+    pthread_mutex_unlock(&c->lock);
+    release_list(c, dead);
+}
+
+/*
+ * Unlock, then look at the queue again: a free event that found the lock
+ * taken queued its range and then tried the lock; if that try failed, this
+ * holder had not unlocked yet, so its load below (after the unlock) sees the
+ * range. One of the two runs it.
+ */
+void unlock(drc_cache_t *c)
+{
+    unlock_once(c);
+    while (LD_SC(c->ninvq) && queued(c, 1, 0) && pthread_mutex_trylock(&c->lock) == 0) {
+        locked(c);
+        unlock_once(c);
+    }
+}
+
+/* Sleep on pending_done (c->lock held); the lock is not ours while we sleep. */
+void wait_pending(drc_cache_t *c)
+{
+    if (LD_SC(c->ninvq))
+        invq_run(c);    /* nothing handed to this holder may wait for its sleep */
+#ifdef DRC_DEBUG
+    ST(c->owner, (pthread_t)0);
+    drc__lock_depth--;
+#endif
+    c->pending_waiters++;
+    pthread_cond_wait(&c->pending_done, &c->lock);
+    c->pending_waiters--;
+    locked(c);
+}
+
+/*
+ * A free event that finds c->lock taken hands its range to the holder
+ * instead of sleeping on the lock (as UCX's rcache queues unmap events),
+ * and drc_invalidate's guarantee still holds when it returns:
+ *   free event (lock taken)            holder                 later drc_get
+ *   claim an entry, write the range    ...                    takes r (hint or walk)
+ *   ninvq++ (SC); entry READY (SC)     (lock(): run queue)    ninvq != 0 and an entry
+ *   trylock: taken? return             unlock(): run queue,     over r READY or CLAIMED?
+ *                                        unlock, one READY ?    drop r, take the lock,
+ *                                        trylock and run it     whose lock() runs the
+ *                                                               queue; else r detached?
+ * A get that begins after the event returned reads ninvq after the
+ * increment and the entry after READY, so until the range is done it drops
+ * every region over it (the region, not the request: a region is
+ * invalidated whole) and goes to the lock, and every lock() runs the queue
+ * before looking anything up.
+ * The queue is run (regions retired inside the writer's window, pending
+ * registrations made stale) before the entry is emptied and ninvq
+ * decremented, so a get that reads either sees them
+ * retired. The holder's unlock and the event's trylock are ordered: if the
+ * try fails, the holder's load after its unlock sees the READY entry (or
+ * the event's own retry runs it). Idle regions are deregistered by the
+ * thread that ran the queue, after its unlock. Returns 0 if the queue was
+ * full (the caller takes the lock).
+ */
+int queue_invalidation(drc_cache_t *c, uintptr_t s, uintptr_t last)
+{
+    unsigned i, st;
+
+    for (i = 0; i < INVQ; i++) {
+        st = Q_EMPTY;
+        if (__atomic_load_n(&c->invq[i].state, __ATOMIC_RELAXED) != Q_EMPTY ||
+            !__atomic_compare_exchange_n(&c->invq[i].state, &st, Q_CLAIMED, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            continue;
+        ST(c->invq[i].start, s);
+        ST(c->invq[i].last, last);
+        __atomic_fetch_add(&c->ninvq, 1, __ATOMIC_SEQ_CST);   /* before we return: gets go to the lock */
+        __atomic_store_n(&c->invq[i].state, Q_READY, __ATOMIC_SEQ_CST);
+        if (pthread_mutex_trylock(&c->lock) == 0) {
+            locked(c);      /* runs it */
+            unlock(c);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Run every READY queued invalidation (c->lock held); their idle regions go to c->qdead. */
+void invq_run(drc_cache_t *c)
+{
+    unsigned i;
+
+    ASSERT_LOCKED(c);
+    for (i = 0; i < INVQ; i++) {
+        if (__atomic_load_n(&c->invq[i].state, __ATOMIC_ACQUIRE) != Q_READY)
+            continue;
+        invalidate_locked(c, LD(c->invq[i].start), LD(c->invq[i].last), &c->qdead, NULL);
+        __atomic_store_n(&c->invq[i].state, Q_EMPTY, __ATOMIC_RELEASE);
+        __atomic_fetch_sub(&c->ninvq, 1, __ATOMIC_SEQ_CST);   /* after the regions left: see above */
+    }
+}
