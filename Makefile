@@ -354,11 +354,11 @@ $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/l
 $B/engine/engine_child: tests/engine/engine_child.c src/loopnic/loopnic_record.h tests/doubles/fake_libcuda.h \
                         $B/loopnic/libibverbs.so.1
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -O1 -g $(WARN) -o $@ $< -L$B/loopnic -l:libibverbs.so.1 -ljemalloc -ldl
+	$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -Itests/loopnic -O1 -g $(WARN) -o $@ $< -L$B/loopnic -l:libibverbs.so.1 -ljemalloc -ldl
 # tent_child links no libibverbs: it dlopens it RTLD_LOCAL and dlsyms every call, as TENT and NCCL do.
 $B/engine/tent_child: tests/engine/tent_child.c src/loopnic/loopnic_record.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -O1 -g $(WARN) -o $@ $< -ldl
+	$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -Itests/loopnic -O1 -g $(WARN) -o $@ $< -ldl
 $B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/libdrc_host.so.0 $B/engine/engine_child \
   $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1
 # The configuration through the preload (tests/preload/test_config_preload.c): the same programs, and
