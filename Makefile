@@ -35,30 +35,50 @@ LIB_SRCS   := $(CORE_SRCS) $(wildcard src/cuda/*.c) $(wildcard src/verbs/*.c)
 HOST_SRCS  := $(wildcard src/host/*.c)
 HDRS       := $(wildcard include/*.h) $(wildcard src/*/*.h)
 
-# Unit tests: tests/<layer>/test_*.c, one binary each. Core tests link the core alone (no
-# libibverbs, CUDA or jemalloc); host tests add libdrc_host; the others link libdrc.
-# A test's extra link flags (e.g. -Wl,--wrap=...) go in <layer>/<name>_LDFLAGS.
-# Thread tests are named test_*_mt.c and also run under TSan.
-TESTS    := $(patsubst tests/%.c,%,$(filter-out tests/gpu/% tests/loopnic/% tests/nics/%,$(wildcard tests/*/test_*.c)))
+# Unit tests: tests/<layer>/test_*.c, one binary each; a new file is a new test, no edit here. Each
+# folder links what its layer needs (the folder rules under "tests" below): core tests the core alone
+# (no libibverbs, CUDA or jemalloc), host tests add libdrc_host, the others link libdrc; tests/cuda and
+# tests/verbs link THE CUDA double, tests/verbs find the loopback provider, tests/preload get the
+# programs and libraries they run. A test that #includes the source it tests (to reach its static
+# functions) links the other objects, not that one's. A test's own extra link flags (e.g.
+# -Wl,--wrap=...) go in <layer>/<name>_LDFLAGS. Thread tests are named test_*_mt.c and also run under TSan.
+TEST_SRCS := $(filter-out tests/gpu/% tests/loopnic/% tests/nics/%,$(wildcard tests/*/test_*.c))
+TESTS    := $(patsubst tests/%.c,%,$(TEST_SRCS))
+TEST_DIRS := $(sort $(patsubst tests/%/,%,$(dir $(TEST_SRCS))))
 MT_TESTS := $(filter %_mt,$(TESTS))
-TEST_HDRS := $(wildcard tests/*.h)
+TEST_HDRS := $(wildcard tests/*.h tests/doubles/*.h)
 
 ASAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN := -fsanitize=thread
 
-# Dependencies. The first command on a fresh machine may be `make test` or `make demo`: those install
-# what they need (.ci/deps, as root; the demo only the packages it builds with) and build with
-# -Werror. A plain `make` or `make install` installs nothing: it names the missing Debian packages
-# and the apt-get line, then stops.
-DEV_GOALS := test test-unit test-asan test-tsan test-fuzz-replay test-abi test-python test-late-load test-pkg \
-             test-deps test-readme test-cli fuzz bench
-ifneq ($(filter $(DEV_GOALS),$(MAKECMDGOALS)),)
-  WERROR ?= -Werror
+# Quiet by default: a line per target ("CC obj/core/cache.o"); V=1 prints every command in full.
+# Errors and warnings show either way.
+V ?= 0
+ifeq ($(V),1)
+  show =
+  Q =
+else
+  show = @printf '  %-6s %s\n' '$1' '$(patsubst $B/%,%,$@)';
+  Q = @
+endif
+export V
+
+# Dependencies: `make deps` installs the Debian packages the tests need (.ci/deps --install: apt-get
+# as root, through sudo otherwise), `make deps demo` only those the demo builds with; nothing else
+# installs. The development goals (make test, demo, fuzz, bench ...) build with -Werror and first
+# check their packages: a missing one is named, with `make deps`, and make stops. A plain `make` or
+# `make install` names the missing Debian packages and the apt-get line, then stops.
+DEV_GOALS := $(filter-out test-gpu test-hw,$(filter test test-% fuzz bench bench-%,$(MAKECMDGOALS)))
+ifneq ($(filter deps,$(MAKECMDGOALS)),)
+  # `make deps test`: the goals one after another, so that nothing builds before the packages are in
+  ifneq ($(filter-out deps,$(MAKECMDGOALS)),)
+    .NOTPARALLEL:
+  endif
+else ifneq ($(DEV_GOALS),)
   ifneq ($(shell sh .ci/deps >&2; echo $$?),0)
     $(error missing build dependencies: see above)
   endif
 else ifneq ($(filter demo,$(MAKECMDGOALS)),)
-  WERROR ?= -Werror
   ifneq ($(shell sh .ci/deps --demo >&2; echo $$?),0)
     $(error missing build dependencies: see above)
   endif
@@ -67,7 +87,14 @@ else ifneq ($(if $(MAKECMDGOALS),$(filter all install,$(MAKECMDGOALS)),all),)
     $(error missing build dependencies: install the packages named above)
   endif
 endif
+ifneq ($(DEV_GOALS)$(filter demo,$(MAKECMDGOALS)),)
+  WERROR ?= -Werror
+endif
 WERROR ?=
+
+.PHONY: deps
+deps:
+	@sh .ci/deps --install $(if $(filter-out deps demo,$(MAKECMDGOALS)),,$(if $(filter demo,$(MAKECMDGOALS)),--demo))
 
 .PHONY: all test test-unit test-asan test-tsan test-gpu build-gpu fuzz bench demo install uninstall clean
 all: $B/libdrc.a $B/libdrc.so $B/libdrc.so.0 $B/libdrc_host.so $B/drc
@@ -75,13 +102,13 @@ all: $B/libdrc.a $B/libdrc.so $B/libdrc.so.0 $B/libdrc_host.so $B/drc
 # ---- objects, one tree per flavour ----------------------------------------
 $B/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) -c $< -o $@
+	$(call show,CC)$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) -c $< -o $@
 $B/asan/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) $(ASAN) -DDRC_DEBUG -c $< -o $@
+	$(call show,CC)$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) $(ASAN) -DDRC_DEBUG -c $< -o $@
 $B/tsan/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) $(TSAN) -DDRC_DEBUG -c $< -o $@
+	$(call show,CC)$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) $(TSAN) -DDRC_DEBUG -c $< -o $@
 
 objs = $(patsubst src/%.c,$1/obj/%.o,$2)
 LIB_OBJS  := $(call objs,$B,$(LIB_SRCS))
@@ -90,27 +117,27 @@ HOST_OBJS := $(call objs,$B,$(HOST_SRCS))
 # libdrc.a holds one relocatable object, so that linking it takes every layer (the CUDA layer
 # installs itself into the core from a constructor, which nothing references by name).
 $B/libdrc.a: $(LIB_OBJS)
-	$(LD) -r -o $B/libdrc-all.o $^
-	rm -f $@ && ar rcs $@ $B/libdrc-all.o
+	$(call show,AR)$(LD) -r -o $B/libdrc-all.o $^
+	$(Q)rm -f $@ && ar rcs $@ $B/libdrc-all.o
 # Each shared library is a real file named by its full version (libdrc.so.0.1.0), the soname a link
 # to it (libdrc.so.0: what programs load) and the bare name a link to that (libdrc.so: what -ldrc
 # finds), in the build tree as where it is installed. libdrc_host.so finds libdrc.so.0 beside itself
 # (RUNPATH $ORIGIN), wherever the two were installed.
 $B/libdrc.so.$(VERSION): $(LIB_OBJS) src/drc.map
-	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -Wl,-z,nodelete -o $@ $(LIB_OBJS) $(LDLIBS)
+	$(call show,LD)$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/drc.map -Wl,-soname,libdrc.so.0 -Wl,-z,nodelete -o $@ $(LIB_OBJS) $(LDLIBS)
 $B/libdrc_host.so.$(VERSION): $(HOST_OBJS) $B/libdrc.so src/host/drc_host.map
-	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/host/drc_host.map -Wl,-soname,libdrc_host.so.0 \
+	$(call show,LD)$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/host/drc_host.map -Wl,-soname,libdrc_host.so.0 \
 	  -Wl,-rpath,'$$ORIGIN' -o $@ $(HOST_OBJS) -L$B -l:libdrc.so.0 -ljemalloc -lpthread
 $B/libdrc.so.0: $B/libdrc.so.$(VERSION)
-	ln -sf $(notdir $<) $@
+	$(Q)ln -sf $(notdir $<) $@
 $B/libdrc.so: $B/libdrc.so.0
-	ln -sf $(notdir $<) $@
+	$(Q)ln -sf $(notdir $<) $@
 $B/libdrc_host.so.0: $B/libdrc_host.so.$(VERSION)
-	ln -sf $(notdir $<) $@
+	$(Q)ln -sf $(notdir $<) $@
 $B/libdrc_host.so: $B/libdrc_host.so.0
-	ln -sf $(notdir $<) $@
+	$(Q)ln -sf $(notdir $<) $@
 $B/drc: $B/obj/tools/drc.o $B/obj/tools/doctor.o $B/libdrc.a
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
+	$(call show,LD)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $B/libdrc.a $(LDLIBS)
 # pkg-config and CMake files (pkg/*.in), for PREFIX/LIBDIR/INCLUDEDIR as given to this make: regenerated
 # on every run (they depend on the command line). The CMake files locate the tree relative to
 # themselves, so a DESTDIR-staged or moved tree works.
@@ -129,34 +156,47 @@ FORCE:
 all: $(PKG_FILES)
 
 # ---- tests -----------------------------------------------------------------
-# $(call test_rules,FLAVOUR_DIR,FLAGS): link rules for one flavour (plain, asan, tsan).
+# The folder rules: what a folder's tests link (test_srcs_<folder>, test_link_<folder>, test_libs_<folder>;
+# libdrc's objects and -lcmocka $(LDLIBS) where a folder names none) and what they need built first
+# (test_deps_<folder>, set where those things are built, below).
+test_srcs_core := $(CORE_SRCS)
+test_libs_core := -lcmocka -ldl -lpthread
+test_srcs_host := $(LIB_SRCS) $(HOST_SRCS)
+test_libs_host := -lcmocka -ljemalloc $(LDLIBS)
+test_srcs = $(or $(test_srcs_$1),$(LIB_SRCS))
+test_libs = $(or $(test_libs_$1),-lcmocka $(LDLIBS))
+# the sources a test #includes ("core/itree" for #include "core/itree.c"): linked through the test, not as objects
+included_srcs = $(shell sed -n 's|^\#include "\([a-z]*/[a-z_0-9]*\)\.c".*|\1|p' $1)
+# $(call test_rules,FLAVOUR_DIR,FLAGS,FOLDER): the link rule of one folder's tests in one flavour
+# (plain, asan, tsan). Evaluated after the last test_deps_<folder> is set (end of this file).
 define test_rules
-$1/tests/core/%: tests/core/%.c $(call objs,$1,$(CORE_SRCS)) $(TEST_HDRS)
+$1/tests/$3/%: tests/$3/%.c $(call objs,$1,$(call test_srcs,$3)) $(test_deps_$3) $(TEST_HDRS) $(wildcard tests/$3/*.h)
 	@mkdir -p $$(@D)
-	$$(CC) $$(CPPFLAGS) -Itests -O1 -g $$(WARN) $2 -o $$@ $$< $(call objs,$1,$(CORE_SRCS)) $$(core/$$*_LDFLAGS) -lcmocka -ldl -lpthread
-$1/tests/host/%: tests/host/%.c $(call objs,$1,$(LIB_SRCS) $(HOST_SRCS)) $(TEST_HDRS)
-	@mkdir -p $$(@D)
-	$$(CC) $$(CPPFLAGS) -Itests -O1 -g $$(WARN) $2 -o $$@ $$< $(call objs,$1,$(LIB_SRCS) $(HOST_SRCS)) $$(host/$$*_LDFLAGS) -lcmocka -ljemalloc $$(LDLIBS)
-$1/tests/%: tests/%.c $(call objs,$1,$(LIB_SRCS)) $(TEST_HDRS)
-	@mkdir -p $$(@D)
-	$$(CC) $$(CPPFLAGS) -Itests -O1 -g $$(WARN) $2 -o $$@ $$< $(call objs,$1,$(LIB_SRCS)) $$($$*_LDFLAGS) -lcmocka $$(LDLIBS)
+	$$(call show,CCLD)$$(CC) $$(CPPFLAGS) -Itests -O1 -g $$(WARN) $2 -o $$@ $$< \
+	  $$(filter-out $$(patsubst %,$1/obj/%.o,$$(call included_srcs,$$<)),$(call objs,$1,$(call test_srcs,$3))) \
+	  $$(test_link_$3) $$($3/$$*_LDFLAGS) $$(call test_libs,$3)
 endef
-$(eval $(call test_rules,$B,))
-$(eval $(call test_rules,$B/asan,$(ASAN) -DDRC_DEBUG))
-$(eval $(call test_rules,$B/tsan,$(TSAN) -DDRC_DEBUG))
 # Named as targets, so that the pattern rules above may chain to them in every flavour.
 $(foreach f,$B $B/asan $B/tsan,$(call objs,$f,$(LIB_SRCS) $(HOST_SRCS))):
 
-# Each runner prints cmocka's summary per test; the script prints the closing count.
-test: test-unit test-asan test-tsan
-	@tests/summary.sh $B/test-results
+# make test: each phase prints a header, then a line per test program (its whole output when it
+# fails, or with V=1) and records its counts in $B/test-results/<phase>; the last step
+# (tests/summary.sh) prints a table of the phases and the closing line
+# "test: N passed, M failed, K skipped". A phase joins make test with TEST_PHASES += test-<phase>.
+# `make test` starts from an empty results folder; a phase run alone replaces its own file.
+phase = @mkdir -p $B/test-results && printf '\n== %s\n' "$1" &&
+TEST_RESULTS_RESET := $(if $(filter test,$(MAKECMDGOALS)),test-results-reset)
+.PHONY: test-results-reset
+test-results-reset:
+	@rm -rf $B/test-results
+TEST_PHASES := test-unit test-asan test-tsan
 test-unit: $(addprefix $B/tests/,$(TESTS)) all
-	@mkdir -p $B/test-results && tests/run.sh $B/test-results/plain $(addprefix $B/tests/,$(TESTS))
+	$(call phase,unit: tests/*/test_*.c) tests/run.sh $B/test-results/unit $(addprefix $B/tests/,$(TESTS))
 test-asan: $(addprefix $B/asan/tests/,$(TESTS))
-	@mkdir -p $B/test-results && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  tests/run.sh $B/test-results/asan $(addprefix $B/asan/tests/,$(TESTS))
+	$(call phase,asan: the same under ASan+UBSan) ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1 tests/run.sh $B/test-results/asan $(addprefix $B/asan/tests/,$(TESTS))
 test-tsan: $(addprefix $B/tsan/tests/,$(MT_TESTS))
-	@mkdir -p $B/test-results && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	$(call phase,tsan: the thread tests (*_mt) under TSan) TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  tests/run.sh $B/test-results/tsan $(addprefix $B/tsan/tests/,$(MT_TESTS))
 
 # ---- fuzzing (clang + libFuzzer) -------------------------------------------
@@ -164,7 +204,7 @@ FUZZERS := $(patsubst fuzz/%.c,%,$(filter-out fuzz/standalone.c,$(wildcard fuzz/
 FUZZ_FLAGS := -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DDRC_DEBUG
 $B/fuzz/%: fuzz/%.c $(CORE_SRCS) $(HDRS) $(wildcard fuzz/*.h)
 	@mkdir -p $(@D)
-	$(CLANG) $(CPPFLAGS) -Ifuzz $(FUZZ_FLAGS) $(WARN) -Wno-unused-command-line-argument -o $@ $< $(CORE_SRCS) -ldl -lpthread
+	$(call show,CLANG)$(CLANG) $(CPPFLAGS) -Ifuzz $(FUZZ_FLAGS) $(WARN) -Wno-unused-command-line-argument -o $@ $< $(CORE_SRCS) -ldl -lpthread
 fuzz: $(addprefix $B/fuzz/,$(FUZZERS))
 	@set -e; for f in $(FUZZERS); do \
 	  mkdir -p $B/fuzz/corpus/$$f; \
@@ -178,15 +218,16 @@ fuzz: $(addprefix $B/fuzz/,$(FUZZERS))
 # compiles and runs wherever make test does. Its result joins tests/summary.sh's count.
 $B/fuzz-replay/%: fuzz/%.c fuzz/standalone.c $(call objs,$B/asan,$(CORE_SRCS)) $(wildcard fuzz/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Ifuzz -O1 -g $(WARN) $(ASAN) -DDRC_DEBUG -o $@ $< fuzz/standalone.c $(call objs,$B/asan,$(CORE_SRCS)) -ldl -lpthread
+	$(call show,CCLD)$(CC) $(CPPFLAGS) -Ifuzz -O1 -g $(WARN) $(ASAN) -DDRC_DEBUG -o $@ $< fuzz/standalone.c $(call objs,$B/asan,$(CORE_SRCS)) -ldl -lpthread
 .PHONY: test-fuzz-replay
 test-fuzz-replay: $(addprefix $B/fuzz-replay/,$(FUZZERS))
-	@mkdir -p $B/test-results && : > $B/test-results/fuzz-replay && for f in $(FUZZERS); do \
+	$(call phase,fuzz replay: each fuzz target on its seed corpus under ASan+UBSan) : > $B/test-results/fuzz-replay && \
+	for f in $(FUZZERS); do \
 	  if ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 $B/fuzz-replay/$$f fuzz/corpus/$$f; \
 	  then echo "$$f 1 0" >> $B/test-results/fuzz-replay; \
 	  else echo "!! $$f failed on its corpus"; echo "$$f 0 1" >> $B/test-results/fuzz-replay; fi; \
 	done
-test: test-fuzz-replay
+TEST_PHASES += test-fuzz-replay
 include src/loopnic/loopnic.mk tests/e2e/e2e.mk src/tools/demo.mk tests/nics/nics.mk
 
 # ---- the ABI: exported names = version script = DRC_API declarations (tests/abi/check_exports.sh) ----
@@ -196,7 +237,8 @@ ABI_CHECKS := "$B/libdrc.so src/drc.map include/drc.h include/drc_verbs.h includ
               "$B/libdrc_host.so src/host/drc_host.map include/drc_host.h"
 .PHONY: test-abi
 test-abi: $B/libdrc.so $B/libdrc_host.so
-	@mkdir -p $B/test-results && : > $B/test-results/abi && for c in $(ABI_CHECKS); do \
+	$(call phase,abi: exported names = version scripts = DRC_API declarations) : > $B/test-results/abi && \
+	for c in $(ABI_CHECKS); do \
 	  set -- $$c; \
 	  if tests/abi/check_exports.sh $$c; then echo "abi-exports:$$1 1 0" >> $B/test-results/abi; \
 	  else echo "abi-exports:$$1 0 1" >> $B/test-results/abi; fi; \
@@ -204,7 +246,7 @@ test-abi: $B/libdrc.so $B/libdrc_host.so
 	for h in $(wildcard include/*.h); do case ' $(ABI_CHECKS) ' in *" $$h"[\ \"]*) ;; \
 	  *) echo "check_exports: $$h is in no check: add it to ABI_CHECKS in the Makefile, after its library"; \
 	     echo "abi-headers:$$h 0 1" >> $B/test-results/abi;; esac; done
-test: test-abi
+TEST_PHASES += test-abi
 
 # ---- the PyTorch helper without torch, and loading drc late (issue 8, issue 9 item 7) ----
 # tests/python: the package imports and finds libdrc with torch hidden; views register their own
@@ -212,36 +254,36 @@ test: test-abi
 # libdrc.so works (no jemalloc in it), libdrc_host.so with the documented workaround.
 .PHONY: test-python test-late-load
 test-python: $B/libdrc.so
-	@mkdir -p $B/test-results && : > $B/test-results/python && \
+	$(call phase,python: the PyTorch helper without torch) : > $B/test-results/python && \
 	  DRC_LIB=$(abspath $B/libdrc.so) python3 tests/python/test_drc_torch.py $B/test-results/python
 test-late-load: $B/libdrc.so $B/libdrc_host.so $B/libdrc.so.0 $B/libdrc_preload.so
-	@mkdir -p $B/test-results && tests/pkg/test_late_load.sh $(abspath $B) $B/test-results/late-load
-test: test-python test-late-load
+	$(call phase,late load: libdrc loaded by ctypes) tests/pkg/test_late_load.sh $(abspath $B) $B/test-results/late-load
+TEST_PHASES += test-python test-late-load
 
 # ---- install, and consumers built against the installed tree (tests/pkg/test_install.sh) ----
 # make install into a staging folder; a tiny program built with pkg-config and with CMake against it,
 # and run; the Python package pip-installed from it; make uninstall. Needs `all` built first.
 .PHONY: test-pkg test-deps
 test-pkg: all
-	@mkdir -p $B/test-results && tests/pkg/test_install.sh $B $B/test-results/install
+	$(call phase,install: consumers built against an installed tree) tests/pkg/test_install.sh $B $B/test-results/install
 # plain make without a build dependency: names the Debian package, stops before compiling
 test-deps:
-	@mkdir -p $B/test-results && tests/pkg/test_deps.sh $B/test-results/deps
-test: test-pkg test-deps
+	$(call phase,deps: what make names and installs) tests/pkg/test_deps.sh $B/test-results/deps
+TEST_PHASES += test-pkg test-deps
 # the README's front door as written: its two commands, its C example compiled, linked and run on the
 # NIC model and without a NIC, its links (tests/pkg/test_readme.sh); the drc program's command line
 .PHONY: test-readme test-cli
 test-readme: $B/libdrc.so $B/loopnic/libibverbs.so.1
-	@mkdir -p $B/test-results && tests/pkg/test_readme.sh $B $B/test-results/readme
+	$(call phase,readme: the README's commands and example) tests/pkg/test_readme.sh $B $B/test-results/readme
 test-cli: $B/drc
-	@mkdir -p $B/test-results && tests/tools/test_cli.sh $B $B/test-results/cli
-test: test-readme test-cli
+	$(call phase,cli: the drc program's command line) tests/tools/test_cli.sh $B $B/test-results/cli
+TEST_PHASES += test-readme test-cli
 
 # ---- benchmarks ------------------------------------------------------------
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
 $B/bench/%: tests/bench/%.c $B/libdrc.a $(wildcard tests/bench/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ $< $B/libdrc.a $($*_LDFLAGS) $(LDLIBS) -lm
+	$(call show,CCLD)$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ $< $B/libdrc.a $($*_LDFLAGS) $(LDLIBS) -lm
 # ---- bench_cache (drc vs UCX ucs_rcache) ----
 bench_cache_LDFLAGS := -lucs -lucm
 bench_misses_LDFLAGS := -lucs -lucm
@@ -259,93 +301,91 @@ bench-counts: $B/bench/bench_misses
 # once (an interposer must be the preloaded object itself, not a dependency of it). The same library is also built at -O0 without sibling calls
 # (build/O0/), and the preload test runs against both: RTLD_NEXT must not depend on tail calls.
 PRELOAD_SRCS := $(wildcard src/preload/*.c)
+# the verbs front (src/preload/preload_verbs*.c), which a test build leaves out and test_verbs_preload links
+PRELOAD_VERBS_SRCS := $(filter src/preload/preload_verbs%.c,$(PRELOAD_SRCS))
 PRELOAD_LINK  = -shared $(LDFLAGS) -Wl,-soname,libdrc_preload.so -Wl,-rpath,'$$ORIGIN' -Wl,--no-as-needed
 $B/libdrc_preload.so: $(call objs,$B,$(PRELOAD_SRCS)) $B/libdrc.so.0
-	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B -l:libdrc.so.0 $(LDLIBS)
+	$(call show,CCLD)$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B -l:libdrc.so.0 $(LDLIBS)
 $B/libdrc_hook.so $B/libdrc_verbs.so: $B/libdrc_preload.so
-	ln -sf libdrc_preload.so $@
+	$(Q)ln -sf libdrc_preload.so $@
 $B/O0/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -O0 -g -fno-optimize-sibling-calls $(WARN) $(PICFLAGS) -c $< -o $@
+	$(call show,CC)$(CC) $(CPPFLAGS) -O0 -g -fno-optimize-sibling-calls $(WARN) $(PICFLAGS) -c $< -o $@
 $B/O0/libdrc.so.0: $B/libdrc.so
 	@mkdir -p $(@D)
-	ln -sf ../libdrc.so $@
+	$(Q)ln -sf ../libdrc.so $@
 $B/O0/libdrc_preload.so: $(call objs,$B/O0,$(PRELOAD_SRCS)) $B/O0/libdrc.so.0
-	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B/O0 -l:libdrc.so.0 $(LDLIBS)
+	$(call show,CCLD)$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) -L$B/O0 -l:libdrc.so.0 $(LDLIBS)
 $B/O0/libdrc_hook.so: $B/O0/libdrc_preload.so
-	ln -sf libdrc_preload.so $@
+	$(Q)ln -sf libdrc_preload.so $@
 all: $B/libdrc_preload.so $B/libdrc_hook.so $B/libdrc_verbs.so $B/O0/libdrc_hook.so
 # THE CUDA double (tests/doubles/fake_libcuda.c, no GPU in CI): a fake libcuda.so.1, linked by the
-# in-process tests that include tests/fake_cuda.h (FAKECUDA_TESTS), by the preload test's child, and
-# found on LD_LIBRARY_PATH by the engine test (the same file again under build/engine/fakecuda).
+# in-process tests of tests/cuda and tests/verbs (the folder rule: test_link_cuda, test_link_verbs), by
+# the preload test's child, and found on LD_LIBRARY_PATH by the engine test (the same file again under
+# build/engine/fakecuda).
 # The programs the preload test runs under LD_PRELOAD are built without sanitizers (ASan does not
 # mix with preloading another library).
 $B/fakecuda/libcuda.so.1: tests/doubles/fake_libcuda.c tests/doubles/fake_libcuda.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/doubles -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+	$(call show,LD)$(CC) $(CPPFLAGS) -Itests/doubles -O1 -g $(WARN) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 $B/engine/fakecuda/libcuda.so.1: $B/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
-	cp $< $@
+	$(call show,CP)cp $< $@
 FAKECUDA_LINK = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../../fakecuda:$$ORIGIN/../../../fakecuda'
-FAKECUDA_TESTS := cuda/test_cuda cuda/test_free cuda/test_export_mt verbs/test_verbs verbs/test_regmr \
-                  verbs/test_regmr_mt verbs/test_regmr_fork_mt cuda/test_multi_device cuda/test_multi_device_mt cuda/test_hooks \
-                  cuda/test_hooks_mt
-$(foreach f,$B $B/asan $B/tsan,$(addprefix $f/tests/,$(FAKECUDA_TESTS))): $B/fakecuda/libcuda.so.1
-cuda/test_cuda_LDFLAGS = $(FAKECUDA_LINK)
-cuda/test_free_LDFLAGS = $(FAKECUDA_LINK)
-cuda/test_export_mt_LDFLAGS = $(FAKECUDA_LINK)
-cuda/test_multi_device_LDFLAGS = $(FAKECUDA_LINK)
-cuda/test_multi_device_mt_LDFLAGS = $(FAKECUDA_LINK)
-cuda/test_hooks_LDFLAGS = $(FAKECUDA_LINK)
-cuda/test_hooks_mt_LDFLAGS = $(FAKECUDA_LINK)
+test_link_cuda = $(FAKECUDA_LINK)
+test_deps_cuda := $B/fakecuda/libcuda.so.1
+# tests/verbs: the CUDA double too, and THE verbs double, the loopback provider, which the tests dlopen
+# and install as drc's verbs ops table (tests/verbs/verbs_double.h).
+test_link_verbs = $(FAKECUDA_LINK)
+test_deps_verbs := $B/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1
 $B/fakecuda/libcupti.so: tests/hooks/fake_cupti.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -ldl
+	$(call show,LD)$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -ldl
 $B/hooktest/hook_child: tests/hooks/hook_child.c tests/doubles/fake_libcuda.h $B/libdrc.a $B/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/doubles -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/fakecuda -l:libcuda.so.1 \
+	$(call show,CCLD)$(CC) $(CPPFLAGS) -Itests/doubles -O1 -g $(WARN) -o $@ $< $B/libdrc.a -L$B/fakecuda -l:libcuda.so.1 \
 	  -Wl,-rpath,'$$ORIGIN/../fakecuda' $(LDLIBS)
 # hook_child's "rtld-default" mode: a library it loads RTLD_LOCAL, which looks up a symbol of its own
 # dependency with dlsym(RTLD_DEFAULT) (tests/hooks/rtld_local.c)
 $B/hooktest/librtld_dep.so: tests/hooks/rtld_local.c tests/hooks/rtld_dep.map
 	@mkdir -p $(@D)
-	$(CC) -DRTLD_LOCAL_DEP -O1 -g $(WARN) -fPIC -shared -Wl,--version-script=tests/hooks/rtld_dep.map -o $@ $<
+	$(call show,LD)$(CC) -DRTLD_LOCAL_DEP -O1 -g $(WARN) -fPIC -shared -Wl,--version-script=tests/hooks/rtld_dep.map -o $@ $<
 $B/hooktest/librtld_user.so: tests/hooks/rtld_local.c $B/hooktest/librtld_dep.so
-	$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -L$(@D) -l:librtld_dep.so -Wl,-rpath,'$$ORIGIN' -ldl
+	$(call show,LD)$(CC) $(CPPFLAGS) -O1 -g $(WARN) -fPIC -shared -o $@ $< -L$(@D) -l:librtld_dep.so -Wl,-rpath,'$$ORIGIN' -ldl
 $B/hooktest/hook_child: $B/hooktest/librtld_user.so
 # The verbs front's seam (drc__preload_verbs_symbol), stood in for: the preload without
 # preload_verbs.c, plus tests/hooks/verbs_standin.c, which serves ibv_dereg_mr.
-$B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/preload_verbs.c,$(PRELOAD_SRCS))) \
+$B/hooktest/standin/libdrc_preload.so: $(call objs,$B,$(filter-out $(PRELOAD_VERBS_SRCS),$(PRELOAD_SRCS))) \
                                        tests/hooks/verbs_standin.c $B/libdrc.so
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) -c tests/hooks/verbs_standin.c -o $(@D)/verbs_standin.o
-	ln -sf ../../libdrc.so $(@D)/libdrc.so.0
-	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/verbs_standin.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
+	$(call show,CC)$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) -c tests/hooks/verbs_standin.c -o $(@D)/verbs_standin.o
+	$(Q)ln -sf ../../libdrc.so $(@D)/libdrc.so.0
+	$(call show,CCLD)$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/verbs_standin.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
 # hook_child's "dlsym-race" mode: objects that call dlsym, 4 drc-like (exporting drc_notify_free) and 4
 # ordinary ones, copies of tests/hooks/dlsym_caller.c; and the preload with from_drc's windows widened
 # (DRC_PRELOAD_RACE_WINDOW, tests/hooks/race_window.c), so that a torn answer shows in a few thousand calls.
 $B/hooktest/caller/drc.so: tests/hooks/dlsym_caller.c
 	@mkdir -p $(@D)
-	$(CC) -DDRC_LIKE -O1 -g -fno-optimize-sibling-calls $(WARN) -fPIC -shared -o $@ $< -ldl
+	$(call show,LD)$(CC) -DDRC_LIKE -O1 -g -fno-optimize-sibling-calls $(WARN) -fPIC -shared -o $@ $< -ldl
 $B/hooktest/caller/app.so: tests/hooks/dlsym_caller.c
 	@mkdir -p $(@D)
-	$(CC) -O1 -g -fno-optimize-sibling-calls $(WARN) -fPIC -shared -o $@ $< -ldl
+	$(call show,LD)$(CC) -O1 -g -fno-optimize-sibling-calls $(WARN) -fPIC -shared -o $@ $< -ldl
 RACE_CALLERS := $(foreach i,0 1 2 3,$B/hooktest/caller/drc$i.so $B/hooktest/caller/app$i.so)
 $B/hooktest/caller/drc%.so: $B/hooktest/caller/drc.so
-	cp $< $@
+	$(call show,CP)cp $< $@
 $B/hooktest/caller/app%.so: $B/hooktest/caller/app.so
-	cp $< $@
+	$(call show,CP)cp $< $@
 $B/hooktest/race/libdrc_preload.so: $(call objs,$B,$(filter-out src/preload/preload.c,$(PRELOAD_SRCS))) \
                                     src/preload/preload.c tests/hooks/race_window.c $B/libdrc.so $(HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) '-DDRC_PRELOAD_RACE_WINDOW()=drc__test_race_window()' \
+	$(call show,CCLD)$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) '-DDRC_PRELOAD_RACE_WINDOW()=drc__test_race_window()' \
 	  -c src/preload/preload.c -o $(@D)/preload.o
-	$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) -c tests/hooks/race_window.c -o $(@D)/race_window.o
-	ln -sf ../../libdrc.so $(@D)/libdrc.so.0
-	$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/preload.o $(@D)/race_window.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
-$B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/libdrc_hook.so $B/hooktest/hook_child \
-  $B/O0/libdrc_hook.so $B/hooktest/standin/libdrc_preload.so $B/fakecuda/libcupti.so \
-  $B/hooktest/race/libdrc_preload.so $(RACE_CALLERS) $B/libdrc_verbs.so
+	$(call show,CC)$(CC) $(CPPFLAGS) -O1 -g $(WARN) $(PICFLAGS) -c tests/hooks/race_window.c -o $(@D)/race_window.o
+	$(Q)ln -sf ../../libdrc.so $(@D)/libdrc.so.0
+	$(call show,CCLD)$(CC) $(PRELOAD_LINK) -o $@ $(filter %.o,$^) $(@D)/preload.o $(@D)/race_window.o -L$(@D) -l:libdrc.so.0 $(LDLIBS)
+# what the preload tests run (tests/preload: test_hook_preload's programs, libraries and doubles)
+test_deps_preload := $B/libdrc_preload.so $B/libdrc_hook.so $B/libdrc_verbs.so $B/O0/libdrc_hook.so $B/hooktest/hook_child \
+  $B/hooktest/standin/libdrc_preload.so $B/fakecuda/libcupti.so $B/hooktest/race/libdrc_preload.so $(RACE_CALLERS)
 
 # ---- transfer-engine interposer (issue 5): the verbs front of libdrc_preload.so, its doubles ----
 # DOUBLES (no NIC, no GPU in CI): libibverbs.so.1 is the loopback provider with its record
@@ -354,24 +394,19 @@ $B/tests/preload/test_hook_preload $B/asan/tests/preload/test_hook_preload: $B/l
 $B/engine/engine_child: tests/engine/engine_child.c src/loopnic/loopnic_record.h tests/doubles/fake_libcuda.h \
                         $B/loopnic/libibverbs.so.1
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -Itests/loopnic -O1 -g $(WARN) -o $@ $< -L$B/loopnic -l:libibverbs.so.1 -ljemalloc -ldl
+	$(call show,CCLD)$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -Itests/loopnic -O1 -g $(WARN) -o $@ $< -L$B/loopnic -l:libibverbs.so.1 -ljemalloc -ldl
 # tent_child links no libibverbs: it dlopens it RTLD_LOCAL and dlsyms every call, as TENT and NCCL do.
 $B/engine/tent_child: tests/engine/tent_child.c src/loopnic/loopnic_record.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -Itests/loopnic -O1 -g $(WARN) -o $@ $< -ldl
-$B/tests/preload/test_verbs_preload $B/asan/tests/preload/test_verbs_preload: $B/libdrc_verbs.so $B/libdrc_host.so.0 $B/engine/engine_child \
-  $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1
-# The configuration through the preload (tests/preload/test_config_preload.c): the same programs, and
-# the provider's preloadable build as an object that defines ibv_reg_mr ahead of drc.
-$B/tests/preload/test_config_preload $B/asan/tests/preload/test_config_preload: $B/libdrc_preload.so $B/libdrc_host.so.0 \
-  $B/engine/engine_child $B/engine/fakecuda/libcuda.so.1 $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so
-# ... and links the interposer's object itself, to test drc__preload_verbs_symbol (the dlsym seam).
-preload/test_verbs_preload_LDFLAGS = $(patsubst %/tests/preload,%,$(@D))/obj/preload/preload_verbs.o
-$B/tests/preload/test_verbs_preload: $B/obj/preload/preload_verbs.o
-$B/asan/tests/preload/test_verbs_preload: $B/asan/obj/preload/preload_verbs.o
-# The in-process verbs tests dlopen the same provider and install it as drc's verbs ops table.
-$(foreach f,$B $B/asan,$f/tests/verbs/test_verbs $f/tests/verbs/test_regmr): $B/loopnic/libibverbs.so.1
-$(foreach f,$B $B/asan $B/tsan,$f/tests/verbs/test_regmr_mt $f/tests/verbs/test_regmr_fork_mt): $B/loopnic/libibverbs.so.1
+	$(call show,CCLD)$(CC) $(CPPFLAGS) -Itests/engine -Isrc/loopnic -Itests/loopnic -O1 -g $(WARN) -o $@ $< -ldl
+# The preload tests run these too (test_verbs_preload, test_config_preload: the engine programs, and the
+# provider's preloadable build as an object that defines ibv_reg_mr ahead of drc).
+test_deps_preload += $B/libdrc_host.so.0 $B/engine/engine_child $B/engine/tent_child $B/engine/fakecuda/libcuda.so.1 \
+  $B/loopnic/libibverbs.so.1 $B/loopnic/libloopnic.so
+# test_verbs_preload links the verbs front's objects (src/preload/preload_verbs*.c) itself, to test
+# drc__preload_verbs_symbol (the dlsym seam).
+preload/test_verbs_preload_LDFLAGS = $(call objs,$(patsubst %/tests/preload,%,$(@D)),$(PRELOAD_VERBS_SRCS))
+$(foreach f,$B $B/asan $B/tsan,$(eval $f/tests/preload/test_verbs_preload: $(call objs,$f,$(PRELOAD_VERBS_SRCS))))
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free,--wrap=mmap,--wrap=munmap,--wrap=madvise
 # test_arena: madvise refuses MADV_HUGEPAGE on demand, as where THP is compiled out.
@@ -436,8 +471,12 @@ clean:
 
 .SECONDARY:
 
-# ---- the CUDA double for the verbs tests (see FAKECUDA_TESTS above; after their own flags) ----
-verbs/test_verbs_LDFLAGS += $(FAKECUDA_LINK)
-verbs/test_regmr_LDFLAGS += $(FAKECUDA_LINK)
-verbs/test_regmr_mt_LDFLAGS += $(FAKECUDA_LINK)
-verbs/test_regmr_fork_mt_LDFLAGS += $(FAKECUDA_LINK)
+# ---- the folder rules of the unit tests, now that every test_deps_<folder> is set ----
+$(foreach d,$(TEST_DIRS),$(eval $(call test_rules,$B,,$d)))
+$(foreach d,$(TEST_DIRS),$(eval $(call test_rules,$B/asan,$(ASAN) -DDRC_DEBUG,$d)))
+$(foreach d,$(TEST_DIRS),$(eval $(call test_rules,$B/tsan,$(TSAN) -DDRC_DEBUG,$d)))
+
+# ---- make test: every phase, then the summary ----
+test: $(TEST_PHASES)
+	@tests/summary.sh $B/test-results
+$(TEST_PHASES): | $(TEST_RESULTS_RESET)

@@ -1,5 +1,5 @@
 /*
- * Fuzz target for src/cache.c: the cache against a model, one thread.
+ * Fuzz target for src/core/cache.c: the cache against a model, one thread.
  *
  * The input first picks a configuration (limits, DRC_F_NO_MERGE, DRC_F_REVOKE, DRC_F_ACCESS_SUPERSET,
  * a backend size limit), then becomes a program of get / put / invalidate / failing

@@ -203,17 +203,11 @@ void drc__itree_augment(struct drc__itree *t)
 
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n)
 {
-    drc__itree_insert_at(t, n, NULL, NULL);
-}
-
-void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_node **prev,
-                          struct drc__itree_node **succ)
-{
-    node_t *p = NULL, *cur = t->root, *lo = NULL, *hi = NULL;
+    node_t *p = NULL, *cur = t->root, *hi = NULL;
     int plain = is_plain(t);
 
     if (plain && t->max && n->start > t->max->start) {
-        p = lo = t->max;    /* after every interval, and nothing to raise: under the largest, whose right is NULL */
+        p = t->max;         /* after every interval, and nothing to raise: under the largest, whose right is NULL */
     } else {
         while (cur) {
             p = cur;
@@ -223,17 +217,12 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, struc
                 hi = cur;       /* the last node the descent went left at follows n */
                 cur = cur->left;
             } else {
-                lo = cur;       /* the last it went right at precedes n */
                 cur = cur->right;
             }
         }
     }
     if (!hi)
         ST(t->max, n);      /* it never went left: n comes last */
-    if (prev)
-        *prev = lo;
-    if (succ)
-        *succ = hi;
     /* n may be recycled memory that a lockless reader still walks: atomic stores */
     ST(n->left, (node_t *)NULL);
     ST(n->right, (node_t *)NULL);
@@ -317,6 +306,21 @@ static void remove_fixup(struct drc__itree *t, node_t *x, node_t *xp)
         set_red(x, 0);
 }
 
+/* The node before @n in start order (in-order predecessor), or NULL. Writers only: no atomics. */
+static node_t *node_prev(const node_t *n)
+{
+    node_t *p;
+
+    if (n->left) {
+        for (n = n->left; n->right; n = n->right)
+            ;
+        return (node_t *)n;
+    }
+    for (p = parent_of(n); p && n == p->left; p = parent_of(n))
+        n = p;
+    return p;
+}
+
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
 {
     node_t *x, *xp, *y, *n, *moved = NULL;
@@ -324,7 +328,7 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
     int removed_red;
 
     if (z == t->max)
-        ST(t->max, drc__itree_prev(z));
+        ST(t->max, node_prev(z));
     if (!z->left || !z->right) {
         x = z->left ? z->left : z->right;
         xp = parent_of(z);
@@ -514,34 +518,6 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
         if (start <= LD(n->last))
             return (node_t *)n;
     }
-}
-
-struct drc__itree_node *drc__itree_prev(const struct drc__itree_node *n)
-{
-    node_t *p;
-
-    if (n->left) {
-        for (n = n->left; n->right; n = n->right)
-            ;
-        return (node_t *)n;
-    }
-    for (p = parent_of(n); p && n == p->left; p = parent_of(n))
-        n = p;
-    return p;
-}
-
-struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n)
-{
-    node_t *p;
-
-    if (n->right) {
-        for (n = n->right; n->left; n = n->left)
-            ;
-        return (node_t *)n;
-    }
-    for (p = parent_of(n); p && n == p->right; p = parent_of(n))
-        n = p;
-    return p;
 }
 
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)

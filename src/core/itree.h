@@ -64,10 +64,6 @@ void drc__itree_augment(struct drc__itree *t);
  */
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
 
-/* The same, also giving @n's neighbours in start order (as drc__itree_prev/succ would), or NULL. */
-void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_node **prev,
-                          struct drc__itree_node **succ);
-
 /* Remove @n, which must be in @t. */
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
 
@@ -87,14 +83,6 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
  * overlap, it is the only node that can contain a range starting at @key.
  */
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget);
-
-/*
- * The neighbours of @n in start order (in-order predecessor and successor),
- * or NULL. Writers only (they read the tree without atomics): cache.c keeps
- * its own neighbour links, which lockless readers follow.
- */
-struct drc__itree_node *drc__itree_prev(const struct drc__itree_node *n);
-struct drc__itree_node *drc__itree_succ(const struct drc__itree_node *n);
 
 /*
  * Check every invariant (BST order, red-black rules, parent links,

@@ -3,5 +3,5 @@
 # LD_LIBRARY_PATH, straight and with build/libdrc_verbs.so preloaded.
 $B/demo/drc-demo-engine: src/tools/demo_engine.c src/loopnic/loopnic.h tests/loopnic/rcqp.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Isrc/loopnic -Itests/loopnic -O2 -g $(WARN) -o $@ $< -libverbs -ldl
+	$(call show,CCLD)$(CC) $(CPPFLAGS) -Isrc/loopnic -Itests/loopnic -O2 -g $(WARN) -o $@ $< -libverbs -ldl
 demo: $B/demo/drc-demo-engine $B/loopnic/libibverbs.so.1 $B/libdrc_verbs.so

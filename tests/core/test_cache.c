@@ -1,5 +1,5 @@
 /*
- * Tests of src/cache.c through the public API, one thread.
+ * Tests of src/core/cache.c through the public API, one thread.
  *
  * The backend is the recording double of backend.h (no RDMA device here): it
  * records every reg and dereg, fails on request, and runs callbacks inside

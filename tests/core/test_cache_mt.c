@@ -1,5 +1,5 @@
 /*
- * Thread tests of src/cache.c (also run under TSan).
+ * Thread tests of src/core/cache.c (also run under TSan).
  *
  * The backend is the recording double of backend.h: it hands out handle ids
  * in the order reg() is entered, which lets a test tell a registration begun

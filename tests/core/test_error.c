@@ -1,5 +1,5 @@
 /*
- * Tests of src/error.c: drc_strerror gives a sentence for every value a user
+ * Tests of src/core/error.c: drc_strerror gives a sentence for every value a user
  * may pass it, and for drc's own errors one that says what to do.
  */
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * Tests of src/notify.c: drc_notify_free() invalidates a range in every live
+ * Tests of src/core/notify.c: drc_notify_free() invalidates a range in every live
  * cache of the process, and only in live ones.
  *
  * Backends are the recording double of backend.h (no RDMA device here); each

@@ -21,6 +21,7 @@
 
 #include "drc.h"
 #include "fake_cuda.h"
+#include "helpers.h"
 #include "core/mem.h"
 
 enum { THREADS = 4, ITERS = 500 };
@@ -29,18 +30,6 @@ enum { THREADS = 4, ITERS = 500 };
 
 static int racing_frees;
 static int errors;      /* atomic */
-
-static int fds_open(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-
-    while (d && readdir(d))
-        n++;
-    if (d)
-        closedir(d);
-    return n;
-}
 
 static void *registrar(void *arg)
 {

@@ -1,5 +1,5 @@
 /*
- * GPU tests of the CUDA layer (src/cuda.c) through the cache, on real CUDA.
+ * GPU tests of the CUDA layer (src/cuda/) through the cache, on real CUDA.
  *
  * The GPU machine has no RDMA NIC, so the registrations go to the RECORDING
  * BACKEND of the GPU programs (recbackend.h, a double) that registers

@@ -2,8 +2,8 @@
  * A double of libcupti for the CUPTI monitor's test (DRC_MONITOR=cupti,
  * DRC_CUPTI_LIB=build/fakecuda/libcupti.so): there is no GPU in CI. It keeps
  * the one subscriber's callback and the callbacks enabled, names the driver
- * entry points the libcuda double (fake_cuda.c) reports, and hands the
- * double a function to report them with: fake_cuda.c calls it on entry to
+ * entry points the libcuda double (tests/doubles/fake_libcuda.c) reports, and hands the
+ * double a function to report them with: the double calls it on entry to
  * and on exit from each of its frees, unmaps and teardowns, whichever way
  * the program reached them, as the driver does.
  */

@@ -1,7 +1,7 @@
 /*
- * The program the preload test (tests/test_hook_preload.c) runs, with and
+ * The program the preload test (tests/preload/test_hook_preload.c) runs, with and
  * without LD_PRELOAD=build/libdrc_hook.so, against the fake libcuda.so.1 of
- * fake_cuda.c (a double: no GPU in CI).
+ * tests/doubles/fake_libcuda.c (THE CUDA double: no GPU in CI).
  *
  * Usage: hook_child MODE. It allocates fake device memory, registers two
  * regions of it in a drc cache (one held, one idle), frees the allocation

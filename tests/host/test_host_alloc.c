@@ -1,5 +1,5 @@
 /*
- * Tests of drc_host_alloc / drc_host_free (src/host_alloc.c): memory from
+ * Tests of drc_host_alloc / drc_host_free (src/host/host_alloc.c): memory from
  * drc's jemalloc arena keeps its registration while jemalloc keeps its
  * pages, and is invalidated before jemalloc gives the pages back to the OS.
  * The backend is the recording DOUBLE of backend.h; its dereg hook looks at

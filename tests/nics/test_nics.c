@@ -39,6 +39,7 @@
 #include "drc_verbs.h"
 #include "rcqp.h"
 #include "fake_cuda.h"
+#include "helpers.h"
 #include "loopnic.h"
 
 #define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
@@ -56,18 +57,6 @@ static struct ibv_device **devs;
 static unsigned char *gpu;      /* the double's device memory: 8 MiB of host memory */
 static char root[64];           /* a sysfs tree */
 static int base_fds;
-
-static int fds_open(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-
-    while (d && readdir(d))
-        n++;
-    if (d)
-        closedir(d);
-    return n;
-}
 
 static struct loopnic_counters counters(void)
 {

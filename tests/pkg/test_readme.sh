@@ -1,6 +1,6 @@
 #!/bin/sh
 # The README's front door works as written (issue 24):
-#   1. its first code block gives the two commands a new user types first (make demo, make test)
+#   1. its first code block gives the two commands a new user types first (make deps demo, make deps test)
 #   2. its C example (the ```c block after the "readme-example" marker) compiles and links against
 #      the built library with warnings as errors
 #   3. the example runs on drc's loopback NIC model: three registrations of one tensor make one NIC
@@ -21,8 +21,8 @@ result() {  # name, then the command; records "name 1 0" or "name 0 1"
 
 two_commands() {
     awk '/^```/ { n++; next } n == 1' README.md > "$T/first"
-    grep -q '^make demo' "$T/first" && grep -q '^make test' "$T/first" ||
-        { echo "README.md's first code block does not start with make demo and make test:"; cat "$T/first"; return 1; }
+    grep -q '^make deps demo ' "$T/first" && grep -q '^make deps test ' "$T/first" ||
+        { echo "README.md's first code block does not give make deps demo and make deps test:"; cat "$T/first"; return 1; }
 }
 result readme:two-commands-first two_commands
 

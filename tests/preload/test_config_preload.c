@@ -28,7 +28,7 @@
 
 #include <cmocka.h>
 
-#include "buildpath.h"
+#include "helpers.h"
 
 static char build[PATH_MAX];
 

@@ -3,7 +3,7 @@
  * make drc invalidate before a free, however the program reaches the driver?
  *
  * There is no GPU in CI: the driver is build/fakecuda/libcuda.so.1, a DOUBLE
- * (tests/hooks/fake_cuda.c) whose "device memory" is host memory and which,
+ * (tests/doubles/fake_libcuda.c) whose "device memory" is host memory and which,
  * inside every free, lets the program look at what drc has done. The program
  * is tests/hooks/hook_child.c, run as a child process without sanitizers
  * (this binary may be an ASan build; ASan does not mix with preloading). The
@@ -27,7 +27,7 @@
 
 #include <cmocka.h>
 
-#include "buildpath.h"
+#include "helpers.h"
 
 extern char **environ;
 

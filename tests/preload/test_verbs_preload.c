@@ -9,7 +9,7 @@
  * through LD_LIBRARY_PATH: build/loopnic/libibverbs.so.1, the loopback
  * provider with its record (src/loopnic/loopnic_record.h), and build/engine/fakecuda/
  * libcuda.so.1, a CUDA driver whose device memory is reserved address space
- * and whose dmabufs are memfds (tests/engine/fake_libcuda.c). The child
+ * and whose dmabufs are memfds (THE CUDA double, tests/doubles/fake_libcuda.c). The child
  * checks, from the double's record, what the engine and the NIC would see,
  * and exits 0 with "ok <scenario>" when all of it held.
  *
@@ -35,7 +35,7 @@
 
 #include <infiniband/verbs.h>
 
-#include "buildpath.h"
+#include "helpers.h"
 #include "preload/preload_verbs.h"
 #include "verbs/ops.h"
 

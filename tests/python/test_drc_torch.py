@@ -6,7 +6,7 @@ close()/release() is destroyed/put, so no callback of a dead Cache stays in the 
 Usage: python3 tests/python/test_drc_torch.py [RESULTS_FILE]
 The package is imported from src/python unless DRC_TEST_TORCH_PATH names another folder (an installed
 copy). The library is $DRC_LIB, else build/libdrc.so of this tree. With RESULTS_FILE, appends
-"NAME PASSED FAILED" as tests/run.sh does."""
+"NAME PASSED FAILED SKIPPED" as tests/run.sh does."""
 import ctypes
 import gc
 import importlib.abc
@@ -263,10 +263,11 @@ def main():
     results = sys.argv[1] if len(sys.argv) > 1 else None
     result = unittest.main(exit=False, argv=[sys.argv[0], "-v"]).result
     failed = len(result.failures) + len(result.errors)
+    skipped = len(result.skipped)
     if results:
         with open(results, "a") as f:
-            f.write("%s %d %d\n" % (os.environ.get("DRC_TEST_NAME", "python/test_drc_torch"),
-                                    result.testsRun - failed, failed))
+            f.write("%s %d %d %d\n" % (os.environ.get("DRC_TEST_NAME", "python/test_drc_torch"),
+                                       result.testsRun - failed - skipped, failed, skipped))
     return 1 if failed or not result.testsRun else 0
 
 

@@ -55,18 +55,6 @@ int close(int fd)
 
 static int base_fds;     /* fds open at setup */
 
-static int fds_open(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-
-    while (d && readdir(d))
-        n++;
-    if (d)
-        closedir(d);
-    return n;
-}
-
 /*
  * The export of the first registration: the shared one (src/cuda/export.c)
  * is still open, one per allocation exported, and nothing else: the copy the

@@ -13,7 +13,7 @@
 #include <limits.h>
 #include <stdio.h>
 
-#include "buildpath.h"
+#include "helpers.h"
 #include "loopnic/loopnic_record.h"
 #include "verbs/ops.h"
 

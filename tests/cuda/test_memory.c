@@ -1,10 +1,13 @@
 /*
- * Tests of src/cuda.c against a FAKE CUDA DRIVER TABLE (tests/fake_cuda.h, the CUDA double):
- * there is no GPU in CI. Each test states what a user of drc would check:
- * that host memory stays host memory, that CUDA memory is bounded by its
- * allocation (or by its run of VMM chunks), that the export asks the driver
- * for exactly the page-aligned range and keeps the offset, that the caller's
- * context is restored, and that DRC_F_VALIDATE catches a reallocation.
+ * Tests of src/cuda/memory.c (CUDA memory as the core sees it: classification,
+ * export, validation, bounds) and of the export table it shares
+ * (src/cuda/export.c), against THE CUDA double (tests/fake_cuda.h, installed
+ * in drc's one driver table): there is no GPU in CI. Each test states what
+ * a user of drc would check: that host memory stays host memory, that CUDA
+ * memory is bounded by its allocation (or by its run of VMM chunks), that the
+ * export asks the driver for exactly the page-aligned range and keeps the
+ * offset, that the caller's context is restored, and that DRC_F_VALIDATE
+ * catches a reallocation.
  */
 #include <errno.h>
 #include <setjmp.h>

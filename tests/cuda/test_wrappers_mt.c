@@ -1,6 +1,6 @@
 /*
- * Thread tests of the free path (src/hooks.c, src/notify.c); also run under
- * TSan.
+ * Thread tests of the free path (src/cuda/wrappers.c, src/cuda/free.c,
+ * src/core/notify.c); also run under TSan.
  *
  * The property a user relies on: once a free of a range has begun (the
  * wrapper has notified), no drc_get() on that range that starts afterwards
