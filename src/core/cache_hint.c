@@ -109,8 +109,8 @@ void hint_grow(drc_cache_t *c, unsigned bits)
      * that lookups do not all miss it at once (a table grown at 65,536
      * regions has 128 Ki grains to learn). A lockless walk of the pool
      * chunks: one line per region, in allocation order, where an in-order
-     * walk of the tree climbs to parents, dependent cache misses (about
-     * 90 ns per region at 65,536). A region that changes under the walk
+     * walk of the tree climbs to parents, a dependent cache miss per region
+     * once the tree outgrows the caches. A region that changes under the walk
      * only leaves a slot stale, which lookups check anyway, or a bit set
      * where nothing is, which the filter allows. The first grains of each
      * region are enough for lookups near its start.

@@ -58,8 +58,8 @@ struct region_mem {
 /*
  * Small helpers of a hit (tally, count_hit, covers, handed_over) are always
  * inlined: gcc -O2 kept them out of line, for their many callers, and a hint
- * hit paid six calls with their spills (callgrind, a drc-only loop of
- * interior hits over 1,024 regions: 305 -> 251 instructions a get+put).
+ * hit paid six calls with their spills (make bench-counts shows the
+ * difference; tests/bench/RESULTS.md has the figures).
  */
 #define HIT_INLINE inline __attribute__((always_inline))
 
@@ -93,8 +93,8 @@ struct drc_region {
      * children). node.subtree_last (used once regions overlap) spills into
      * the second. Nothing else of another region is written by an insert or
      * a removal: regions keep no links to their neighbours in address order,
-     * which cost a removal two more lines, the neighbours' (held
-     * invalidation under callgrind, make bench-counts: 8.2 L2 misses -> 4.7).
+     * which cost a removal two more lines, the neighbours' (make bench-counts
+     * counts the L2 misses of an invalidation).
      */
     uint64_t word;                  /* HELD | users, atomic */
     unsigned access;                /* atomic: a stale lookup may read it during reuse */

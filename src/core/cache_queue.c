@@ -52,10 +52,9 @@ static inline int lock_looks_free(drc_cache_t *c)
  * (tests/bench/RESULTS.md, "Two threads on two vCPUs"): a waiter that checks after every
  * pause (or every 16) takes the lock the moment it is released, so the
  * cache's lines cross between the cores on every section; one that checks
- * every 512 pauses (8-10 us here) lets the holder run several sections back
- * to back (two threads missing at 1,024 regions, one interleaved run: about
- * 1,100 ns a miss with the plain mutex, 1,500 checking after every pause,
- * 600 every 512). Every way in goes through lock() or a trylock; the
+ * every 512 pauses lets the holder run several sections back to back, which
+ * made two threads missing together faster than either the plain mutex or a
+ * check after every pause (the figures: tests/bench/RESULTS.md). Every way in goes through lock() or a trylock; the
  * hand-offs of unlock() and queue_invalidation() do not change.
  */
 __attribute__((noinline)) void lock_contended(drc_cache_t *c)

@@ -123,8 +123,8 @@ struct slot {
  * bytes, whole lines, and a thread writes only its own. The slots come first
  * in a page-aligned block, so that no count sits at a slot's address modulo
  * 4 KiB: when the row of thread slot 1 did (users placed before the slots),
- * a free event paid about 15 ns more for the load of slot.cache after the
- * increment (4K aliasing of the load with the store).
+ * a free event paid for the load of slot.cache after the increment (4K
+ * aliasing of the load with the store).
  */
 static struct {
     struct slot slot[SLOTS];

@@ -240,7 +240,7 @@ int drc__cuda_pci_bus_id(int device, char *buf, int len);
  * own (a dup of the table's): it closes it, as it would a fresh export.
  * *@pcie: in, 1 to ask for the PCIe mapping type; out, on success, the type
  * given (0: the default). Where the driver refuses the PCIe type on a range
- * it exports with the default type (NOT_SUPPORTED on the H200 machine), the
+ * it exports with the default type (NOT_SUPPORTED: no such path), the
  * default type, the device not asked for PCIe again, and a line under
  * DRC_LOG; a range the driver refuses whatever the type (a pool
  * allocation's pages) keeps the type asked for the next range tried.

@@ -18,7 +18,8 @@
  *   - when the allocation is freed, unmapped or its context torn down:
  *     drc_notify_free() (through core/mem.h's drc__mem_released) and the
  *     begin-free routines of free.c drop it before the real free, because an
- *     open dmabuf fd keeps freed GPU memory taken (measured on the H200);
+ *     open dmabuf fd keeps freed GPU memory taken (tests/gpu: test_cuda_gpu's
+ *     "unannounced free" shows it);
  *   - when a classification finds other memory at the same bounds (another
  *     buffer id: a free drc did not see), before that memory is exported;
  *   - when the table is full (EXPORTS entries), least recently used first.
@@ -28,7 +29,8 @@
  * dmabuf by itself: closing an entry never breaks a registration made from it.
  *
  * Mapping type: a request for the PCIe type that the driver answers with
- * NOT_SUPPORTED (no such path: the H200 tested) or INVALID_VALUE is retried,
+ * NOT_SUPPORTED (no such path, as on a GPU with no NIC under its switch) or
+ * INVALID_VALUE is retried,
  * once, with the default type on the same range. INVALID_VALUE has two
  * causes the driver does not tell apart: a driver older than the flag, or a
  * range it refuses whatever the type (a stream-ordered pool allocation's own
@@ -46,7 +48,8 @@
  * Locks, in this order: `export_lock`, held by a miss from its second
  * lookup to its insertion, so that threads missing on one allocation together
  * (one per NIC) make one export, not one each (exports of different
- * allocations wait for each other: 20-35 us each on the H200); `lock`, which
+ * allocations wait for each other, an export being a driver call of tens
+ * of microseconds); `lock`, which
  * protects the table and is never held across a driver call or any call but
  * close and dup (so a fork waits for it, and the child closes every export:
  * core/fork.h). Neither is a
@@ -333,7 +336,7 @@ int drc__cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, int 
         /*
          * A stream-ordered pool (cudaMallocAsync) packs allocations into one mapping, so
          * an allocation's pages may start inside another allocation; the driver refuses
-         * such a range (INVALID_VALUE: measured on the H200, CUDA 13) but exports one
+         * such a range (INVALID_VALUE, seen with CUDA 13: tests/gpu) but exports one
          * that starts at the mapping's base, across the allocations. The region's offset
          * is then counted from there. The type asked is asked again there: the range was
          * refused, not the type (export_range).
