@@ -261,10 +261,13 @@ ucx-src: $(if $(UCX_SRC),$B/ucx/.installed)
 bench: $(addprefix $B/bench/,$(BENCHES)) $(BENCH_UCX)
 	@set -e; for b in $(addprefix $B/bench/,$(BENCHES)); do echo "== $$b"; \
 	    if [ $$b = $B/bench/bench_cache ]; then $$b $(BENCH_UCX); else $$b; fi; done
-# instructions and L2 misses per operation, drc and UCX, under callgrind (README: "Why the missed rows are missed")
-.PHONY: bench-counts
+# instructions and L2 misses per operation, drc and UCX, under callgrind (tests/bench/RESULTS.md)
+.PHONY: bench-counts bench-profile
 bench-counts: $B/bench/bench_misses
 	sh tests/bench/counts.sh $B
+# drc's invalidation by function and part under callgrind (tests/bench/RESULTS.md, "Where a free event goes")
+bench-profile: $B/bench/bench_misses
+	sh tests/bench/profile.sh $B
 
 # ---- the preload library (src/preload/): libdrc_preload.so, linking libdrc.so.0 ----
 # One library, its parts chosen by DRC_PRELOAD (cuda, host, verbs; preload.c). It never brings

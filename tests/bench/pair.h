@@ -121,7 +121,7 @@ static inline void ucx_region_invalidate(ucs_rcache_t *rc, ucs_rcache_region_t *
 }
 
 /* The UCX release of the headers this was built with ("UCX 1.13"), or BENCH_UCX_NAME. */
-static const char *ucx_name(void)
+static inline const char *ucx_name(void)
 {
 #if defined(BENCH_UCX_NAME)
     return BENCH_UCX_NAME;
@@ -142,7 +142,7 @@ static const char *ucx_name(void)
  * them), and valgrind's mappings are only page-aligned where the kernel's large ones often are
  * not: an unaligned run measures a UCX that aligned runs do not.
  */
-static char *reserve(size_t size)
+static inline char *reserve(size_t size)
 {
     size_t a = 2 << 20;
     char *p = mmap(NULL, size + a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
