@@ -231,6 +231,9 @@ bench_misses_LDFLAGS := -lucs -lucm
 bench_cache_CPPFLAGS = $(call UCX_API,) -DBENCH_UCX_NAME='"UCX $(call UCX_VERSION,)"'
 bench_misses_CPPFLAGS = $(call UCX_API,)
 ifneq ($(UCX_SRC),)
+  ifeq ($(wildcard $(UCX_SRC)/src/ucs/memory/rcache.c),)
+    $(error UCX_SRC=$(UCX_SRC) is not a UCX source tree)
+  endif
 UCX_PREFIX := $(abspath $B/ucx)
 endif
 ifneq ($(UCX_PREFIX),)
@@ -246,8 +249,7 @@ endif
 # A UCX source tree (a release tarball, or a git checkout with autotools installed), built out of
 # tree into $B/ucx-build and installed into $B/ucx: release flags, no CUDA, no verbs (the rcache
 # does not need them). Only what is in UCX_SRC is used.
-$B/ucx/.installed:
-	@test -f '$(UCX_SRC)/src/ucs/memory/rcache.c' || { echo "UCX_SRC=$(UCX_SRC) is not a UCX source tree" >&2; exit 1; }
+$B/ucx/.installed: $(UCX_SRC)/configure.ac
 	test -x '$(UCX_SRC)/configure' || (cd '$(UCX_SRC)' && ./autogen.sh)
 	mkdir -p $B/ucx-build
 	cd $B/ucx-build && '$(abspath $(UCX_SRC))/configure' --prefix='$(UCX_PREFIX)' --enable-optimizations \
