@@ -25,7 +25,8 @@ PARTS = [
     ("lockless pre-checks (hull, nothing_there)", {"nothing_there", "closed_range", "nothing_registered"}),
     ("thread slots: drain, tallies", {"drain_begin", "drain_end", "drain_slot", "drain_locked", "slot_refs",
                                       "slot_holds", "slot_put", "join_refs", "tally", "tally_sum", "count_hit",
-                                      "drc__tslot", "drc__tslot_claim", "off_held"}),
+                                      "drc__tslot", "drc__tslot_claim", "off_held", "ref_bit",
+                                      "joined_next"}),
     ("LRU, pool, release to pool", {"lru_unlink", "lru_append", "pool_get", "release_list", "chunk_new",
                                     "chunk_drop", "try_release", "try_release_w"}),
     ("lock and sequence count", {"lock", "unlock", "unlock_once", "locked", "seq_begin", "seq_end",
@@ -38,7 +39,8 @@ PARTS = [
                                                       "retire", "unlink_live", "revoke_take", "revoke_list",
                                                       "region_of", "region_len", "drc_region_invalidate", "is_live",
                                                       "held"}),
-    ("notify: every cache, dmabuf exports", {"drc_notify_free", "drc__mem_released", "drc__notify_active"}),
+    ("notify: every cache, dmabuf exports", {"drc_notify_free", "drc__mem_released", "drc__notify_active",
+                                             "cuda_released", "drc__cuda_exports_busy"}),
     ("backend dereg (no work)", {"be_dereg", "drc_dereg", "be_reg", "drc_reg"}),
     ("get and put", {"drc_get", "drc_put", "lookup_lockless", "tryget", "tryget_fast", "tryget_slot", "put_ref",
                      "put_released", "put_other", "put_slot", "released_detached", "became_idle", "covers",
@@ -83,8 +85,7 @@ def owner(path, line, fn, root):
         for a, b, name in functions_of(full):
             if a <= line <= b:
                 return name
-    name = re.sub(r"'\d+$", "", fn or "?")     # callgrind's recursion suffix
-    return name
+    return re.sub(r"('\d+|@.*)$", "", fn or "?")     # callgrind's recursion suffix, a symbol's version
 
 
 def main():
@@ -122,7 +123,7 @@ def main():
             print("%-44s %10.1f %8.2f %8.2f" % (name, c[0] / ops, c[1] / ops, c[2] / ops))
     parts = collections.defaultdict(lambda: [0, 0, 0])
     for name, c in cost.items():
-        p = PART_OF.get(name, "harness and other" if name.startswith(("op_", "free_event", "get", "put", "must"))
+        p = PART_OF.get(name, "harness and other" if name.startswith(("op_", "free_event", "get", "put", "must", "cache_"))
                         else "other: " + name)
         for k in range(3):
             parts[p][k] += c[k]
