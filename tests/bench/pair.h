@@ -111,7 +111,11 @@ static void ucx_inv_done(void *arg)
 static inline void ucx_region_invalidate(ucs_rcache_t *rc, ucs_rcache_region_t *r)
 {
 #if BENCH_UCX_INV_COMP
-    /* one thread invalidates at a time in the benchmarks, and the region's completion runs at its last put */
+    /*
+     * The caller's entry (its type is public in that API): one thread invalidates at a time in the
+     * benchmarks, and the region's completion runs at its last put, before the next invalidation.
+     * Only compiled so far, against no such UCX: check it the first time a column uses it.
+     */
     static ucs_rcache_comp_entry_t comp = { .func = ucx_inv_done };
 
     ucs_rcache_region_invalidate(rc, r, &comp);
