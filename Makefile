@@ -283,16 +283,58 @@ TEST_PHASES += test-readme test-cli
 BENCHES := $(patsubst tests/bench/%.c,%,$(wildcard tests/bench/bench_*.c))
 $B/bench/%: tests/bench/%.c $B/libdrc.a $(wildcard tests/bench/*.h)
 	@mkdir -p $(@D)
-	$(call show,CCLD)$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ $< $B/libdrc.a $($*_LDFLAGS) $(LDLIBS) -lm
+	$(call show,CCLD)$(CC) $(CPPFLAGS) $($*_CPPFLAGS) -O2 -g $(WARN) -o $@ $< $B/libdrc.a $($*_LDFLAGS) $(LDLIBS) -lm
 # ---- bench_cache (drc vs UCX ucs_rcache) ----
+# Against the system's UCX (Debian's libucx-dev), and, given UCX_PREFIX (an installed UCX: include/,
+# lib/) or UCX_SRC (a UCX source tree, built and installed into $B/ucx by the ucx-src goal; nothing
+# is fetched), also against that one: $B/bench/bench_cache_ucx, a third column of bench_cache
+# (tests/bench/README.md). UCX_NAME names that column (default: its version).
+UCX_API = $(shell sh tests/bench/ucx_api.sh '$(CC)' $1)
+UCX_VERSION = $(shell $(if $1,PKG_CONFIG_LIBDIR=$1) pkg-config --modversion ucx 2>/dev/null)
 bench_cache_LDFLAGS := -lucs -lucm
 bench_misses_LDFLAGS := -lucs -lucm
-bench: $(addprefix $B/bench/,$(BENCHES))
-	@set -e; for b in $^; do echo "== $$b"; $$b; done
-# instructions and L2 misses per operation, drc and UCX, under callgrind (tests/bench/RESULTS.md: "Why the missed rows are missed")
-.PHONY: bench-counts
+bench_cache_CPPFLAGS = $(call UCX_API,) -DBENCH_UCX_NAME='"UCX $(call UCX_VERSION,)"'
+bench_misses_CPPFLAGS = $(call UCX_API,)
+ifneq ($(UCX_SRC),)
+  ifeq ($(wildcard $(UCX_SRC)/src/ucs/memory/rcache.c),)
+    $(error UCX_SRC=$(UCX_SRC) is not a UCX source tree)
+  endif
+UCX_PREFIX := $(abspath $B/ucx)
+endif
+ifneq ($(UCX_PREFIX),)
+UCX_LIBDIR ?= $(patsubst %/,%,$(dir $(firstword $(wildcard $(UCX_PREFIX)/lib/libucs.so $(UCX_PREFIX)/lib64/libucs.so \
+                $(UCX_PREFIX)/lib/*/libucs.so) $(UCX_PREFIX)/lib/libucs.so)))
+UCX_NAME ?= $(or $(addprefix UCX ,$(call UCX_VERSION,$(UCX_LIBDIR)/pkgconfig)),UCX of $(UCX_PREFIX))
+BENCH_UCX := $B/bench/bench_cache_ucx
+$B/bench/bench_cache_ucx: tests/bench/bench_cache.c $B/libdrc.a $(wildcard tests/bench/*.h) $(if $(UCX_SRC),$B/ucx/.installed)
+	@mkdir -p $(@D)
+	$(CC) -I$(UCX_PREFIX)/include $(CPPFLAGS) $(call UCX_API,$(UCX_PREFIX)/include) -DBENCH_UCX_NAME='"$(UCX_NAME)"' \
+	    -O2 -g $(WARN) -o $@ $< $B/libdrc.a -L$(UCX_LIBDIR) -Wl,-rpath,$(UCX_LIBDIR) -lucs -lucm $(LDLIBS) -lm
+endif
+# A UCX source tree (a release tarball, or a git checkout with autotools installed), built out of
+# tree into $B/ucx-build and installed into $B/ucx: release flags, no CUDA, no verbs (the rcache
+# does not need them). Only what is in UCX_SRC is used.
+$B/ucx/.installed: $(UCX_SRC)/configure.ac
+	test -x '$(UCX_SRC)/configure' || (cd '$(UCX_SRC)' && ./autogen.sh)
+	mkdir -p $B/ucx-build
+	cd $B/ucx-build && '$(abspath $(UCX_SRC))/configure' --prefix='$(UCX_PREFIX)' --enable-optimizations \
+	    --disable-logging --disable-debug --disable-assertions --disable-params-check --without-cuda \
+	    --without-rocm --without-verbs --without-rdmacm --without-knem --without-xpmem --without-ugni \
+	    --without-java --without-go --disable-doxygen-doc
+	$(MAKE) -C $B/ucx-build -j2 install
+	touch $@
+.PHONY: ucx-src
+ucx-src: $(if $(UCX_SRC),$B/ucx/.installed)
+bench: $(addprefix $B/bench/,$(BENCHES)) $(BENCH_UCX)
+	@set -e; for b in $(addprefix $B/bench/,$(BENCHES)); do echo "== $$b"; \
+	    if [ $$b = $B/bench/bench_cache ]; then $$b $(BENCH_UCX); else $$b; fi; done
+# instructions and L2 misses per operation, drc and UCX, under callgrind (tests/bench/RESULTS.md)
+.PHONY: bench-counts bench-profile
 bench-counts: $B/bench/bench_misses
 	sh tests/bench/counts.sh $B
+# drc's invalidation by function and part under callgrind (tests/bench/RESULTS.md, "Where a free event goes")
+bench-profile: $B/bench/bench_misses
+	sh tests/bench/profile.sh $B
 
 # ---- the preload library (src/preload/): libdrc_preload.so, linking libdrc.so.0 ----
 # One library, its parts chosen by DRC_PRELOAD (cuda, host, verbs; preload.c). It never brings

@@ -13,12 +13,22 @@
  * ucm_event_enter, ucm_event_dispatch(VM_UNMAPPED), ucm_event_leave. drc's
  * free event is drc_notify_free(), what its hooks call.
  *
- * Method: `bench_cache` is a driver. It runs REPS rounds; each round forks
- * one process per cache, drc and UCX alternating which goes first. A
- * process measures every row RUNS times and reports its median; the table
- * gives the median of those per-process medians and their range. Rows of
- * one thread are pinned to CPU 0 (sched_setaffinity, as `taskset -c 0`):
- * this machine's two vCPUs are not equal. Two-thread rows run on both.
+ * UCX's rows can come from two builds of UCX side by side: this program is
+ * linked with one (Debian's libucx-dev by default), and
+ * `bench_cache OTHER` (make bench UCX_PREFIX=..., tests/bench/README.md)
+ * runs a second copy of this program, built against another UCX, as a
+ * third column: the processes of that column are OTHER run as
+ * `OTHER --child FD`.
+ *
+ * Method: `bench_cache` is a driver. It runs REPS rounds (BENCH_REPS, 3 by
+ * default); each round starts one process per column (drc, UCX, the other
+ * UCX), the first column of each round rotating. A process measures every
+ * row RUNS times and reports its median; the table gives the median of
+ * those per-process medians and their range, and drc/UCX as the ratio of
+ * the medians with the range of the ratios of processes of the same round.
+ * Rows of one thread are pinned to CPU 0 (sched_setaffinity, as `taskset
+ * -c 0`): the vCPUs of a VM are not always equal. Two-thread rows run on
+ * both. The regions are 64 KiB-aligned (pair.h's reserve() says why).
  *
  * Rows (ns per operation; drc/UCX < 1 means drc is faster):
  *   hit, interior       get+put of the random slice, random region
@@ -30,6 +40,28 @@
  *                       deregisters): drc_region_invalidate,
  *                       ucs_rcache_region_invalidate; then registered again
  *                       (untimed)
+ *   ... by range        the same with a range invalidation of the region's
+ *                       64 KiB in place of the handle: drc_invalidate; for
+ *                       UCX its free event (UCX has no other range call),
+ *                       which invalidates at once when it gets the page
+ *                       table's lock, and the put deregisters
+ *   free event on a     a free event over one idle registered region
+ *   registered region   (drc_notify_free; UCX's munmap event), in address
+ *                       order or in random order, an eighth of the regions
+ *                       per round, then one get that misses: UCX removes
+ *                       the region from its page table in the event but
+ *                       deregisters it on the next get that takes its slow
+ *                       path (its gc list), so that get is timed for both
+ *                       (a region at the end of the space, invalidated by
+ *                       handle untimed after it); the eighth is registered
+ *                       again, untimed
+ *   one free event,     one free event over all N regions, then the same
+ *   all regions         get; ns per region
+ *   resident memory     bytes per cached region: the process's resident
+ *                       set (/proc/self/statm) after an empty cache is
+ *                       created and filled with N regions, less before, over
+ *                       N; in a process of its own that has made no cache
+ *                       before (drc keeps a destroyed cache's arena)
  *   free event in gap   a free event for 64 KiB between two regions, and
  *                       the one get after all of them (UCX only queues the
  *                       range; that get searches for every queued one)
@@ -62,6 +94,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,8 +118,11 @@ enum {
     HITS   = 400000,    /* lookups per hit measurement */
     FREES  = 400000,
     RUNS   = 3,         /* measurements per process: its median is reported */
-    REPS   = 3,         /* processes per cache */
+    REPS   = 3,         /* processes per column, unless BENCH_REPS says */
+    MAXREPS = 15,
     MAXN   = 262144,
+    SENTINEL = MAXN,    /* a region past every row's regions: the get after free events */
+    COLS   = 3,         /* drc, UCX, the other UCX */
 };
 
 static char *arena;
@@ -159,7 +195,7 @@ static inline void inval_held(struct cache *c, uint32_t i)
         return;
     }
     if (c->ucx)
-        ucs_rcache_region_invalidate(c->u, r, ucx_inv_done, NULL);
+        ucx_region_invalidate(c->u, r);
     else
         drc_region_invalidate(c->d, r);
     cache_put(c, r);
@@ -180,6 +216,37 @@ static inline int free_event(struct cache *c, void *a, size_t len)
     return 0;
 }
 
+/* get + invalidate by range (drc_invalidate; UCX's free event) + put (which deregisters it) */
+static inline void inval_range(struct cache *c, uint32_t i)
+{
+    void *r = cache_get(c, addr_of(i, 0), REGION);
+
+    if (!r) {
+        failed = 1;
+        return;
+    }
+    if (c->ucx)
+        free_event(c, addr_of(i, 0), REGION);
+    else if (drc_invalidate(c->d, addr_of(i, 0), REGION) != 1)
+        failed = 1;
+    cache_put(c, r);
+}
+
+/*
+ * The get after free events: one that misses (the sentinel region, at the
+ * end of the space), as UCX deregisters what an event invalidated only in a
+ * get that takes its slow path. sentinel_drop() invalidates it again, untimed.
+ */
+static void sentinel_get(struct cache *c)
+{
+    getput(c, addr_of(SENTINEL, 0), REGION);
+}
+
+static void sentinel_drop(struct cache *c)
+{
+    inval_held(c, SENTINEL);
+}
+
 static void fill(struct cache *c, uint32_t n)
 {
     uint32_t i;
@@ -191,8 +258,8 @@ static void fill(struct cache *c, uint32_t n)
 /* ---- rows ---------------------------------------------------------------- */
 
 enum kind {
-    HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, INV_HELD, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS,
-    HIT_VS_INV, KINDS
+    HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, INV_HELD, INV_RANGE, FREE_REG, FREE_REG_RAND, FREE_ALL,
+    MEM, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS, HIT_VS_INV, KINDS
 };
 
 static const char *const kind_name[KINDS] = {
@@ -201,7 +268,12 @@ static const char *const kind_name[KINDS] = {
     [HIT_START] = "hit, region start, full length",
     [MISS_FRESH] = "miss+insert, fresh cache 0 -> N",
     [MISS_AGAIN] = "miss+insert, repopulating",
-    [INV_HELD] = "invalidate one held region",
+    [INV_HELD] = "invalidate one held region, by handle",
+    [INV_RANGE] = "invalidate one held region, by range",
+    [FREE_REG] = "free event, one idle region, address order",
+    [FREE_REG_RAND] = "free event, one idle region, random order",
+    [FREE_ALL] = "one free event over all N regions (per region)",
+    [MEM] = "resident memory per cached region (bytes)",
     [FREE_GAP] = "free event, nothing registered",
     [PAIR_HIT] = "2 threads hit same regions (per op)",
     [PAIR_FREE] = "2 threads: free event on a region + get",
@@ -220,7 +292,12 @@ static const struct row rows[] = {
     { HIT_START, 1024 }, { HIT_START, 65536 },
     { MISS_FRESH, 1024 }, { MISS_FRESH, 16384 }, { MISS_FRESH, 65536 }, { MISS_FRESH, 262144 },
     { MISS_AGAIN, 1024 }, { MISS_AGAIN, 65536 },
-    { INV_HELD, 1024 }, { INV_HELD, 65536 },
+    { INV_HELD, 1024 }, { INV_HELD, 16384 }, { INV_HELD, 65536 }, { INV_HELD, 262144 },
+    { INV_RANGE, 1024 }, { INV_RANGE, 16384 }, { INV_RANGE, 65536 }, { INV_RANGE, 262144 },
+    { FREE_REG, 1024 }, { FREE_REG, 16384 }, { FREE_REG, 65536 }, { FREE_REG, 262144 },
+    { FREE_REG_RAND, 1024 }, { FREE_REG_RAND, 16384 }, { FREE_REG_RAND, 65536 }, { FREE_REG_RAND, 262144 },
+    { FREE_ALL, 1024 }, { FREE_ALL, 16384 }, { FREE_ALL, 65536 }, { FREE_ALL, 262144 },
+    { MEM, 1024 }, { MEM, 16384 }, { MEM, 65536 }, { MEM, 262144 },
     { FREE_GAP, 1024 }, { FREE_GAP, 65536 },
     { PAIR_HIT, 1024 }, { PAIR_HIT, 65536 },
     { PAIR_FREE, 1024 }, { PAIR_MISS, 1024 }, { PAIR_MISS, 65536 }, { HIT_VS_INV, 1024 }, { HIT_VS_INV, 65536 },
@@ -481,6 +558,11 @@ static void *duo_thread(void *v)
     case MISS_FRESH:
     case MISS_AGAIN:
     case INV_HELD:
+    case INV_RANGE:
+    case FREE_REG:
+    case FREE_REG_RAND:
+    case FREE_ALL:
+    case MEM:
     case FREE_GAP:
     case PAIR_HIT:
     case KINDS:
@@ -593,26 +675,37 @@ static double miss_again(struct cache *c, uint32_t n)
     return (double)total / (double)done;
 }
 
-/* Held regions invalidated by handle, an eighth of the cache per round in random order. */
-static double inval_rounds(struct cache *c, uint32_t n, uint32_t *perm)
+static void shuffle(uint32_t *perm, uint32_t n)
+{
+    uint32_t i, j, t;
+
+    for (i = n - 1; i > 0; i--) {
+        j = (uint32_t)(rng() % (i + 1));
+        t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+/* Held regions invalidated by handle (@by_range 0) or by range, an eighth of the cache per round in random order. */
+static double inval_rounds(struct cache *c, uint32_t n, uint32_t *perm, int by_range)
 {
     uint64_t total = 0, t0, d0;
-    uint32_t batch = n / 8 ? n / 8 : 1, i, j, t;
+    uint32_t batch = n / 8 ? n / 8 : 1, i;
     size_t done = 0;
 
     for (i = 0; i < n; i++)
         perm[i] = i;
     while (done < FREES / 4) {
-        for (i = n - 1; i > 0; i--) {
-            j = (uint32_t)(rng() % (i + 1));
-            t = perm[i];
-            perm[i] = perm[j];
-            perm[j] = t;
-        }
+        shuffle(perm, n);
         d0 = deregs;
         t0 = now_ns();
-        for (i = 0; i < batch; i++)
-            inval_held(c, perm[i]);
+        if (by_range)
+            for (i = 0; i < batch; i++)
+                inval_range(c, perm[i]);
+        else
+            for (i = 0; i < batch; i++)
+                inval_held(c, perm[i]);
         total += now_ns() - t0;
         CHECK(deregs - d0 == batch, "%s: %llu deregistrations for %u invalidations", c->ucx ? "ucx" : "drc",
               (unsigned long long)(deregs - d0), batch);
@@ -621,6 +714,115 @@ static double inval_rounds(struct cache *c, uint32_t n, uint32_t *perm)
         done += batch;
     }
     return (double)total / (double)done;
+}
+
+/*
+ * Free events over idle registered regions, an eighth of the cache per
+ * round, in address order (the next eighth each round) or random order, and
+ * the get after them (sentinel_get); then registered again, untimed.
+ */
+static double free_rounds(struct cache *c, uint32_t n, uint32_t *perm, int random)
+{
+    uint64_t total = 0, t0, d0;
+    uint32_t batch = n / 8 ? n / 8 : 1, i, next = 0;
+    size_t done = 0;
+    int found;
+
+    for (i = 0; i < n; i++)
+        perm[i] = i;
+    while (done < FREES / 4) {
+        if (random)
+            shuffle(perm, n);
+        else
+            for (i = 0; i < batch; i++, next = (next + 1) % n)
+                perm[i] = next;
+        d0 = deregs;
+        found = 0;
+        t0 = now_ns();
+        for (i = 0; i < batch; i++)
+            found += free_event(c, addr_of(perm[i], 0), REGION);
+        sentinel_get(c);
+        total += now_ns() - t0;
+        CHECK(deregs - d0 == batch && (c->ucx || found == (int)batch),
+              "%s: %llu deregistrations (%d found) for %u free events over registered regions",
+              c->ucx ? "ucx" : "drc", (unsigned long long)(deregs - d0), found, batch);
+        sentinel_drop(c);
+        for (i = 0; i < batch; i++)
+            getput(c, addr_of(perm[i], 0), REGION);
+        done += batch;
+    }
+    return (double)total / (double)done;
+}
+
+/* One free event over all @n regions and the get after it; ns per region. The cache is filled again, untimed. */
+static double free_all(struct cache *c, uint32_t n)
+{
+    uint64_t total = 0, t0, d0;
+    size_t done = 0;
+    int found;
+
+    while (done < MAXN / 4) {
+        d0 = deregs;
+        t0 = now_ns();
+        found = free_event(c, arena, (size_t)n * STRIDE);
+        sentinel_get(c);
+        total += now_ns() - t0;
+        CHECK(deregs - d0 == n && (c->ucx || found == (int)n),
+              "%s: %llu deregistrations (%d found) for one free event over %u regions", c->ucx ? "ucx" : "drc",
+              (unsigned long long)(deregs - d0), found, n);
+        sentinel_drop(c);
+        fill(c, n);
+        done += n;
+    }
+    return (double)total / (double)done;
+}
+
+static long resident_bytes(void)
+{
+    long size = 0, res = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+
+    if (!f || fscanf(f, "%ld %ld", &size, &res) != 2)
+        res = -1;
+    if (f)
+        fclose(f);
+    return res * sysconf(_SC_PAGESIZE);
+}
+
+/*
+ * Resident bytes per cached region: a cache created and filled with @n regions, the resident set
+ * after less before, over @n. In a process forked for it from one that has made no cache yet (drc
+ * keeps a destroyed cache's arena for the next one; malloc keeps freed memory), so that both caches
+ * start from nothing; the memory the libraries take at load is in both before and after.
+ */
+static double mem_per_region(int ucx, uint32_t n)
+{
+    double per = -1;
+    int fds[2], st;
+    pid_t pid;
+
+    if (pipe(fds))
+        return -1;
+    pid = fork();
+    if (pid == 0) {
+        long before = resident_bytes(), after;
+        struct cache c = cache_new(ucx);
+
+        fill(&c, n);
+        after = resident_bytes();
+        per = before < 0 || after < 0 ? -1 : (double)(after - before) / n;
+        if (write(fds[1], &per, sizeof(per)) != (ssize_t)sizeof(per))
+            _exit(1);
+        _exit(failed);     /* the cache goes with the process */
+    }
+    close(fds[1]);
+    if (pid < 0 || read(fds[0], &per, sizeof(per)) != (ssize_t)sizeof(per))
+        per = -1;
+    close(fds[0]);
+    if (pid > 0 && (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)))
+        per = -1;
+    CHECK(per >= 0, "%s: resident memory of %u regions not measured", ucx ? "ucx" : "drc", n);
+    return per;
 }
 
 /*
@@ -656,21 +858,55 @@ static int cmp_double(const void *a, const void *b)
 
 static double median(double *v, int n)
 {
-    double s[16];
+    double s[MAXREPS];
 
     memcpy(s, v, (size_t)n * sizeof(*v));
     qsort(s, (size_t)n, sizeof(s[0]), cmp_double);
     return s[n / 2];
 }
 
+/* BENCH_ONLY=<part of a row name>[|<part>...]: measure those rows only */
+static int wanted(const char *name)
+{
+    const char *only = getenv("BENCH_ONLY"), *p, *bar;
+    char part[128];
+    size_t len;
+
+    if (!only || !*only)
+        return 1;
+    for (p = only;; p = bar + 1) {
+        bar = strchr(p, '|');
+        len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len && len < sizeof(part)) {
+            memcpy(part, p, len);
+            part[len] = '\0';
+            if (strstr(name, part))
+                return 1;
+        }
+        if (!bar)
+            return 0;
+    }
+}
+
+/* What a process reports: its UCX's name, then each row's median (PAIR_HIT rows: v[1] the paired
+ * throughput ratio, v[2] the machine's ceiling for it, ceiling()). */
+struct report {
+    char name[48];
+    int rows;
+    double v[3][ROWS];
+};
+
 /* One process: every row RUNS times, each row's median written to @fd. */
 static void child(int ucx, int fd)
 {
-    double res[3][ROWS], v[RUNS], w[RUNS], x[RUNS];    /* PAIR_HIT rows: res[1] the paired throughput ratio,
-                                                         * res[2] the machine's ceiling for it (ceiling()) */
+    static struct report rep;
+    double v[RUNS], w[RUNS], x[RUNS];
     uint32_t *perm = malloc(MAXN * sizeof(*perm));
     int k, run;
 
+    memset(&rep, 0, sizeof(rep));
+    snprintf(rep.name, sizeof(rep.name), "%s", ucx ? ucx_name() : "drc");
+    rep.rows = ROWS;
     if (ucx)
         ucm_set_external_event(UCM_EVENT_VM_UNMAPPED);
     seq_i = malloc(HITS * sizeof(*seq_i));
@@ -678,19 +914,21 @@ static void child(int ucx, int fd)
     if (!perm || !seq_i || !seq_off)
         exit(2);
     pin(1);
+    /* memory first, before this process makes a cache (mem_per_region says why) */
+    for (k = 0; k < ROWS; k++)
+        if (rows[k].kind == MEM && wanted(kind_name[MEM]))
+            rep.v[0][k] = mem_per_region(ucx, rows[k].n);
     for (k = 0; k < ROWS; k++) {
         const struct row *rw = &rows[k];
-        const char *only = getenv("BENCH_ONLY");
         struct cache c;
 
-        res[0][k] = res[1][k] = res[2][k] = 0;
-        if (only && !strstr(kind_name[rw->kind], only))
-            continue;   /* BENCH_ONLY=<part of a row name>: measure those rows only */
+        if (rw->kind == MEM || !wanted(kind_name[rw->kind]))
+            continue;
         draw(rw->n, rw->kind == HIT_SEQ);
         if (rw->kind == MISS_FRESH || rw->kind == PAIR_MISS) {
             for (run = 0; run < RUNS; run++)
                 v[run] = rw->kind == MISS_FRESH ? miss_fresh(ucx, rw->n) : pair_miss(ucx, rw->n);
-            res[0][k] = median(v, RUNS);
+            rep.v[0][k] = median(v, RUNS);
             continue;
         }
         c = cache_new(ucx);
@@ -708,7 +946,15 @@ static void child(int ucx, int fd)
                 v[run] = miss_again(&c, rw->n);
                 break;
             case INV_HELD:
-                v[run] = inval_rounds(&c, rw->n, perm);
+            case INV_RANGE:
+                v[run] = inval_rounds(&c, rw->n, perm, rw->kind == INV_RANGE);
+                break;
+            case FREE_REG:
+            case FREE_REG_RAND:
+                v[run] = free_rounds(&c, rw->n, perm, rw->kind == FREE_REG_RAND);
+                break;
+            case FREE_ALL:
+                v[run] = free_all(&c, rw->n);
                 break;
             case FREE_GAP:
                 v[run] = free_gaps(&c, rw->n);
@@ -725,135 +971,220 @@ static void child(int ucx, int fd)
             case HIT_VS_INV:
                 v[run] = hit_vs_inv(&c, rw->n);
                 break;
+            case MEM:
             case PAIR_MISS:
             case MISS_FRESH:
             case KINDS:
                 break;
             }
         }
-        res[0][k] = median(v, RUNS);
+        rep.v[0][k] = median(v, RUNS);
         if (rw->kind == PAIR_HIT) {
-            res[1][k] = median(w, RUNS);
-            res[2][k] = median(x, RUNS);
+            rep.v[1][k] = median(w, RUNS);
+            rep.v[2][k] = median(x, RUNS);
         }
         cache_free(&c);
     }
     CHECK(regs == deregs, "%s: %llu registrations, %llu deregistrations", ucx ? "ucx" : "drc",
           (unsigned long long)regs, (unsigned long long)deregs);
-    if (write(fd, res, sizeof(res)) != (ssize_t)sizeof(res))
+    if (write(fd, &rep, sizeof(rep)) != (ssize_t)sizeof(rep))
         failed = 1;
     exit(failed);
 }
 
-int main(void)
+static struct report res[COLS][MAXREPS];
+static int ncols = 2, reps = REPS;
+
+/* "1,234.5": the tables' numbers */
+static const char *num(char *buf, double x, int prec)
 {
-    double res[2][REPS][3][ROWS], v[REPS];
-    int rep, order, ucx, fds[2], st, k;
+    char raw[64], *dot, *o = buf;
+    int len, lead, k;
+
+    snprintf(raw, sizeof(raw), "%.*f", prec, x);
+    dot = strchr(raw, '.');
+    len = dot ? (int)(dot - raw) : (int)strlen(raw);
+    lead = raw[0] == '-';
+    for (k = 0; k < len; k++) {
+        *o++ = raw[k];
+        if (k >= lead && (len - 1 - k) % 3 == 0 && k != len - 1)
+            *o++ = ',';
+    }
+    strcpy(o, raw + len);
+    return buf;
+}
+
+/* column @col, measure @m, row @k over the rounds: median, and the range in *lo, *hi */
+static double stat(int col, int m, int k, double *lo, double *hi)
+{
+    double v[MAXREPS];
+    int rep;
+
+    *lo = 1e300;
+    *hi = -1e300;
+    for (rep = 0; rep < reps; rep++) {
+        v[rep] = res[col][rep].v[m][k];
+        *lo = v[rep] < *lo ? v[rep] : *lo;
+        *hi = v[rep] > *hi ? v[rep] : *hi;
+    }
+    return median(v, reps);
+}
+
+/* drc over column @col, row @k: the ratio of the medians, and the range of the rounds' ratios */
+static double ratio(int col, int k, double *lo, double *hi)
+{
+    double a, b, l, h;
+    int rep;
+
+    *lo = 1e300;
+    *hi = -1e300;
+    for (rep = 0; rep < reps; rep++) {
+        double q = res[col][rep].v[0][k] > 0 ? res[0][rep].v[0][k] / res[col][rep].v[0][k] : 0;
+
+        *lo = q < *lo ? q : *lo;
+        *hi = q > *hi ? q : *hi;
+    }
+    a = stat(0, 0, k, &l, &h);
+    b = stat(col, 0, k, &l, &h);
+    return b > 0 ? a / b : 0;
+}
+
+/* Start column @col's process for round @rep; its report lands in res[col][rep]. */
+static void run_one(int col, int rep, const char *other)
+{
+    struct report *out = &res[col][rep];
+    int fds[2], st;
     pid_t pid;
 
-    arena = mmap(NULL, (size_t)MAXN * STRIDE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (arena == MAP_FAILED) {
+    if (pipe(fds))
+        exit(2);
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        if (col == 2) {
+            char fd[16];
+
+            snprintf(fd, sizeof(fd), "%d", fds[1]);
+            execl(other, other, "--child", fd, (char *)NULL);
+            perror(other);
+            _exit(2);
+        }
+        child(col == 1, fds[1]);
+    }
+    close(fds[1]);
+    if (read(fds[0], out, sizeof(*out)) != (ssize_t)sizeof(*out) || out->rows != ROWS) {
+        fprintf(stderr, "bench_cache: no report from column %d%s\n", col,
+                col == 2 ? " (is the other binary built from this source?)" : "");
+        failed = 1;
+    }
+    close(fds[0]);
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        failed = 1;
+    fprintf(stderr, "round %d/%d: %s done\n", rep + 1, reps, out->name[0] ? out->name : "?");
+}
+
+int main(int argc, char **argv)
+{
+    const char *other = argc > 1 ? argv[1] : NULL, *env = getenv("BENCH_REPS");
+    char b[3][64];
+    int rep, j, col, k, m;
+
+    arena = reserve((size_t)(MAXN + 1) * STRIDE);
+    if (!arena) {
         perror("mmap");
         return 2;
     }
-    printf("drc vs UCX ucs_rcache (libucx %s): %d KiB regions at a %d KiB stride, %d KiB slices at random\n"
-           "64-byte offsets in a region's first half; %d processes per cache, alternating; medians of\n"
-           "per-process medians of %d runs [range]; one-thread rows pinned to CPU 0\n",
-           "1.13.1", REGION >> 10, STRIDE >> 10, SLICE >> 10, REPS, RUNS);
-    fflush(stdout);
-    for (rep = 0; rep < REPS; rep++) {
-        for (order = 0; order < 2; order++) {
-            ucx = (rep + order) & 1;
-            if (pipe(fds))
-                return 2;
-            pid = fork();
-            if (pid == 0) {
-                close(fds[0]);
-                child(ucx, fds[1]);
-            }
-            close(fds[1]);
-            if (read(fds[0], res[ucx][rep], sizeof(res[ucx][rep])) != (ssize_t)sizeof(res[ucx][rep]))
-                failed = 1;
-            close(fds[0]);
-            waitpid(pid, &st, 0);
-            if (!WIFEXITED(st) || WEXITSTATUS(st))
-                failed = 1;
-            fprintf(stderr, "round %d/%d: %s done\n", rep + 1, REPS, ucx ? "UCX" : "drc");
-        }
+    if (argc == 3 && !strcmp(argv[1], "--child"))
+        child(1, atoi(argv[2]));    /* the other UCX's column (run_one) */
+    if (argc > 2 || (other && (!strcmp(other, "-h") || !strcmp(other, "--help")))) {
+        fprintf(stderr, "usage: bench_cache [OTHER]   (OTHER: bench_cache built against another UCX, a column "
+                        "of its own)\n       environment: BENCH_ONLY=part[|part...] BENCH_REPS=n (1-%d)\n",
+                MAXREPS);
+        return 2;
     }
-    printf("\n| row (ns/op) | N | drc | UCX 1.13.1 | drc/UCX |\n|---|---:|---:|---:|---:|\n");
+    if (other)
+        ncols = 3;
+    if (env)
+        reps = atoi(env) < 1 ? 1 : atoi(env) > MAXREPS ? MAXREPS : atoi(env);
+    printf("drc vs UCX ucs_rcache: %d KiB regions at a %d KiB stride, 64 KiB-aligned, %d KiB slices at random\n"
+           "64-byte offsets in a region's first half; %d processes per column, the first column of each round\n"
+           "rotating; medians of per-process medians of %d runs [range]; drc/UCX: ratio of the medians\n"
+           "[range of the rounds' ratios]; one-thread rows pinned to CPU 0\n",
+           REGION >> 10, STRIDE >> 10, SLICE >> 10, reps, RUNS);
+    fflush(stdout);
+    for (rep = 0; rep < reps; rep++)
+        for (j = 0; j < ncols; j++)
+            run_one((rep + j) % ncols, rep, other);
+    printf("\n| row (ns/op) | N | drc |");
+    for (col = 1; col < ncols; col++)
+        printf(" %s |", res[col][0].name);
+    for (col = 1; col < ncols; col++)
+        printf(" drc/%s |", res[col][0].name);
+    printf("\n|---|---:|---:|");
+    for (col = 1; col < ncols; col++)
+        printf("---:|---:|");
+    printf("\n");
     for (k = 0; k < ROWS; k++) {
-        double d, u, dmin = 1e30, dmax = 0, umin = 1e30, umax = 0;
+        double lo, hi, q[COLS], qlo[COLS], qhi[COLS], med[COLS];
+        char line[512];
+        int prec = rows[k].kind == MEM ? 0 : 1, at;
 
-        for (rep = 0; rep < REPS; rep++) {
-            v[rep] = res[0][rep][0][k];
-            dmin = v[rep] < dmin ? v[rep] : dmin;
-            dmax = v[rep] > dmax ? v[rep] : dmax;
+        for (col = 0; col < ncols; col++)
+            med[col] = stat(col, 0, k, &lo, &hi);
+        if (med[0] == 0 && med[1] == 0)
+            continue;   /* not measured (BENCH_ONLY) */
+        at = snprintf(line, sizeof(line), "| %s | %u |", kind_name[rows[k].kind], rows[k].n);
+        for (col = 0; col < ncols; col++) {
+            med[col] = stat(col, 0, k, &lo, &hi);
+            at += snprintf(line + at, sizeof(line) - (size_t)at, " %s [%s-%s] |", num(b[0], med[col], prec),
+                           num(b[1], lo, prec), num(b[2], hi, prec));
         }
-        d = median(v, REPS);
-        for (rep = 0; rep < REPS; rep++) {
-            v[rep] = res[1][rep][0][k];
-            umin = v[rep] < umin ? v[rep] : umin;
-            umax = v[rep] > umax ? v[rep] : umax;
+        for (col = 1; col < ncols; col++) {
+            q[col] = ratio(col, k, &qlo[col], &qhi[col]);
+            at += snprintf(line + at, sizeof(line) - (size_t)at, " %.2f [%.2f-%.2f] |", q[col], qlo[col], qhi[col]);
         }
-        u = median(v, REPS);
-        if (d == 0 && u == 0)
-            continue;
-        printf("| %s | %u | %.1f [%.1f-%.1f] | %.1f [%.1f-%.1f] | %.2f |\n", kind_name[rows[k].kind], rows[k].n, d,
-               dmin, dmax, u, umin, umax, d / u);
+        puts(line);
     }
     /* two threads on the same regions against one thread, same N: the pair's throughput over one thread's */
     for (k = 0; k < ROWS; k++) {
-        int j;
-
         if (rows[k].kind != PAIR_HIT)
             continue;
         for (j = 0; j < ROWS; j++) {
-            double d1[REPS], d2[REPS], u1[REPS], u2[REPS];
+            double lo, hi;
 
-            if (rows[j].kind != HIT_RAND || rows[j].n != rows[k].n)
-                continue;
-            for (rep = 0; rep < REPS; rep++) {
-                d1[rep] = res[0][rep][0][j];
-                d2[rep] = res[0][rep][0][k];
-                u1[rep] = res[1][rep][0][j];
-                u2[rep] = res[1][rep][0][k];
-            }
-            if (median(d1, REPS) == 0 || median(d2, REPS) == 0)
+            if (rows[j].kind != HIT_RAND || rows[j].n != rows[k].n || stat(0, 0, j, &lo, &hi) == 0 ||
+                stat(0, 0, k, &lo, &hi) == 0)
                 continue;   /* not measured (BENCH_ONLY) */
-            printf("| 2-thread throughput / 1 thread | %u | %.2fx | %.2fx | |\n", rows[k].n,
-                   2 * median(d1, REPS) / median(d2, REPS), 2 * median(u1, REPS) / median(u2, REPS));
+            printf("| 2-thread throughput / 1 thread | %u |", rows[k].n);
+            for (col = 0; col < ncols; col++)
+                printf(" %.2fx |", 2 * stat(col, 0, j, &lo, &hi) / stat(col, 0, k, &lo, &hi));
+            printf("%s\n", ncols > 2 ? " | |" : " |");
         }
     }
     /*
-     * The same, paired run by run in each process (res[.][.][1]), and the
-     * machine's ceiling measured beside each pair (res[.][.][2], ceiling():
-     * no cache, in both caches' processes): medians and ranges over the
-     * processes.
+     * The same, paired run by run in each process (v[1]), and the machine's
+     * ceiling measured beside each pair (v[2], ceiling(): no cache, in every
+     * column's processes): medians and ranges over the processes.
      */
     for (k = 0; k < ROWS; k++) {
         static const char *const what[3] = { NULL, "2-thread throughput / 1 thread, paired",
                                              "the machine: 2 threads / 1 of a read-only two-load loop" };
-        int m;
 
-        if (rows[k].kind != PAIR_HIT || res[0][0][1][k] == 0)
+        if (rows[k].kind != PAIR_HIT || res[0][0].v[1][k] == 0)
             continue;
         for (m = 1; m < 3; m++) {
-            double d[REPS], u[REPS], dmin = 1e30, dmax = 0, umin = 1e30, umax = 0;
+            printf("| %s | %u |", what[m], rows[k].n);
+            for (col = 0; col < ncols; col++) {
+                double lo, hi, med = stat(col, m, k, &lo, &hi);
 
-            for (rep = 0; rep < REPS; rep++) {
-                d[rep] = res[0][rep][m][k];
-                u[rep] = res[1][rep][m][k];
-                dmin = d[rep] < dmin ? d[rep] : dmin;
-                dmax = d[rep] > dmax ? d[rep] : dmax;
-                umin = u[rep] < umin ? u[rep] : umin;
-                umax = u[rep] > umax ? u[rep] : umax;
+                printf(" %.2fx [%.2f-%.2f] |", med, lo, hi);
             }
-            printf("| %s | %u | %.2fx [%.2f-%.2f] | %.2fx [%.2f-%.2f] | |\n", what[m], rows[k].n,
-                   median(d, REPS), dmin, dmax, median(u, REPS), umin, umax);
+            printf("%s\n", ncols > 2 ? " | |" : " |");
         }
     }
-    munmap(arena, (size_t)MAXN * STRIDE);
+    munmap(arena, (size_t)(MAXN + 1) * STRIDE);
     if (failed)
         fprintf(stderr, "bench_cache: a check failed (see above)\n");
     return failed;

@@ -3,6 +3,12 @@
  * bench_misses.c): drc and UCX's ucs_rcache, each in front of a backend that
  * does no work but count its calls, UCX with its memory event declared
  * external (bench_cache.c's top comment says why).
+ *
+ * UCX's rcache API changed after 1.13 (ucs_rcache_get took an alignment, the
+ * params lost theirs, ucs_rcache_region_invalidate takes a completion entry,
+ * the ops gained merge). The Makefile probes the headers it compiles against
+ * (tests/bench/ucx_api.sh) and says which API they have with BENCH_UCX_*;
+ * none set is 1.13's.
  */
 #ifndef DRC_BENCH_PAIR_H
 #define DRC_BENCH_PAIR_H
@@ -18,8 +24,21 @@
 
 #include <ucm/api/ucm.h>
 #include <ucs/memory/rcache.h>
+#if __has_include(<ucp/api/ucp_version.h>)
+#include <ucp/api/ucp_version.h>    /* the UCX release of the headers, for the column's name */
+#endif
 
 #include "drc.h"
+
+#ifndef BENCH_UCX_GET_ALIGN
+#define BENCH_UCX_GET_ALIGN 0   /* ucs_rcache_get(rc, addr, len, alignment, prot, arg, &r) */
+#endif
+#ifndef BENCH_UCX_INV_COMP
+#define BENCH_UCX_INV_COMP 0    /* ucs_rcache_region_invalidate(rc, r, ucs_rcache_comp_entry_t *) */
+#endif
+#ifndef BENCH_UCX_MERGE_OP
+#define BENCH_UCX_MERGE_OP 0    /* ucs_rcache_ops_t has merge */
+#endif
 
 /* the benchmarks' clock */
 static uint64_t now_ns(void)
@@ -69,11 +88,77 @@ static void ucx_dump(void *ctx, ucs_rcache_t *rc, ucs_rcache_region_t *r, char *
         buf[0] = '\0';
 }
 
-static const ucs_rcache_ops_t ucx_ops = { .mem_reg = ucx_reg, .mem_dereg = ucx_dereg, .dump_region = ucx_dump };
+#if BENCH_UCX_MERGE_OP
+static void ucx_merge(void *ctx, ucs_rcache_t *rc, void *arg, ucs_rcache_region_t *r)
+{
+    (void)ctx; (void)rc; (void)arg; (void)r;
+}
+#endif
+
+static const ucs_rcache_ops_t ucx_ops = {
+    .mem_reg = ucx_reg, .mem_dereg = ucx_dereg, .dump_region = ucx_dump,
+#if BENCH_UCX_MERGE_OP
+    .merge = ucx_merge,
+#endif
+};
 
 static void ucx_inv_done(void *arg)
 {
     (void)arg;
+}
+
+/* Invalidate a region the caller holds, by handle (it is deregistered on the last put). */
+static inline void ucx_region_invalidate(ucs_rcache_t *rc, ucs_rcache_region_t *r)
+{
+#if BENCH_UCX_INV_COMP
+    /*
+     * The caller's entry (its type is public in that API): one thread invalidates at a time in the
+     * benchmarks, and the region's completion runs at its last put, before the next invalidation.
+     * Only compiled so far, against no such UCX: check it the first time a column uses it.
+     */
+    static ucs_rcache_comp_entry_t comp = { .func = ucx_inv_done };
+
+    ucs_rcache_region_invalidate(rc, r, &comp);
+#else
+    ucs_rcache_region_invalidate(rc, r, ucx_inv_done, NULL);
+#endif
+}
+
+/* The UCX release of the headers this was built with ("UCX 1.13"), or BENCH_UCX_NAME. */
+static inline const char *ucx_name(void)
+{
+#if defined(BENCH_UCX_NAME)
+    return BENCH_UCX_NAME;
+#elif defined(UCP_API_MAJOR) && defined(UCP_API_MINOR)
+#define BENCH_STR_(x) #x
+#define BENCH_STR(x) BENCH_STR_(x)
+    return "UCX " BENCH_STR(UCP_API_MAJOR) "." BENCH_STR(UCP_API_MINOR);
+#else
+    return "UCX";
+#endif
+}
+
+/*
+ * Address space for @size bytes of regions, reserved (PROT_NONE, MAP_NORESERVE: the caches never
+ * touch it) and 2 MiB-aligned, so that every 64 KiB region at a 128 KiB stride is 64 KiB-aligned
+ * wherever the kernel, or valgrind, places the mapping. UCX's page table stores an unaligned
+ * region as several power-of-two entries (a 64 KiB region at a 4 KiB boundary: up to 16 of
+ * them), and valgrind's mappings are only page-aligned where the kernel's large ones often are
+ * not: an unaligned run measures a UCX that aligned runs do not.
+ */
+static inline char *reserve(size_t size)
+{
+    size_t a = 2 << 20;
+    char *p = mmap(NULL, size + a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char *q;
+
+    if (p == MAP_FAILED)
+        return NULL;
+    q = (char *)(((uintptr_t)p + a - 1) & ~(uintptr_t)(a - 1));
+    if (q > p)
+        munmap(p, (size_t)(q - p));
+    munmap(q + size, (size_t)(p + a - q));
+    return q;
 }
 
 #define UCX_PROT   (PROT_READ | PROT_WRITE)
@@ -103,8 +188,10 @@ static struct cache cache_new(int ucx)
     }
     memset(&p, 0, sizeof(p));
     p.region_struct_size = sizeof(ucs_rcache_region_t);
+#if !BENCH_UCX_GET_ALIGN
     p.alignment = (size_t)sysconf(_SC_PAGESIZE);
     p.max_alignment = p.alignment;
+#endif
     p.ucm_events = UCM_EVENT_VM_UNMAPPED;   /* its memory event, external: see the top comment */
     p.ucm_event_priority = 1000;
     p.ops = &ucx_ops;
@@ -126,7 +213,11 @@ static inline void *cache_get(struct cache *c, void *a, size_t len)
     ucs_rcache_region_t *u;
 
     if (c->ucx)
+#if BENCH_UCX_GET_ALIGN
+        return ucs_rcache_get(c->u, a, len, 4096, UCX_PROT, NULL, &u) == UCS_OK ? (void *)u : NULL;
+#else
         return ucs_rcache_get(c->u, a, len, UCX_PROT, NULL, &u) == UCS_OK ? (void *)u : NULL;
+#endif
     return drc_get(c->d, a, len, DRC_ACCESS, &r) == 0 ? (void *)r : NULL;
 }
 
