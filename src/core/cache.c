@@ -578,7 +578,9 @@ static int stale_hit(drc_cache_t *c, const struct drc_region *r, uintptr_t s, ui
     return !drc__mem_unchanged(&m, s, last - s + 1);
 }
 
-int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
+/* drc_get, and drc__get_widened with @widen (cache_miss.c: widen_to); one body, inlined in each. */
+static HIT_INLINE int get(drc_cache_t *c, const void *addr, size_t len, unsigned access, int widen,
+                          drc_region_t **out)
 {
     struct drc_region *r;
     uintptr_t s, last, rs;
@@ -597,7 +599,7 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
         if (r) {
             count_hit(c);
             err = 0;
-        } else if ((err = get_slow(c, s, last, access, &r)) == RACED) {
+        } else if ((err = get_slow(c, s, last, access, widen, &r)) == RACED) {
             continue;
         } else if (err < 0) {
             return err;
@@ -613,6 +615,16 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
         return 0;
     }
     return -EAGAIN;
+}
+
+int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
+{
+    return get(c, addr, len, access, 0, out);
+}
+
+int drc__get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
+{
+    return get(c, addr, len, access, 1, out);
 }
 
 /* drc_put's last put of a region invalidated while held: its CAS took the word to 0 (see drc_put). */
