@@ -22,7 +22,9 @@
  * allocation (the range cuMemGetAddressRange gives: for VMM memory, one
  * mapped chunk) by the cache's miss, which finds those bounds as it
  * classifies the memory (drc__get_widened); a hit, looked up by the range
- * asked, asks the CUDA driver nothing. An engine registers a KV cache
+ * asked, asks the CUDA driver nothing. (GPU memory only: pinned host and
+ * managed memory, registered through their host mapping, are registered as
+ * asked, as every host buffer.) An engine registers a KV cache
  * as thousands of tensors packed back to back in one allocation; registered
  * as asked, neighbours that share a page coalesce one by one, and each merge
  * registers the union again — thousands of ever larger registrations.

@@ -394,6 +394,26 @@ static void test_hits_ask_the_driver_nothing(void **state)
         assert_int_equal(drc_dereg_mr(first[i]), 0);
 }
 
+/*
+ * Widening is for GPU memory: pinned host memory (cuMemAllocHost), which drc registers as host memory,
+ * is registered as asked, as any host buffer, whatever bounds the driver knows for it.
+ */
+static void test_pinned_host_memory_is_not_widened(void **state)
+{
+    void *p = NULL;
+    struct ibv_mr *a;
+
+    (void)state;
+    assert_int_equal(cuMemAllocHost_v2(&p, 2 * MiB), 0);
+    a = drc_reg_mr(PD_A, (char *)p + 8192, 4096, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(a, PD_A, (uintptr_t)p + 8192, 4096);
+    assert_int_equal(vd.count(IBVD_REG_VA), 1);
+    assert_int_equal(LAST_MR()->length, 4096);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    assert_int_equal(drc_pd_release(PD_A), 0);
+    assert_int_equal(cuMemFreeHost(p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -409,6 +429,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_allocation_too_large_for_the_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keys_grant_only_what_was_asked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hits_ask_the_driver_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_host_memory_is_not_widened, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, vd_load, NULL);
