@@ -458,6 +458,8 @@ bench_engine_LDFLAGS := -libverbs
 bench_notify_LDFLAGS = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../fakecuda'
 $B/bench/bench_notify: $B/fakecuda/libcuda.so.1
 $B/bench/bench_engine: $B/loopnic/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1
+bench_preload_hit_LDFLAGS := -libverbs -ldl
+$B/bench/bench_preload_hit: $B/loopnic/libibverbs.so.1 $B/engine/fakecuda/libcuda.so.1 $B/libdrc_verbs.so
 
 # ---- the demo and the doctor -----------------------------------------------
 demo: $B/drc

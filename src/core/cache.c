@@ -506,7 +506,8 @@ static HIT_INLINE int handed_over(const drc_cache_t *c, const struct drc_region 
     return LD_SC(c->ninvq) && queued(c, LD(r->node.start), LD(r->node.last));
 }
 
-static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access)
+static HIT_INLINE struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last,
+                                                    unsigned access)
 {
     struct drc_region *r, **hs;
     unsigned seq;
@@ -562,13 +563,11 @@ static struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t
 }
 
 /* DRC_F_VALIDATE: is a CUDA hit still the buffer it was registered on? */
-static int stale_hit(drc_cache_t *c, const struct drc_region *r, uintptr_t s, uintptr_t last)
+static __attribute__((noinline)) int stale_check(const struct drc_region *r, uintptr_t s, uintptr_t last)
 {
     struct drc__mem m;
 
     DRC_ASSERT_NO_LOCK();
-    if (!(c->flags & DRC_F_VALIDATE) || r->mem.type != DRC_MEM_CUDA)
-        return 0;
     /* the region's struct drc__mem again: constant while the hit holds its reference */
     m = (struct drc__mem){ .type = r->mem.type, .device = r->mem.device, .lo = r->mem.lo, .hi = r->mem.hi,
                            .buffer_id = r->mem.buffer_id, .ctx = r->mem.ctx,
@@ -578,7 +577,14 @@ static int stale_hit(drc_cache_t *c, const struct drc_region *r, uintptr_t s, ui
     return !drc__mem_unchanged(&m, s, last - s + 1);
 }
 
-int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
+static HIT_INLINE int stale_hit(const drc_cache_t *c, const struct drc_region *r, uintptr_t s, uintptr_t last)
+{
+    return (c->flags & DRC_F_VALIDATE) && r->mem.type == DRC_MEM_CUDA && stale_check(r, s, last);
+}
+
+/* drc_get, and drc__get_widened with @widen (cache_miss.c: widen_to); one body, inlined in each. */
+static HIT_INLINE int get(drc_cache_t *c, const void *addr, size_t len, unsigned access, int widen,
+                          drc_region_t **out)
 {
     struct drc_region *r;
     uintptr_t s, last, rs;
@@ -597,7 +603,7 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
         if (r) {
             count_hit(c);
             err = 0;
-        } else if ((err = get_slow(c, s, last, access, &r)) == RACED) {
+        } else if ((err = get_slow(c, s, last, access, widen, &r)) == RACED) {
             continue;
         } else if (err < 0) {
             return err;
@@ -613,6 +619,16 @@ int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_r
         return 0;
     }
     return -EAGAIN;
+}
+
+int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
+{
+    return get(c, addr, len, access, 0, out);
+}
+
+int drc__get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
+{
+    return get(c, addr, len, access, 1, out);
 }
 
 /* drc_put's last put of a region invalidated while held: its CAS took the word to 0 (see drc_put). */

@@ -26,6 +26,15 @@ struct drc__cache_opts {
     void (*forked)(void *ctx);
 };
 
+/*
+ * drc_get(), but a miss on CUDA memory registers the whole allocation around
+ * [addr, addr+len) (core/mem.h's alloc_lo/alloc_hi, found by the miss's
+ * classification), unless that is larger than the backend allows; a hit is
+ * drc_get's, looked up by the range asked. drc_reg_mr's widening: whether a
+ * registration may be widened is its rule (src/verbs/regmr.c).
+ */
+int drc__get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out);
+
 /* drc_invalidate() without releasing the device layer's exports (drc_notify_free() does that once). */
 int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len);
 

@@ -351,7 +351,7 @@ struct chunk *chunk_new(drc_cache_t *c);
 void chunk_drop(drc_cache_t *c, struct chunk *ch);
 
 /* cache_miss.c */
-int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struct drc_region **out);
+int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int widen, struct drc_region **out);
 
 /*
  * A live region leaves the tree: released if idle, else detached until its

@@ -64,17 +64,19 @@ static int joinable(const drc_cache_t *c, const struct drc_region *r, const stru
 
 /*
  * One overlap walk under the lock: a live region that serves [s, last]
- * (returned in *hit), else the plan of the miss. A miss is coalesced with
- * every overlapping joinable region, unless the union would be more than
- * twice the request's own page range: then it is registered alone,
- * overlapping its neighbours, so that buffers packed next to each other
- * (sharing their boundary pages) never re-register a growing union.
+ * (returned in *hit), else the plan of the miss, which registers [ws, wlast]
+ * (the range asked, or the allocation around it when widened: see
+ * get_slow). A miss is coalesced with every overlapping joinable region,
+ * unless the union would be more than twice the request's own page range:
+ * then it is registered alone, overlapping its neighbours, so that buffers
+ * packed next to each other (sharing their boundary pages) never
+ * re-register a growing union.
  */
-static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, const struct drc__mem *m,
-                       struct plan *p, struct drc_region **hit)
+static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, uintptr_t ws, uintptr_t wlast,
+                       unsigned access, const struct drc__mem *m, struct plan *p, struct drc_region **hit)
 {
     struct drc__itree_node *n;
-    uintptr_t start = s & ~(uintptr_t)(c->page - 1), end = last | (c->page - 1);
+    uintptr_t start = ws & ~(uintptr_t)(c->page - 1), end = wlast | (c->page - 1);
     int budget = DRC__ITREE_UNBOUNDED;
 
     ASSERT_LOCKED(c);
@@ -192,11 +194,32 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
 }
 
 /*
- * The locked path: a hit the lockless walk could not take, or a miss.
+ * Widening (drc__get_widened, which drc_reg_mr calls for the registrations
+ * its rule allows): a miss on CUDA memory registers the whole allocation
+ * around the range, as the classification found it, so that the tensors
+ * packed in one allocation cost one registration and every later one is a
+ * hit. The miss is the one place that knows the bounds: a hit is looked up
+ * by the range asked, which the widened region contains, and asks no one.
+ * An allocation larger than the backend's max_len is not widened (the range
+ * as asked is registered, as drc_get would).
+ */
+static void widen_to(const drc_cache_t *c, const struct drc__mem *m, uintptr_t *ws, uintptr_t *wlast)
+{
+    uintptr_t lo = m->alloc_lo & ~(uintptr_t)(c->page - 1), last = (m->alloc_hi - 1) | (c->page - 1);
+
+    if (m->type != DRC_MEM_CUDA || m->alloc_lo >= m->alloc_hi || (c->max_len && last - lo >= c->max_len))
+        return;
+    *ws = m->alloc_lo;
+    *wlast = m->alloc_hi - 1;
+}
+
+/*
+ * The locked path: a hit the lockless walk could not take, or a miss
+ * (widened to the allocation if @widen: see widen_to).
  * Returns 0 with a cached *out, 1 with a region registered just now, RACED
  * if an invalidation raced the registration, or an error.
  */
-int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struct drc_region **out)
+int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int widen, struct drc_region **out)
 {
     struct drc_region *r, *dead = NULL;
     struct chunk *spare = NULL;
@@ -206,6 +229,7 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struc
     struct plan p;
     void *handle = NULL;
     uint32_t lkey = 0, rkey = 0;
+    uintptr_t ws = s, wlast = last;     /* what a miss registers: the range, or its allocation */
     int err, registered;
     unsigned grow;
 
@@ -216,9 +240,11 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struc
     err = drc__mem_classify(s, last - s + 1, &m);   /* a driver call: before the lock */
     if (err)
         return err;
+    if (widen)
+        widen_to(c, &m, &ws, &wlast);
     lock(c);
     for (;;) {
-        err = plan_region(c, s, last, access, &m, &p, &r);
+        err = plan_region(c, s, last, ws, wlast, access, &m, &p, &r);
         if (r) {
             if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
                 tally(c, ST_USED);
@@ -228,7 +254,7 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, struc
             *out = r;
             return 0;
         }
-        if (!pending_overlaps(c, s, last))
+        if (!pending_overlaps(c, ws, wlast))
             break;
         wait_pending(c);
     }

@@ -33,6 +33,10 @@ struct drc__mem {
     int device;             /* CUDA ordinal, -1 for host memory */
     uintptr_t lo, hi;       /* a region of this memory stays inside [lo, hi): the allocation, or
                              * the run of contiguous compatible VMM chunks; [0, UINTPTR_MAX] for host */
+    uintptr_t alloc_lo, alloc_hi;   /* CUDA: the allocation the range lies in, [alloc_lo, alloc_hi), as
+                                     * cuMemGetAddressRange gives it (VMM: the one mapped chunk), when the
+                                     * whole range lies in it: what a widened miss registers
+                                     * (drc__get_widened); alloc_lo == alloc_hi (0) otherwise, and for host */
     uint64_t buffer_id;     /* CUDA: CU_POINTER_ATTRIBUTE_BUFFER_ID at the first byte asked for */
     void *ctx;              /* CUDA: the allocation's context, made current for the export */
     unsigned nchunks;       /* VMM: the chunks of [lo, hi) recorded below, by address; 0 otherwise */

@@ -16,7 +16,10 @@
  *    calls, and the caller's context is restored after.
  *  - cuMemGetAddressRange bounds the region: a coalesced region must not
  *    cross into a neighbouring allocation, whose free would not invalidate
- *    it. For VMM memory it returns one mapped chunk only, so the contiguous
+ *    it. Its answer is also what a widened registration covers (alloc_lo,
+ *    alloc_hi: drc_reg_mr's local-only GPU registrations), so the miss that
+ *    classifies is the only one that asks. For VMM memory it returns one
+ *    mapped chunk only, so the contiguous
  *    mapped chunks around it are walked, and joined only while they share
  *    device, allocation type and GPUDirect capability. The walk stops at
  *    DRC__MEM_CHUNKS chunks (unless the request itself needs more), and the
@@ -263,6 +266,7 @@ static void host_mem(struct drc__mem *m)
     m->device = -1;
     m->lo = 0;
     m->hi = UINTPTR_MAX;
+    m->alloc_lo = m->alloc_hi = 0;
     m->buffer_id = 0;
     m->ctx = NULL;
     m->nchunks = 0;
@@ -306,6 +310,10 @@ static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
         err = vmm_walk(d, &chunk, end, m);
         if (err)
             goto out;
+        if (end <= chunk.end) {
+            m->alloc_lo = chunk.base;       /* what cuMemGetAddressRange gives for VMM memory */
+            m->alloc_hi = chunk.end;
+        }
     } else {
         rc = d->cuMemGetAddressRange(&base, &size, addr);
         if (rc) {
@@ -318,6 +326,8 @@ static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
             err = -EFAULT;  /* the request runs out of its allocation */
             goto out;
         }
+        m->alloc_lo = m->lo;
+        m->alloc_hi = m->hi;
     }
     m->type = DRC_MEM_CUDA;
     m->device = ordinal;

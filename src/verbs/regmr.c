@@ -20,7 +20,11 @@
  *
  * GPU registrations that ask no remote access are widened to their whole
  * allocation (the range cuMemGetAddressRange gives: for VMM memory, one
- * mapped chunk) before they reach the cache. An engine registers a KV cache
+ * mapped chunk) by the cache's miss, which finds those bounds as it
+ * classifies the memory (drc__get_widened); a hit, looked up by the range
+ * asked, asks the CUDA driver nothing. (GPU memory only: pinned host and
+ * managed memory, registered through their host mapping, are registered as
+ * asked, as every host buffer.) An engine registers a KV cache
  * as thousands of tensors packed back to back in one allocation; registered
  * as asked, neighbours that share a page coalesce one by one, and each merge
  * registers the union again — thousands of ever larger registrations.
@@ -55,9 +59,9 @@
  */
 #include "verbs/regmr.h"
 
+#include "core/cache.h"
 #include "core/config.h"
 #include "core/fork.h"
-#include "cuda/cuda.h"
 #include "verbs/ops.h"
 
 #include <errno.h>
@@ -237,20 +241,13 @@ static int may_widen(unsigned access)
     return !(access & REMOTE_ACCESS) || (flags & DRC_F_WIDEN_REMOTE);
 }
 
-/* drc_get on the GPU allocation around [addr, addr+len) if there is one and widening is allowed, else on the range. */
+/*
+ * drc_get on [addr, addr+len), whose miss registers the GPU allocation around it if widening is
+ * allowed (core/cache.h). The bounds are the miss's to find: a hit asks the driver nothing.
+ */
 static int get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **r)
 {
-    uintptr_t base, a = (uintptr_t)addr;
-    size_t alen;
-    int err;
-
-    if (may_widen(access) && drc__cuda_alloc_range(a, &base, &alen) == 0 && a - base <= alen &&
-        len <= alen - (a - base)) {
-        err = drc_get(c, (const void *)base, alen, access, r);
-        if (err != -E2BIG)
-            return err;     /* only the device's size limit is worth a second, smaller try */
-    }
-    return drc_get(c, addr, len, access, r);
+    return may_widen(access) ? drc__get_widened(c, addr, len, access, r) : drc_get(c, addr, len, access, r);
 }
 
 struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)

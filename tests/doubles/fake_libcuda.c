@@ -544,8 +544,7 @@ static int attr(const struct fc_alloc *a, int which, void *data)
     }
 }
 
-int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, unsigned long long ptr);
-int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, unsigned long long ptr)
+static int get_attributes(unsigned n, const int *attrs, void **data, unsigned long long ptr)
 {
     struct fc_alloc *a, copy;
     unsigned i;
@@ -564,10 +563,18 @@ int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, unsigned l
     return OK;
 }
 
+int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, unsigned long long ptr);
+int cuPointerGetAttributes(unsigned n, const int *attrs, void **data, unsigned long long ptr)
+{
+    __atomic_fetch_add(&fc.mem_queries, 1, __ATOMIC_RELAXED);
+    return get_attributes(n, attrs, data, ptr);
+}
+
 int cuPointerGetAttribute(void *data, int which, unsigned long long ptr);
 int cuPointerGetAttribute(void *data, int which, unsigned long long ptr)
 {
-    return cuPointerGetAttributes(1, &which, &data, ptr);
+    __atomic_fetch_add(&fc.mem_queries, 1, __ATOMIC_RELAXED);
+    return get_attributes(1, &which, &data, ptr);
 }
 
 int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned long long ptr)
@@ -575,6 +582,7 @@ int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned lon
     struct fc_alloc *a;
     int rc = NOT_FOUND;
 
+    __atomic_fetch_add(&fc.mem_queries, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&fc.range_ctx, fc_current, __ATOMIC_RELAXED);
     if ((fc.range_needs_ctx || fc.strict_ctx) && !fc_current)
         return INVALID_CONTEXT;
@@ -713,6 +721,7 @@ int cuMemRetainAllocationHandle(unsigned long long *h, void *addr)
     struct fc_alloc *a;
     int rc = INVALID_VALUE;
 
+    __atomic_fetch_add(&fc.mem_queries, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&lock);
     a = find((uintptr_t)addr);
     if (a && a->vmm) {

@@ -111,6 +111,12 @@ struct fake_cuda {
     int allocs;                 /* cuMemAlloc_v2 calls */
     int creates, reserves, address_frees;   /* cuMemCreate, cuMemAddressReserve, cuMemAddressFree done */
     size_t unmap_size;          /* the size the last cuMemUnmap was given */
+    /*
+     * Driver calls that ask about memory: cuPointerGetAttribute, cuPointerGetAttributes,
+     * cuMemGetAddressRange_v2 and cuMemRetainAllocationHandle, each counted once (a test that a
+     * path asks the driver nothing, e.g. a registration cache hit).
+     */
+    int mem_queries;
 };
 
 extern struct fake_cuda fc;

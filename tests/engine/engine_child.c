@@ -565,6 +565,56 @@ static void widen(void)
           "MRs left");
 }
 
+/*
+ * A hit through the interposer asks the CUDA driver nothing. The first ibv_reg_mr of a GPU allocation
+ * (local-only: widened to it) and of a host buffer are misses, which classify their memory: the
+ * control, they ask the driver. Then 100 ibv_reg_mr + ibv_dereg_mr of sub-ranges of each, local-only
+ * and remote-access, are hits on those MRs and leave the double's count of memory queries
+ * (pointer attributes, address ranges, VMM handles) where it was.
+ */
+static void hit_calls(void)
+{
+    struct fake_cuda *fcp = dlsym(RTLD_DEFAULT, "fc");
+    struct ibv_pd *pd = open_pd();
+    char *g = gpu_alloc(8 * MiB), *h = host_buffer(1 * MiB, 0);
+    struct ibv_mr *first[3], *mr;
+    size_t from = ibvd_ncalls();
+    int before, i;
+
+    CHECK(fake_cuda && fcp, "needs the CUDA double (its count of driver calls)");
+    before = fcp->mem_queries;
+    first[0] = ibv_reg_mr(pd, g + 4096 + 17, 1000, IBV_ACCESS_LOCAL_WRITE);
+    first[1] = ibv_reg_mr(pd, g + 4 * MiB, 1 * MiB, ACCESS);
+    first[2] = reg_runtime(pd, h, 1 * MiB, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(first[0], pd, g + 4096 + 17, 1000);
+    check_caller_mr(first[1], pd, g + 4 * MiB, 1 * MiB);
+    check_caller_mr(first[2], pd, h, 1 * MiB);
+    CHECK(fcp->mem_queries > before, "control: the first registrations asked the driver nothing");
+    before = fcp->mem_queries;
+    for (i = 0; i < 100; i++) {
+        char *local = g + (size_t)i * 80 * 1024 + 100, *remote = g + 4 * MiB + (size_t)i * 8192,
+             *host = h + (size_t)i * 8192 + 5;
+
+        mr = ibv_reg_mr(pd, local, 4096, IBV_ACCESS_LOCAL_WRITE);
+        check_caller_mr(mr, pd, local, 4096);
+        CHECK(mr->lkey == first[0]->lkey && ibv_dereg_mr(mr) == 0, "GPU local %d: not a hit on the widened MR", i);
+        mr = ibv_reg_mr(pd, remote, 4096, ACCESS);
+        check_caller_mr(mr, pd, remote, 4096);
+        CHECK(mr->lkey == first[1]->lkey && ibv_dereg_mr(mr) == 0, "GPU remote %d: not a hit", i);
+        mr = reg_runtime(pd, host, 4000, IBV_ACCESS_LOCAL_WRITE);
+        check_caller_mr(mr, pd, host, 4000);
+        CHECK(mr->lkey == first[2]->lkey && ibv_dereg_mr(mr) == 0, "host %d: not a hit", i);
+    }
+    CHECK(fcp->mem_queries == before, "300 hits asked the CUDA driver about memory %d times",
+          fcp->mem_queries - before);
+    CHECK(since(from, IBVD_REG_DMABUF) == 2 && since(from, IBVD_REG_VA) == 1,
+          "%zu dmabuf and %zu host registrations, want 2 and 1", since(from, IBVD_REG_DMABUF),
+          since(from, IBVD_REG_VA));
+    for (i = 0; i < 3; i++)
+        CHECK(ibv_dereg_mr(first[i]) == 0, "dereg %d", i);
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
 /* DRC_VERBS=off: the front forwards everything untouched. */
 static void verbs_off(void)
 {
@@ -785,7 +835,7 @@ int main(int argc, char **argv)
         { "host_jemalloc", host_jemalloc, 0 }, { "host_passthrough", host_passthrough, 1 },
         { "gpu_free", gpu_free, 1 },     { "private_dlopen", private_dlopen, 1 }, { "log", log_run, 1 },
         { "tent", tent, 1 },             { "verbs_off", verbs_off, 1 },     { "widen", widen, 1 },
-        { "rkey_scope", rkey_scope, 1 }, { "decisions", decisions, 1 },
+        { "rkey_scope", rkey_scope, 1 }, { "decisions", decisions, 1 },  { "hit_calls", hit_calls, 1 },
     };
     size_t i;
 

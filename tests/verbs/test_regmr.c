@@ -343,6 +343,77 @@ static void test_allocation_too_large_for_the_device(void **state)
     assert_int_equal(drc_dereg_mr(a), 0);
 }
 
+/*
+ * A hit asks the CUDA driver nothing (the CUDA double counts every memory query: pointer attributes,
+ * address ranges, VMM handles). After the first registration of a GPU allocation (a miss: widened to
+ * the allocation) and of a host buffer, registrations of sub-ranges of them, local-only and
+ * remote-access, and their deregistrations are hits that leave the count where it was (the host ones
+ * asked local access only, which is what may be widened, so the question was asked of host memory
+ * too). The control:
+ * each first registration, a miss, does ask the driver (it classifies the memory).
+ */
+static void test_hits_ask_the_driver_nothing(void **state)
+{
+    static char host[16 * 4096] __attribute__((aligned(4096)));
+    struct ibv_mr *first[3], *mr;
+    int before, i;
+
+    (void)state;
+    before = fc.mem_queries;
+    first[0] = drc_reg_mr(PD_A, (void *)(GPU + 5 * MiB + 3), 1000, IBV_ACCESS_LOCAL_WRITE);   /* widened */
+    check_caller_mr(first[0], PD_A, GPU + 5 * MiB + 3, 1000);
+    assert_int_equal(LAST_MR()->length, 64 * MiB);
+    first[1] = drc_reg_mr(PD_A, (void *)(GPU + 8 * MiB), 2 * MiB, RW);     /* remote: as asked */
+    check_caller_mr(first[1], PD_A, GPU + 8 * MiB, 2 * MiB);
+    first[2] = drc_reg_mr(PD_A, host, sizeof(host), IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(first[2], PD_A, (uintptr_t)host, sizeof(host));
+    assert_true(fc.mem_queries > before);   /* the control: a miss classifies its memory */
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 2);
+    assert_int_equal(vd.count(IBVD_REG_VA), 1);
+    before = fc.mem_queries;
+    for (i = 0; i < 100; i++) {
+        uintptr_t gpu_local = GPU + (uintptr_t)i * 600 * 1024 + 17, gpu_remote = GPU + 8 * MiB + (uintptr_t)i * 4096;
+
+        mr = drc_reg_mr(PD_A, (void *)gpu_local, 1000, IBV_ACCESS_LOCAL_WRITE);
+        check_caller_mr(mr, PD_A, gpu_local, 1000);
+        assert_int_equal(mr->lkey, first[0]->lkey);
+        assert_int_equal(drc_dereg_mr(mr), 0);
+        mr = drc_reg_mr(PD_A, (void *)gpu_remote, 4096, RW);
+        check_caller_mr(mr, PD_A, gpu_remote, 4096);
+        assert_int_equal(mr->rkey, first[1]->rkey);
+        assert_int_equal(drc_dereg_mr(mr), 0);
+        mr = drc_reg_mr(PD_A, host + (i % 16) * 4096, 100, IBV_ACCESS_LOCAL_WRITE);
+        check_caller_mr(mr, PD_A, (uintptr_t)host + (uintptr_t)(i % 16) * 4096, 100);
+        assert_int_equal(mr->lkey, first[2]->lkey);
+        assert_int_equal(drc_dereg_mr(mr), 0);
+    }
+    assert_int_equal(fc.mem_queries - before, 0);
+    assert_int_equal(vd.count(IBVD_REG_DMABUF), 2);
+    assert_int_equal(vd.count(IBVD_REG_VA), 1);
+    for (i = 0; i < 3; i++)
+        assert_int_equal(drc_dereg_mr(first[i]), 0);
+}
+
+/*
+ * Widening is for GPU memory: pinned host memory (cuMemAllocHost), which drc registers as host memory,
+ * is registered as asked, as any host buffer, whatever bounds the driver knows for it.
+ */
+static void test_pinned_host_memory_is_not_widened(void **state)
+{
+    void *p = NULL;
+    struct ibv_mr *a;
+
+    (void)state;
+    assert_int_equal(cuMemAllocHost_v2(&p, 2 * MiB), 0);
+    a = drc_reg_mr(PD_A, (char *)p + 8192, 4096, IBV_ACCESS_LOCAL_WRITE);
+    check_caller_mr(a, PD_A, (uintptr_t)p + 8192, 4096);
+    assert_int_equal(vd.count(IBVD_REG_VA), 1);
+    assert_int_equal(LAST_MR()->length, 4096);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    assert_int_equal(drc_pd_release(PD_A), 0);
+    assert_int_equal(cuMemFreeHost(p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -357,6 +428,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_remote_access_is_not_widened_unless_asked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_allocation_too_large_for_the_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keys_grant_only_what_was_asked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hits_ask_the_driver_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_host_memory_is_not_widened, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, vd_load, NULL);
