@@ -119,37 +119,9 @@ static int all(const unsigned char *p, size_t len, unsigned char v)
 }
 
 /* ---- a sysfs tree: GPU 0 (1b:00.0) and loop0, loop1 under one switch; loop2, loop3 behind other root ports */
-static void mkdirs(const char *path)
-{
-    char p[PATH_MAX], *s;
-
-    snprintf(p, sizeof(p), "%s", path);
-    for (s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = 0;
-        mkdir(p, 0755);
-        *s = '/';
-    }
-    mkdir(p, 0755);
-}
-
 static void pci(const char *chain, const char *ibdev)
 {
-    char dir[PATH_MAX], link[PATH_MAX];
-
-    snprintf(dir, sizeof(dir), "%s/devices/%s", root, chain);
-    mkdirs(dir);
-    snprintf(link, sizeof(link), "%s/bus/pci/devices", root);
-    mkdirs(link);
-    snprintf(link, sizeof(link), "%s/bus/pci/devices/%s", root, strrchr(chain, '/') + 1);
-    assert_int_equal(symlink(dir, link), 0);
-    if (ibdev) {
-        snprintf(link, sizeof(link), "%s/class/infiniband/%s", root, ibdev);
-        mkdirs(link);
-        snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", root, ibdev);
-        assert_int_equal(symlink(dir, link), 0);
-    }
+    assert_int_equal(fake_sysfs_pci(root, chain, ibdev), 0);
 }
 
 static void lay_out_machine(void)

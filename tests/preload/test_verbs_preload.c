@@ -347,37 +347,9 @@ static void test_rkey_grants_only_what_was_asked(void **state)
 /* ---- a sysfs tree: GPU 0 of the CUDA double (1b:00.0) and loop0 under one PCIe switch, loop1 behind another root port */
 static char sysfs[64];
 
-static void mkdirs(const char *path)
-{
-    char p[PATH_MAX], *s;
-
-    snprintf(p, sizeof(p), "%s", path);
-    for (s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = 0;
-        mkdir(p, 0755);
-        *s = '/';
-    }
-    mkdir(p, 0755);
-}
-
 static void pci(const char *chain, const char *ibdev)
 {
-    char dir[PATH_MAX], link[PATH_MAX];
-
-    snprintf(dir, sizeof(dir), "%s/devices/%s", sysfs, chain);
-    mkdirs(dir);
-    snprintf(link, sizeof(link), "%s/bus/pci/devices", sysfs);
-    mkdirs(link);
-    snprintf(link, sizeof(link), "%s/bus/pci/devices/%s", sysfs, strrchr(chain, '/') + 1);
-    assert_int_equal(symlink(dir, link), 0);
-    if (ibdev) {
-        snprintf(link, sizeof(link), "%s/class/infiniband/%s", sysfs, ibdev);
-        mkdirs(link);
-        snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", sysfs, ibdev);
-        assert_int_equal(symlink(dir, link), 0);
-    }
+    assert_int_equal(fake_sysfs_pci(sysfs, chain, ibdev), 0);
 }
 
 /*

@@ -20,51 +20,21 @@
 
 #include <cmocka.h>
 
+#include "helpers.h"
 #include "verbs/topo.h"
 
 static char root[64];   /* short, so that every path built from it fits PATH_MAX */
 
-static void mkdirs(const char *path)
-{
-    char p[PATH_MAX], *s;
-
-    snprintf(p, sizeof(p), "%s", path);
-    for (s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = 0;
-        mkdir(p, 0755);
-        *s = '/';
-    }
-    mkdir(p, 0755);
-}
-
 /* A PCI device at devices/<chain> (e.g. "pci0000:00/0000:00:01.0/0000:01:00.0"), linked from bus/pci/devices. */
 static void pci(const char *chain)
 {
-    char dir[PATH_MAX], link[PATH_MAX];
-    const char *addr = strrchr(chain, '/') + 1;
-
-    snprintf(dir, sizeof(dir), "%s/devices/%s", root, chain);
-    mkdirs(dir);
-    snprintf(link, sizeof(link), "%s/bus/pci/devices", root);
-    mkdirs(link);
-    snprintf(link, sizeof(link), "%s/bus/pci/devices/%s", root, addr);
-    unlink(link);
-    assert_int_equal(symlink(dir, link), 0);
+    assert_int_equal(fake_sysfs_pci(root, chain, NULL), 0);
 }
 
 /* An RDMA device @name whose PCI function is devices/<chain>. */
 static void nic(const char *name, const char *chain)
 {
-    char dir[PATH_MAX], link[PATH_MAX];
-
-    pci(chain);
-    snprintf(dir, sizeof(dir), "%s/class/infiniband/%s", root, name);
-    mkdirs(dir);
-    snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", root, name);
-    snprintf(dir, sizeof(dir), "%s/devices/%s", root, chain);
-    assert_int_equal(symlink(dir, link), 0);
+    assert_int_equal(fake_sysfs_pci(root, chain, name), 0);
 }
 
 static int setup(void **state)
