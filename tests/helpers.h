@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* The file descriptors open in this process (leak checks: a count before, the same count after). */
@@ -100,6 +102,57 @@ static inline int fake_sysfs_pci(const char *root, const char *chain, const char
     mkdirs(link);
     snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", root, ibdev);
     return symlink(dir, link);
+}
+
+/* Read @fd to its end into @buf, NUL-terminated (what does not fit in @len - 1 bytes is dropped). */
+static inline void drain_fd(int fd, char *buf, size_t len)
+{
+    size_t total = 0;
+    ssize_t got;
+
+    while (total < len - 1 && (got = read(fd, buf + total, len - 1 - total)) > 0)
+        total += (size_t)got;
+    buf[total] = 0;
+}
+
+/*
+ * Run @path with @argv and @envp; its stdout into @out and its stderr into
+ * @err (drain_fd). For programs that write little: stdout is read to its end
+ * before stderr. The wait status, or -1 where a pipe, the spawn or the wait
+ * failed.
+ */
+static inline int spawn_capture(const char *path, char *const argv[], char *const envp[], char *out, size_t outlen,
+                                char *err, size_t errlen)
+{
+    posix_spawn_file_actions_t fa;
+    int po[2], pe[2], status = -1, rc;
+    pid_t pid;
+
+    if (pipe(po))
+        return -1;
+    if (pipe(pe)) {
+        close(po[0]);
+        close(po[1]);
+        return -1;
+    }
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, po[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
+    posix_spawn_file_actions_addclose(&fa, po[0]);
+    posix_spawn_file_actions_addclose(&fa, pe[0]);
+    rc = posix_spawn(&pid, path, &fa, NULL, argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    close(po[1]);
+    close(pe[1]);
+    if (!rc) {
+        drain_fd(po[0], out, outlen);
+        drain_fd(pe[0], err, errlen);
+    }
+    close(po[0]);
+    close(pe[0]);
+    if (!rc && waitpid(pid, &status, 0) != pid)
+        status = -1;
+    return status;
 }
 
 #endif

@@ -24,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "helpers.h"
 #include "core/config.h"
 #include "drc.h"
 
@@ -33,16 +34,6 @@ struct outcome {
     char str[64];           /* drc__env_str, "(null)" for NULL */
     char err[2048];         /* what the child wrote on stderr */
 };
-
-static void drain(int fd, char *buf, size_t len)
-{
-    size_t total = 0;
-    ssize_t got;
-
-    while (total < len - 1 && (got = read(fd, buf + total, len - 1 - total)) > 0)
-        total += (size_t)got;
-    buf[total] = 0;
-}
 
 /* In a child whose environment is exactly @env (NULL-terminated "NAME=value"), read variable @v. */
 static void run(const char *const *env, enum drc__env v, struct outcome *o)
@@ -77,7 +68,7 @@ static void run(const char *const *env, enum drc__env v, struct outcome *o)
     close(res[1]);
     close(err[1]);
     assert_int_equal(read(res[0], o, sizeof(*o)), (ssize_t)sizeof(*o));
-    drain(err[0], o->err, sizeof(o->err));
+    drain_fd(err[0], o->err, sizeof(o->err));
     close(res[0]);
     close(err[0]);
     assert_int_equal(waitpid(pid, &status, 0), pid);

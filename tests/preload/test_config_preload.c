@@ -44,16 +44,6 @@ struct run {
     char err[4096];
 };
 
-static void drain(int fd, char *buf, size_t len)
-{
-    size_t total = 0;
-    ssize_t got;
-
-    while (total < len - 1 && (got = read(fd, buf + total, len - 1 - total)) > 0)
-        total += (size_t)got;
-    buf[total] = 0;
-}
-
 /*
  * Run @prog (an engine_child scenario, or a plain program when @scenario is
  * NULL) with LD_PRELOAD=@preload (paths relative to the build folder,
@@ -63,10 +53,8 @@ static void run_prog(const char *prog, const char *scenario, const char *preload
 {
     char path[PATH_MAX + 32], pre[4 * PATH_MAX], lib[2 * PATH_MAX + 64], vars[512], list[512];
     char *argv[] = { path, (char *)scenario, NULL }, *envp[12], *save = NULL, *v;
-    int e = 0, out[2], err[2];
+    int e = 0;
     size_t used;
-    posix_spawn_file_actions_t fa;
-    pid_t pid;
 
     if (prog[0] == '/')
         snprintf(path, sizeof(path), "%s", prog);
@@ -87,22 +75,8 @@ static void run_prog(const char *prog, const char *scenario, const char *preload
     for (v = strtok_r(vars, " ", &save); v && e < 11; v = strtok_r(NULL, " ", &save))
         envp[e++] = v;
     envp[e] = NULL;
-    assert_int_equal(pipe(out), 0);
-    assert_int_equal(pipe(err), 0);
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    posix_spawn_file_actions_addclose(&fa, err[0]);
-    assert_int_equal(posix_spawn(&pid, path, &fa, NULL, argv, envp), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    close(err[1]);
-    drain(out[0], r->out, sizeof(r->out));      /* the programs write little: no deadlock */
-    drain(err[0], r->err, sizeof(r->err));
-    close(out[0]);
-    close(err[0]);
-    assert_int_equal(waitpid(pid, &r->status, 0), pid);
+    r->status = spawn_capture(path, argv, envp, r->out, sizeof(r->out), r->err, sizeof(r->err));
+    assert_int_not_equal(r->status, -1);
     printf("  [%s %s, LD_PRELOAD=%s, %s]\n%s%s", prog, scenario ? scenario : "", preload ? preload : "",
            extra ? extra : "", r->out, r->err);
     assert_true(WIFEXITED(r->status));

@@ -54,16 +54,6 @@ struct run {
     char err[4096];         /* stderr */
 };
 
-static void drain(int fd, char *buf, size_t len)
-{
-    size_t total = 0;
-    ssize_t got;
-
-    while (total < len - 1 && (got = read(fd, buf + total, len - 1 - total)) > 0)
-        total += (size_t)got;
-    buf[total] = 0;
-}
-
 /*
  * Run the child's @scenario with the doubles on LD_LIBRARY_PATH, the
  * interposer preloaded if @preload, and @extra ("NAME=value", several
@@ -74,9 +64,7 @@ static void run_child(const char *scenario, int preload, const char *extra, stru
     char child[PATH_MAX + 32], pre[PATH_MAX + 48], lib[2 * PATH_MAX + 64];
     char *argv[] = { child, (char *)scenario, NULL };
     char *envp[8], vars[256], *save = NULL, *v;
-    int e = 0, out[2], err[2];
-    posix_spawn_file_actions_t fa;
-    pid_t pid;
+    int e = 0;
 
     /* tent_dlopen is a program of its own: it must not link libibverbs */
     snprintf(child, sizeof(child), "%s/engine/%s", build, strcmp(scenario, "tent_dlopen") ? "engine_child" : "tent_child");
@@ -90,22 +78,8 @@ static void run_child(const char *scenario, int preload, const char *extra, stru
     for (v = strtok_r(vars, " ", &save); v && e < 7; v = strtok_r(NULL, " ", &save))
         envp[e++] = v;
     envp[e] = NULL;
-    assert_int_equal(pipe(out), 0);
-    assert_int_equal(pipe(err), 0);
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    posix_spawn_file_actions_addclose(&fa, err[0]);
-    assert_int_equal(posix_spawn(&pid, child, &fa, NULL, argv, envp), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    close(err[1]);
-    drain(out[0], r->out, sizeof(r->out));   /* the child writes little: stdout then stderr cannot block */
-    drain(err[0], r->err, sizeof(r->err));
-    close(out[0]);
-    close(err[0]);
-    assert_int_equal(waitpid(pid, &r->status, 0), pid);
+    r->status = spawn_capture(child, argv, envp, r->out, sizeof(r->out), r->err, sizeof(r->err));
+    assert_int_not_equal(r->status, -1);
     printf("  [%s%s%s] %s%s", preload ? "preload" : "no preload", extra ? ", " : "", extra ? extra : "", r->out,
            r->err);
     assert_true(WIFEXITED(r->status));
