@@ -309,7 +309,7 @@ BENCH_UCX := $B/bench/bench_cache_ucx
 $B/bench/bench_cache_ucx: tests/bench/bench_cache.c $B/libdrc.a $(wildcard tests/bench/*.h) $(if $(UCX_SRC),$B/ucx/.installed)
 	@mkdir -p $(@D)
 	$(CC) -I$(UCX_PREFIX)/include $(CPPFLAGS) $(call UCX_API,$(UCX_PREFIX)/include) -DBENCH_UCX_NAME='"$(UCX_NAME)"' \
-	    -O2 -g $(WARN) -o $@ $< $B/libdrc.a -L$(UCX_LIBDIR) -Wl,-rpath,$(UCX_LIBDIR) -lucs -lucm $(LDLIBS) -lm
+	    -O2 -g $(WARN) -o $@ $< $B/libdrc.a -L$(UCX_LIBDIR) -Wl,-rpath,$(UCX_LIBDIR) -lucs -lucm $(UCX_LIBS) $(LDLIBS) -lm
 endif
 # A UCX source tree (a release tarball, or a git checkout with autotools installed), built out of
 # tree into $B/ucx-build and installed into $B/ucx: release flags, no CUDA, no verbs (the rcache
