@@ -3,8 +3,11 @@
  * naive array. The input is a program of insert / remove / overlap query /
  * floor query on a small key space (many overlaps and equal starts). After
  * every step drc__itree_check() must accept the tree and count its nodes,
- * and every answer must equal the array's. An odd first byte starts the
- * tree in plain mode, which the program leaves, as the cache does, just
+ * and every answer must equal the array's. 160 intervals make a tree of
+ * three levels of 16 (splits, merges and borrows of inner nodes);
+ * tests/core/test_itree.c reaches more levels with a smaller fan. An odd
+ * first byte starts the tree with the owner's promise that its intervals
+ * are disjoint, which the program takes back, as the cache does, just
  * before it inserts the first interval that overlaps another.
  */
 #include <string.h>
@@ -12,20 +15,21 @@
 #include "fuzz.h"
 #include "core/itree.h"
 
-enum { NODES = 48, KEYS = 64 };
+enum { NODES = 160, KEYS = 256 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fuzz_in in = { data, size };
-    struct drc__itree t = { .root = NULL };
+    struct drc__itree t;
     struct drc__itree_node n[NODES];
     int in_tree[NODES] = { 0 }, seen[NODES];
     long count = 0;
     int steps = 0;
 
     memset(n, 0, sizeof(n));
+    drc__itree_init(&t, 0);
     if (fuzz_more(&in) && fuzz_u8(&in) & 1)
-        drc__itree_init_plain(&t);
+        drc__itree_set_disjoint(&t, 1);     /* taken back, as the cache does, before the first overlap */
     while (fuzz_more(&in) && steps++ < 4096) {
         uint8_t op = fuzz_u8(&in) % 4;
         int i = (int)fuzz_range(&in, 0, NODES - 1), j, got, want, budget = DRC__ITREE_UNBOUNDED;
@@ -48,9 +52,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             } else {
                 n[i].start = s;
                 n[i].last = l;
-                for (j = 0; j < NODES && t.plain; j++)
+                for (j = 0; j < NODES && t.disjoint; j++)
                     if (in_tree[j] && n[j].start <= l && s <= n[j].last)
-                        drc__itree_augment(&t);     /* the first overlap: plain mode ends */
+                        drc__itree_set_disjoint(&t, 0);
                 drc__itree_insert(&t, &n[i]);
                 in_tree[i] = 1;
                 count++;
@@ -92,5 +96,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         }
     }
+    drc__itree_fini(&t);
     return 0;
 }

@@ -22,7 +22,7 @@
  *                      an uncarved chunk slot
  *   live               c->tree (+ LRU)        HELD|users          LIVE           1      -
  *   being drained      c->tree, or as below   ...|DRAIN (lock)    as it was      as is  -
- *   superseded, held   c->detached            HELD|users          DETACHED_TREE  1 -> 0 revoking list
+ *   superseded, held   c->detached            HELD|users          DETACHED_LIST  1 -> 0 revoking list
  *   invalidated, held  no tree (ndetached)    HELD|DEAD|users     DETACHED_OFF   0      revoking list
  *   released           a release list         0                   as it was      as is  release list
  *                      (dead, c->qdead), then c->freed
@@ -248,11 +248,14 @@ void lru_append(drc_cache_t *c, struct drc_region *r)
     c->lru_tail = r;
 }
 
-/* Take a live region out of the tree and the LRU (c->lock, seq odd). */
-static void unlink_live(drc_cache_t *c, struct drc_region *r)
+/*
+ * Take a live region out of the tree and the LRU (c->lock, seq odd); @path:
+ * where a walk found it, or NULL (drc__itree_remove_at checks that it holds).
+ */
+static void unlink_live(drc_cache_t *c, struct drc_region *r, const struct drc__itree_path *path)
 {
     ASSERT_WRITING(c);
-    drc__itree_remove(&c->tree, &r->node);
+    drc__itree_remove_at(&c->tree, &r->node, path);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
     INC(c->regions, -1);
@@ -297,21 +300,22 @@ int is_live(const struct drc_region *r)
     return (__atomic_load_n(&r->word, __ATOMIC_ACQUIRE) & HELD) && LD(r->detached) == LIVE;
 }
 
-void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
+static void retire_at(drc_cache_t *c, struct drc_region *r, struct drc_region **dead,
+                      const struct drc__itree_path *path)
 {
     uint64_t w, moved;
 
-    unlink_live(c, r);
+    unlink_live(c, r, path);
     if (LD(r->valid)) {
-        ST_SC(r->detached, DETACHED_TREE);
+        ST_SC(r->detached, DETACHED_LIST);
         if (!try_release(c, r, dead))
-            drc__itree_insert(&c->detached, &r->node);
+            detached_add(c, r);
     } else {
         /*
          * Counted under the lock before a put can see DEAD; the put that
          * releases it counts that in its own thread slot (off_held), with
          * no locked add on either side. The state needs no SC store here,
-         * unlike DETACHED_TREE's above (whose CAS may fail and then writes
+         * unlike DETACHED_LIST's above (whose CAS may fail and then writes
          * nothing a put could synchronise with): the fetch_or always writes
          * the word, so a put whose decrement comes after it in the word's
          * order reads `detached` through that release, and one whose
@@ -329,6 +333,11 @@ void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
         if (!USERS(w) && try_release_w(r, w, dead))
             INC(c->ndetached, -1);
     }
+}
+
+void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
+{
+    retire_at(c, r, dead, NULL);
 }
 
 /*
@@ -359,7 +368,7 @@ void evict(drc_cache_t *c, struct drc_region **dead)
     for (; r && over_limits(c); r = next) {
         next = r->lru_next;
         if (try_release(c, r, dead)) {
-            unlink_live(c, r);
+            unlink_live(c, r, NULL);
             INC(c->evicted, 1);
         }
     }
@@ -451,7 +460,7 @@ static void revoke_list(drc_cache_t *c, struct drc_region *r)
 
 static int nothing_registered(const drc_cache_t *c)
 {
-    return !c->tree.root && !c->detached.root && !c->pending && !off_held(c);
+    return !c->tree.root && !c->detached && !c->pending && !off_held(c);
 }
 
 /* The last user of r is gone (its put left @w, HELD or HELD|DEAD): release a detached region, refresh the LRU. */
@@ -472,9 +481,9 @@ static int became_idle(drc_cache_t *c, struct drc_region *r, uint64_t w)
     if (!LD_SC(r->detached) && !c->limited)
         return 0;
     lock(c);
-    if (LD(r->detached) == DETACHED_TREE) {
+    if (LD(r->detached) == DETACHED_LIST) {
         if (try_release(c, r, &dead))
-            drc__itree_remove(&c->detached, &r->node);
+            detached_del(c, r);
     } else if (c->limited && LD(r->detached) == LIVE && (LD(r->word) & HELD)) {
         /* live: it is now the most recently idle */
         lru_unlink(c, r);
@@ -707,12 +716,12 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
  * is published before the probe reads npending: one of the two sees the
  * other). An insert that the walk could miss changes seq.
  */
-static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
+static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc__itree_path *path)
 {
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
     int budget = LOOKUP_BUDGET;
 
-    if ((seq & 1) || LD_SC(c->npending) || LD(c->detached.root))
+    if ((seq & 1) || LD_SC(c->npending) || LD(c->detached))
         return 0;
     /*
      * No live region touches a grain of the range (one load, from a table
@@ -721,8 +730,9 @@ static int nothing_there(drc_cache_t *c, uintptr_t s, uintptr_t last)
      * node after it (or none, past the largest region).
      */
     if (!used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last) &&
-        (drc__itree_first(&c->tree, s, last, &budget) || budget <= 0))
-        return 0;               /* something there (or a torn walk): the locked path decides */
+        (drc__itree_first_at(&c->tree, s, last, &budget, path) || budget <= 0))
+        return 0;               /* something there (or a torn walk): the locked path decides, from
+                                 * where the walk found it if the tree has not changed since */
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
     return LD(c->seq) == seq;
 }
@@ -743,6 +753,7 @@ int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
 int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
 {
     struct drc_region *dead = NULL, *revoking = NULL;
+    struct drc__itree_path path;
     uintptr_t s, last;
     int count;
 
@@ -757,7 +768,8 @@ int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
     /* The hull covers every pending registration too, so skipping here misses none. */
     if (last < __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE) || s > __atomic_load_n(&c->hi, __ATOMIC_ACQUIRE))
         return 0;
-    if (nothing_there(c, s, last))
+    path.depth = 0;
+    if (nothing_there(c, s, last, &path))
         return 0;
     if (pthread_mutex_trylock(&c->lock) != 0) {
         /* DRC_F_REVOKE promises the deregistration before return: never handed to the holder */
@@ -767,7 +779,7 @@ int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
     } else {
         locked(c);
     }
-    count = invalidate_locked(c, s, last, &dead, &revoking);
+    count = invalidate_locked(c, s, last, &dead, &revoking, &path);
     unlock(c);
     release_list(c, dead);
     revoke_list(c, revoking);
@@ -780,7 +792,7 @@ int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
  * which a revoking cache never uses).
  */
 int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_region **dead,
-                             struct drc_region **revoking)
+                      struct drc_region **revoking, const struct drc__itree_path *path)
 {
     struct drc_region *r;
     struct drc__itree_node *n, *next;
@@ -789,24 +801,35 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
 
     ASSERT_LOCKED(c);
     budget = DRC__ITREE_UNBOUNDED;
-    n = drc__itree_first(&c->tree, s, last, &budget);
+    /*
+     * The first region in the range: where the lockless probe found it, if
+     * the tree has not changed since (its count did not move: the same
+     * tree, the same answer), else a walk. The probe's path also takes it
+     * out of the tree with no second descent (drc__itree_remove_at).
+     */
+    n = drc__itree_at(&c->tree, path);
+    if (!n)
+        n = drc__itree_first(&c->tree, s, last, &budget);
     if (n) {
-        /* one descent: the successor is found before n leaves (next stays in the tree) */
         seq_begin(c);
         for (; n; n = next) {
-            next = drc__itree_next(&c->tree, n, s, last, &budget);
+            /*
+             * The successor before n leaves. Disjoint regions (no overlap
+             * yet): none after one that reaches past the range, the usual
+             * free of one registered buffer, and no walk to find that out.
+             */
+            next = !LD(c->overlapping) && LD(n->last) >= last ? NULL
+                                                              : drc__itree_next(&c->tree, n, s, last, &budget);
             r = region_of(n);
             ST_SC(r->valid, 0);
             revoke_take(c, r, revoking);    /* DRC_F_REVOKE: before retire, while r is live */
-            retire(c, r, dead);
+            retire_at(c, r, dead, path);    /* the path holds for the first region only */
             count++;
         }
         seq_end(c);
     }
-    for (n = drc__itree_first(&c->detached, s, last, &budget); n;
-         n = drc__itree_next(&c->detached, n, s, last, &budget)) {
-        r = region_of(n);
-        if (LD(r->valid)) {
+    for (r = c->detached; r; r = r->lru_next) {
+        if (LD(r->node.start) <= last && s <= LD(r->node.last) && LD(r->valid)) {
             ST_SC(r->valid, 0);
             revoke_take(c, r, revoking);
             count++;
@@ -858,15 +881,13 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
         c->max_bytes = cfg->max_bytes;
     }
     c->limited = c->max_regions || c->max_bytes;
+    drc__itree_init(&c->tree, 1);   /* its nodes from the arena, given before the lock (get_slow) */
     /*
-     * Coalesced regions are disjoint until `overlapping`: the tree keeps no
-     * subtree_last until then (itree.h), and computes it for every region
-     * when the first overlap arrives, once, under the lock (2-4 ms at
-     * 65,536 regions). A cache that never merges expects overlaps: it keeps
-     * subtree_last from the start.
+     * Coalesced regions are disjoint until `overlapping`: the index walks
+     * them as such (itree.h) until the first overlap arrives. A cache that
+     * never merges expects overlaps from the start.
      */
-    if (!(c->flags & DRC_F_NO_MERGE))
-        drc__itree_init_plain(&c->tree);
+    drc__itree_set_disjoint(&c->tree, !(c->flags & DRC_F_NO_MERGE));
     if (o) {
         c->max_len = o->max_len;
         c->release = o->release;
@@ -954,7 +975,11 @@ int drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg,
 /* Called at every unlock: the trees are well formed and c->regions counts the live one. */
 void check_trees(const drc_cache_t *c)
 {
-    long live = drc__itree_check(&c->tree), det = drc__itree_check(&c->detached);
+    long live = drc__itree_check(&c->tree), det = 0;
+    const struct drc_region *d;
+
+    for (d = c->detached; d; d = d->lru_next, det++)
+        DRC_ASSERT(LD(d->detached) == DETACHED_LIST && (!d->lru_next || d->lru_next->lru_prev == d));
 
     DRC_ASSERT(live >= 0 && (uint64_t)live == c->regions);
     {
@@ -1001,7 +1026,7 @@ static int live_held(const drc_cache_t *c)
 
 static int busy(const drc_cache_t *c)
 {
-    return c->pending || c->detached.root || off_held(c) || live_held(c) || slot_refs(c, NULL, 1);
+    return c->pending || c->detached || off_held(c) || live_held(c) || slot_refs(c, NULL, 1);
 }
 
 int drc_cache_destroy(drc_cache_t *c)

@@ -87,39 +87,33 @@ enum {
 struct drc_region {
     /*
      * First cache line: all a hit reads and writes (word, access, detached,
-     * cache, node.start/last), all a floor descent reads (node.left,
-     * node.right) and all a rotation or recolouring reads of a node
-     * (node.parent_red: a removal reads it in the parent, the sibling and its
-     * children). node.subtree_last (used once regions overlap) spills into
-     * the second. Nothing else of another region is written by an insert or
-     * a removal: regions keep no links to their neighbours in address order,
-     * which cost a removal two more lines, the neighbours' (make bench-counts
-     * counts the L2 misses of an invalidation).
+     * cache, node), the keys a user reads after a hit, and all an
+     * invalidation and the release after it read or write (valid, revoked,
+     * handle, next). The tree's index is apart (itree.h): an insert or a
+     * removal writes no other region's line.
      */
     uint64_t word;                  /* HELD | users, atomic */
     unsigned access;                /* atomic: a stale lookup may read it during reuse */
-    int detached;                   /* atomic, written under c->lock */
+    uint8_t detached;               /* atomic, written under c->lock: LIVE, DETACHED_LIST, DETACHED_OFF */
+    uint8_t valid;                  /* atomic */
+    uint8_t revoked;                /* atomic, DRC_F_REVOKE: set under c->lock by revoke_take, cleared on release */
     drc_cache_t *cache;             /* set once, when the pool chunk is carved */
-    struct drc__itree_node node;    /* atomic fields, see itree.h */
-    /*
-     * Second line: what an invalidation and the release after it read or
-     * write (valid, revoked, handle, next), and the keys a user reads after
-     * a hit; the memory's description (read when a region is made, merged
-     * or validated) comes last.
-     */
+    struct drc__itree_node node;    /* the range, in c->tree's index while live (atomic fields) */
     void *handle;                   /* set before publication (release store of word), then constant */
     uint32_t lkey, rkey;            /* likewise */
-    int valid;                      /* atomic */
-    int revoked;                    /* atomic, DRC_F_REVOKE: set under c->lock by revoke_take, cleared on release */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
-    struct drc_region *lru_prev, *lru_next;     /* c->lock; live regions of a limited cache */
+    /*
+     * Second line: the LRU, and the memory's description (read when a
+     * region is made, merged or validated).
+     */
+    struct drc_region *lru_prev, *lru_next;     /* c->lock: live regions of a limited cache; or, while
+                                                 * DETACHED_LIST, c->detached's list */
     struct region_mem mem;          /* set before publication, constant while referenced */
 } __attribute__((aligned(64)));
 
-_Static_assert(offsetof(struct drc_region, node.parent_red) + sizeof(uintptr_t) <= 64,
-               "a region's hit fields and its tree links fill its first cache line");
-_Static_assert(offsetof(struct drc_region, lru_next) + sizeof(void *) <= 128,
-               "an invalidation and its release touch a region's first two lines only");
+_Static_assert(offsetof(struct drc_region, next) + sizeof(void *) <= 64,
+               "a hit, an invalidation and its release touch a region's first line only");
+_Static_assert(sizeof(struct drc_region) == 128, "a region is two cache lines");
 
 /*
  * The hint table: a lossy, direct-mapped map from a grain of address space
@@ -216,7 +210,7 @@ struct drc_cache {
 
     pthread_mutex_t lock __attribute__((aligned(64)));     /* alone on its line: waiters read it (lock()) */
     pthread_cond_t pending_done __attribute__((aligned(64)));
-    struct drc__itree detached;
+    struct drc_region *detached;    /* atomic, changed under c->lock: DETACHED_LIST regions (detached_add) */
     struct pending *pending;
     unsigned pending_waiters;       /* c->lock: getters asleep on pending_done */
     struct drc_region *lru_head, *lru_tail;     /* least recently idle first; kept only if limited */
@@ -310,7 +304,7 @@ void evict(drc_cache_t *c, struct drc_region **dead);
 int put_ref(drc_cache_t *c, struct drc_region *r);
 int release_list(drc_cache_t *c, struct drc_region *dead);
 int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_region **dead,
-                      struct drc_region **revoking);
+                      struct drc_region **revoking, const struct drc__itree_path *path);
 #ifdef DRC_DEBUG
 /* The expensive level: every invariant of both trees, and the live count. */
 void check_trees(const drc_cache_t *c);
@@ -356,12 +350,12 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
 /*
  * A live region leaves the tree: released if idle, else detached until its
  * last put. A superseded region is still valid, and goes into c->detached so
- * that a range invalidation can still find it (DETACHED_TREE); an invalid
+ * that a range invalidation can still find it (DETACHED_LIST); an invalid
  * one needs no finding (DETACHED_OFF): it is only counted, and its last put
  * releases it without the lock. The state is set before the CAS that would
  * release it, so the put that races the CAS sees which it is.
  */
-enum { LIVE = 0, DETACHED_TREE = 1, DETACHED_OFF = 2 };
+enum { LIVE = 0, DETACHED_LIST = 1, DETACHED_OFF = 2 };
 
 /*
  * Counting without a shared atomic on the hit path: a thread's counts go in
@@ -392,6 +386,32 @@ static inline void locked(drc_cache_t *c)
 #endif
     if (LD_SC(c->ninvq))
         invq_run(c);    /* before anything this holder looks up (see queue_invalidation) */
+}
+
+/*
+ * c->detached: the superseded regions a user still holds (DETACHED_LIST),
+ * linked through the LRU's links, which a region out of the tree does not
+ * use. A list, not an index: a region is superseded while held only when a
+ * merge takes in memory that a user holds a reference to, so the list is
+ * short, and a range invalidation walks it only when it is not empty.
+ */
+static inline void detached_add(drc_cache_t *c, struct drc_region *r)
+{
+    r->lru_prev = NULL;
+    r->lru_next = c->detached;
+    if (c->detached)
+        c->detached->lru_prev = r;
+    ST(c->detached, r);
+}
+
+static inline void detached_del(drc_cache_t *c, struct drc_region *r)
+{
+    if (r->lru_prev)
+        r->lru_prev->lru_next = r->lru_next;
+    else
+        ST(c->detached, r->lru_next);
+    if (r->lru_next)
+        r->lru_next->lru_prev = r->lru_prev;
 }
 
 static inline struct drc_region *region_of(struct drc__itree_node *n)

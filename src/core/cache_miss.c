@@ -214,6 +214,17 @@ static void widen_to(const drc_cache_t *c, const struct drc__mem *m, uintptr_t *
 }
 
 /*
+ * Index nodes to ask for beyond what the next insert needs: a growing
+ * cache takes one trip out of the lock per batch, not per leaf split.
+ */
+static unsigned tree_batch(const drc_cache_t *c)
+{
+    uint64_t n = c->regions / (DRC__ITREE_FAN * 8);
+
+    return n < 8 ? 8 : n > 256 ? 256 : (unsigned)n;
+}
+
+/*
  * The locked path: a hit the lockless walk could not take, or a miss
  * (widened to the allocation if @widen: see widen_to).
  * Returns 0 with a cached *out, 1 with a region registered just now, RACED
@@ -231,7 +242,8 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
     uint32_t lkey = 0, rkey = 0;
     uintptr_t ws = s, wlast = last;     /* what a miss registers: the range, or its allocation */
     int err, registered;
-    unsigned grow;
+    unsigned grow, need;
+    void *nodes;
 
     DRC_ASSERT_NO_LOCK();
     if ((last | (c->page - 1)) - (s & ~(uintptr_t)(c->page - 1)) == UINTPTR_MAX)
@@ -277,8 +289,25 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
 
     lock(c);
     r = NULL;
-    while (!err && !pend.stale && !(r = pool_get(c, &spare))) {
-        /* the pool is empty: allocate without the lock (an allocator may re-enter drc), still pending */
+    while (!err && !pend.stale) {
+        /*
+         * The index's nodes for the insert, then a region. Either may need
+         * memory: it is allocated without the lock (an allocator may
+         * re-enter drc), still pending, and the checks start again.
+         */
+        if ((need = drc__itree_need(&c->tree))) {
+            unlock(c);
+            need += tree_batch(c);
+            nodes = drc__arena_alloc(&c->arena, need * (size_t)DRC__ITREE_NODE);
+            lock(c);
+            if (!nodes)
+                err = -ENOMEM;
+            else
+                drc__itree_give(&c->tree, nodes, need * (size_t)DRC__ITREE_NODE);
+            continue;
+        }
+        if ((r = pool_get(c, &spare)))
+            break;
         unlock(c);
         spare = chunk_new(c);
         lock(c);
@@ -306,7 +335,7 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
     if (p.merging)
         supersede(c, &p, &m, &dead);
     if (p.overlaps && !c->overlapping) {
-        drc__itree_augment(&c->tree);   /* once, O(n): from now on queries need subtree_last (itree.h) */
+        drc__itree_set_disjoint(&c->tree, 0);  /* before the insert that overlaps */
         ST_SC(c->overlapping, 1);
     }
     publish(c, r, &p, &m, handle, lkey, rkey);

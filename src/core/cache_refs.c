@@ -266,8 +266,8 @@ int drain_end(drc_cache_t *c, struct drc_region *r, struct drc_region **dead, in
 /* A region out of the tree that a drain released (c->lock): off the detached tree, or counted as gone (off_held). */
 static void released_detached(drc_cache_t *c, struct drc_region *r)
 {
-    if (LD(r->detached) == DETACHED_TREE)
-        drc__itree_remove(&c->detached, &r->node);
+    if (LD(r->detached) == DETACHED_LIST)
+        detached_del(c, r);
     else if (LD(r->detached) == DETACHED_OFF)
         tally(c, ST_OFF_GONE);
 }
@@ -403,15 +403,14 @@ static uint64_t in_use(const drc_cache_t *c)
     return words > slots ? words : slots;
 }
 
-/* Regions of @t that a user holds (c->lock). */
-static uint64_t held_in(const struct drc__itree *t)
+/* Regions of c->detached that a user holds (c->lock). */
+static uint64_t held_in(const drc_cache_t *c)
 {
-    struct drc__itree_node *n;
-    int budget = DRC__ITREE_UNBOUNDED;
+    const struct drc_region *r;
     uint64_t held = 0;
 
-    for (n = drc__itree_first(t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(t, n, 0, UINTPTR_MAX, &budget))
-        held += USERS(LD(region_of(n)->word)) != 0;
+    for (r = c->detached; r; r = r->lru_next)
+        held += USERS(LD(r->word)) != 0;
     return held;
 }
 
@@ -449,7 +448,7 @@ void drc_cache_stats(drc_cache_t *c, struct drc_stats *s)
     if (want & DRC_STATS_DETACHED) {
         /* held invalid regions are counted as they leave; superseded ones sit in c->detached (few) */
         lock(c);
-        s->detached = off_held(c) + held_in(&c->detached);
+        s->detached = off_held(c) + held_in(c);
         unlock(c);
     }
 }

@@ -1,575 +1,725 @@
 /*
- * Augmented red-black interval tree; see itree.h for the contract.
+ * The interval index (itree.h): a B+ tree of (start, last, node) entries.
  *
- * The red-black rules are the textbook ones (root black, no red node with a
- * red child, the same number of black nodes on every root-to-NULL path).
- * The augmentation (none in plain mode, see itree.h) is kept exact by
- * three rules:
- *   - insert raises subtree_last on its way down, before the new leaf links;
- *   - remove recomputes every node from the lowest changed one to the root,
- *     before rebalancing;
- *   - a rotation keeps the set of intervals under the rotated pair, so the
- *     node that moves up inherits the old top's value and only the node that
- *     moves down is recomputed.
+ * Leaves hold the entries in start order (equal starts in insertion order)
+ * and are chained left to right by `next`. An inner node's entry i holds
+ * child i, the smallest start in that child's subtree (key) and the largest
+ * last (last), exactly, so that:
+ *   - a floor or an insert descends by key, one node per level;
+ *   - an overlap query descends to the leftmost child whose largest last
+ *     reaches the query's start, and stops at the first key past its last
+ *     (every later entry starts later);
+ *   - the next overlapping entry is found along the leaf chain.
+ * Nodes split when full and merge with, or borrow from, a sibling when
+ * they fall under a quarter. A node that takes an entry at its very end
+ * when full gives only that entry to its new sibling, so that intervals
+ * inserted in address order fill their leaves (a cache fills in address
+ * order more often than not).
  *
- * Every field is written with ST() because a lockless lookup may read it
- * at any moment (see LD/ST below); the colour, which shares a word with the
- * parent pointer, is read only by writers, the parent by both.
+ * Every store into a node is an atomic word store and every load outside
+ * the lock an atomic load, because lockless walks (itree.h) read nodes
+ * that a writer is changing; the sequence count decides whether what they
+ * read may be followed. Nothing here sleeps or calls out.
  */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cache.h"     /* DRC_ASSERT */
 #include "core/itree.h"
 
-#include <stddef.h>
+enum { F = DRC__ITREE_FAN, LOW = F / 4, MAXH = DRC__ITREE_MAXH };
+
+struct drc__itree_bt {
+    unsigned n;                     /* entries; first, in the line of the first keys */
+    unsigned level;                 /* 0: leaf */
+    struct drc__itree_bt *next;     /* leaf: the next leaf to the right; spare: the next spare */
+    uintptr_t key[F];               /* leaf: the entry's start; inner: the child's smallest start */
+    uintptr_t last[F];              /* leaf: the entry's last; inner: the child's largest last */
+    void *ptr[F];                   /* leaf: a struct drc__itree_node *; inner: a child */
+    struct drc__itree_bt *all;      /* malloc'd nodes: the next one (drc__itree_fini) */
+} __attribute__((aligned(64)));
+
+typedef struct drc__itree_bt bt;
+
+_Static_assert(sizeof(bt) == DRC__ITREE_NODE, "itree.h's node size is a node's size");
+_Static_assert(F >= 4 && LOW >= 1 && !(F & (F - 1)), "a power of two, split into two of at least LOW");
+
+#define LD(x)    __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+
+#if defined(__SANITIZE_THREAD__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wtsan"    /* the fences order the count against atomic loads (cache_int.h) */
+#endif
+
+/* ---- the sequence count ---------------------------------------------------- */
+
+static void bt_w_begin(struct drc__itree *t)
+{
+    ST(t->seq, t->seq + 1);
+    __atomic_thread_fence(__ATOMIC_RELEASE);   /* odd before any node store */
+}
+
+static void bt_w_end(struct drc__itree *t)
+{
+    __atomic_store_n(&t->seq, t->seq + 1, __ATOMIC_RELEASE);
+}
+
+/* Has a writer run since @seq was read? Called before a walk follows a pointer it read. */
+static inline int bt_moved(const struct drc__itree *t, unsigned seq)
+{
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);   /* the node loads before the re-read */
+    return LD(t->seq) != seq;
+}
+
+/* A node's entry count as a lockless walk may read it: never past the arrays. */
+static inline unsigned bt_count_of(const bt *b)
+{
+    unsigned n = LD(b->n);
+
+    return n <= F ? n : F;
+}
+
+/* ---- node memory ----------------------------------------------------------- */
+
+void drc__itree_init(struct drc__itree *t, int given)
+{
+    memset(t, 0, sizeof(*t));
+    t->given = given;
+}
+
+void drc__itree_set_disjoint(struct drc__itree *t, int disjoint)
+{
+    ST(t->disjoint, disjoint);
+}
+
+void drc__itree_fini(struct drc__itree *t)
+{
+    bt *b, *nx;
+
+    for (b = t->all; b; b = nx) {
+        nx = b->all;
+        free(b);
+    }
+    memset(t, 0, sizeof(*t));
+}
+
+unsigned drc__itree_need(const struct drc__itree *t)
+{
+    unsigned want = t->height + 1;      /* a split at every level and a new root */
+
+    return t->nspare >= want ? 0 : want - t->nspare;
+}
+
+static void bt_spare_push(struct drc__itree *t, bt *b)
+{
+    ST(b->n, 0u);
+    ST(b->next, t->spare);
+    t->spare = b;
+    t->nspare++;
+}
+
+void drc__itree_give(struct drc__itree *t, void *mem, size_t size)
+{
+    char *p = mem;
+
+    for (; size >= sizeof(bt); size -= sizeof(bt), p += sizeof(bt))
+        bt_spare_push(t, (bt *)(void *)p);
+}
+
+static bt *bt_node_new(struct drc__itree *t, unsigned level)
+{
+    bt *b = t->spare;
+
+    if (b) {
+        t->spare = b->next;
+        t->nspare--;
+    } else {
+        DRC_ASSERT(!t->given);      /* the owner gives what drc__itree_need() asks */
+        b = aligned_alloc(64, sizeof(*b));
+        if (!b)
+            abort();                /* only trees of tests and fuzzers allocate */
+        memset(b, 0, sizeof(*b));
+        b->all = t->all;
+        t->all = b;
+    }
+    ST(b->n, 0u);
+    ST(b->level, level);
+    ST(b->next, (bt *)NULL);
+    return b;
+}
+
+/* ---- helpers (writer side, or a walk's reads) ------------------------------- */
 
 /*
- * Release stores and acquire loads (plain moves on x86): a lockless reader
- * that loads a link to a node just inserted also sees the node's memory as
- * its owner initialised it. The reader's sequence count decides whether
- * what it read counts; these only make the reads themselves well-defined.
+ * The first entry whose key is >= k (lower), or > k (upper); n if none.
+ * Halving without branches: a search over random keys takes a
+ * mispredicted branch at every other step, four steps a level.
+ * Invariant: the keys before i compare true. A key at or past n may be
+ * stale (a lockless walk) and is never counted.
  */
-#define LD(x)    __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
-#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
-
-typedef struct drc__itree_node node_t;
-
-/*
- * A node's parent and colour share one word (parent | RED: nodes are at
- * least 8-aligned), so that all a descent, a rotation or a recolouring
- * reads of a node is in its first 40 bytes: the cache embeds them in the
- * region's first cache line. Lockless readers load the word and mask the
- * colour; writers store it whole (ST), keeping the half they do not change.
- */
-#define RED ((uintptr_t)1)
-
-static inline node_t *parent_of(const node_t *n)
+static inline unsigned bt_lower(const bt *b, unsigned n, uintptr_t k)
 {
-    return (node_t *)(LD(n->parent_red) & ~RED);
-}
+    unsigned i = 0, step, j;
 
-static inline int red_of(const node_t *n)
-{
-    return (int)(n->parent_red & RED);     /* writers only */
-}
-
-static inline void set_parent(node_t *n, const node_t *p)
-{
-    ST(n->parent_red, (uintptr_t)p | (n->parent_red & RED));
-}
-
-static inline void set_red(node_t *n, int red)
-{
-    ST(n->parent_red, (n->parent_red & ~RED) | (uintptr_t)!!red);
-}
-
-/* Plain mode: read by lockless queries, so atomic; it changes once, under the owner's lock. */
-static int is_plain(const struct drc__itree *t)
-{
-    return __atomic_load_n(&t->plain, __ATOMIC_ACQUIRE);
-}
-
-static void recompute(node_t *n)
-{
-    uintptr_t m = n->last;
-
-    if (n->left && n->left->subtree_last > m)
-        m = n->left->subtree_last;
-    if (n->right && n->right->subtree_last > m)
-        m = n->right->subtree_last;
-    ST(n->subtree_last, m);
-}
-
-static void replace_child(struct drc__itree *t, node_t *parent, node_t *old, node_t *new)
-{
-    if (!parent)
-        ST(t->root, new);
-    else if (parent->left == old)
-        ST(parent->left, new);
-    else
-        ST(parent->right, new);
-}
-
-/* x's right child y takes x's place; x becomes y's left child. */
-static void rotate_left(struct drc__itree *t, node_t *x)
-{
-    node_t *y = x->right, *p = parent_of(x);
-
-    ST(x->right, y->left);
-    if (y->left)
-        set_parent(y->left, x);
-    ST(y->left, x);
-    set_parent(x, y);
-    set_parent(y, p);
-    replace_child(t, p, x, y);
-    if (!is_plain(t)) {
-        ST(y->subtree_last, x->subtree_last);
-        recompute(x);
+#pragma GCC unroll 8
+    for (step = F / 2; step; step /= 2) {
+        j = i + step - 1;
+        i += step & (0u - ((j < n) & (LD(b->key[j]) < k)));
     }
+    return i + ((i < n) & (LD(b->key[i]) < k));
 }
 
-/* Mirror of rotate_left. */
-static void rotate_right(struct drc__itree *t, node_t *x)
+static inline unsigned bt_upper(const bt *b, unsigned n, uintptr_t k)
 {
-    node_t *y = x->left, *p = parent_of(x);
+    unsigned i = 0, step, j;
 
-    ST(x->left, y->right);
-    if (y->right)
-        set_parent(y->right, x);
-    ST(y->right, x);
-    set_parent(x, y);
-    set_parent(y, p);
-    replace_child(t, p, x, y);
-    if (!is_plain(t)) {
-        ST(y->subtree_last, x->subtree_last);
-        recompute(x);
+#pragma GCC unroll 8
+    for (step = F / 2; step; step /= 2) {
+        j = i + step - 1;
+        i += step & (0u - ((j < n) & (LD(b->key[j]) <= k)));
     }
+    return i + ((i < n) & (LD(b->key[i]) <= k));
 }
 
-static int is_red(const node_t *n)
+static uintptr_t bt_max_last(const bt *b)
 {
-    return n && red_of(n);
-}
+    uintptr_t m = 0;
+    unsigned i;
 
-static void insert_fixup(struct drc__itree *t, node_t *n)
-{
-    node_t *p, *g, *u;
-
-    while ((p = parent_of(n)) && red_of(p)) {
-        g = parent_of(p);   /* exists: a red node is never the root */
-        if (p == g->left) {
-            u = g->right;
-            if (is_red(u)) {
-                set_red(p, 0);
-                set_red(u, 0);
-                set_red(g, 1);
-                n = g;
-                continue;
-            }
-            if (n == p->right) {
-                rotate_left(t, p);
-                n = p;
-                p = parent_of(n);
-            }
-            set_red(p, 0);
-            set_red(g, 1);
-            rotate_right(t, g);
-        } else {
-            u = g->left;
-            if (is_red(u)) {
-                set_red(p, 0);
-                set_red(u, 0);
-                set_red(g, 1);
-                n = g;
-                continue;
-            }
-            if (n == p->left) {
-                rotate_right(t, p);
-                n = p;
-                p = parent_of(n);
-            }
-            set_red(p, 0);
-            set_red(g, 1);
-            rotate_left(t, g);
-        }
-    }
-    set_red(t->root, 0);
-}
-
-void drc__itree_init_plain(struct drc__itree *t)
-{
-    t->root = NULL;
-    t->max = NULL;
-    t->plain = 1;
-}
-
-static uintptr_t augment(node_t *n)
-{
-    uintptr_t m = n->last, sub;
-
-    if (n->left && (sub = augment(n->left)) > m)
-        m = sub;
-    if (n->right && (sub = augment(n->right)) > m)
-        m = sub;
-    ST(n->subtree_last, m);
+    for (i = 0; i < b->n; i++)
+        if (b->last[i] > m)
+            m = b->last[i];
     return m;
 }
 
-void drc__itree_augment(struct drc__itree *t)
+static inline void bt_set(bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
 {
-    if (!is_plain(t))
-        return;
-    if (t->root)
-        augment(t->root);   /* recursion depth: the tree's height, under 2 log2 n */
-    __atomic_store_n(&t->plain, 0, __ATOMIC_RELEASE);    /* after the values: a query that sees 0 uses them */
+    ST(b->key[i], key);
+    ST(b->last[i], last);
+    ST(b->ptr[i], p);
 }
 
-void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n)
+static inline void bt_copy(bt *to, unsigned i, const bt *from, unsigned j)
 {
-    node_t *p = NULL, *cur = t->root, *hi = NULL;
-    int plain = is_plain(t);
-
-    if (plain && t->max && n->start > t->max->start) {
-        p = t->max;         /* after every interval, and nothing to raise: under the largest, whose right is NULL */
-    } else {
-        while (cur) {
-            p = cur;
-            if (!plain && cur->subtree_last < n->last)
-                ST(cur->subtree_last, n->last);
-            if (n->start < cur->start) {
-                hi = cur;       /* the last node the descent went left at follows n */
-                cur = cur->left;
-            } else {
-                cur = cur->right;
-            }
-        }
-    }
-    if (!hi)
-        ST(t->max, n);      /* it never went left: n comes last */
-    /* n may be recycled memory that a lockless reader still walks: atomic stores */
-    ST(n->left, (node_t *)NULL);
-    ST(n->right, (node_t *)NULL);
-    ST(n->parent_red, (uintptr_t)p | RED);     /* a new node is red */
-    ST(n->subtree_last, n->last);
-    if (!p)
-        ST(t->root, n);
-    else if (n->start < p->start)
-        ST(p->left, n);
-    else
-        ST(p->right, n);
-    insert_fixup(t, n);
+    bt_set(to, i, from->key[j], from->last[j], from->ptr[j]);
 }
 
-/* Put v where u is, as far as u's parent is concerned. */
-static void transplant(struct drc__itree *t, node_t *u, node_t *v)
+/* Refresh entry i of inner node b from its child. */
+static inline void bt_refresh(bt *b, unsigned i)
 {
-    replace_child(t, parent_of(u), u, v);
-    if (v)
-        set_parent(v, parent_of(u));
-}
+    const bt *c = b->ptr[i];
 
-/* x (possibly NULL) under parent xp carries an extra black. */
-static void remove_fixup(struct drc__itree *t, node_t *x, node_t *xp)
-{
-    node_t *w;
-
-    while (x != t->root && !is_red(x)) {
-        if (x == xp->left) {
-            w = xp->right;  /* non-NULL: xp's right side has black height >= 1 */
-            if (red_of(w)) {
-                set_red(w, 0);
-                set_red(xp, 1);
-                rotate_left(t, xp);
-                w = xp->right;
-            }
-            if (!is_red(w->left) && !is_red(w->right)) {
-                set_red(w, 1);
-                x = xp;
-                xp = parent_of(x);
-                continue;
-            }
-            if (!is_red(w->right)) {
-                set_red(w->left, 0);
-                set_red(w, 1);
-                rotate_right(t, w);
-                w = xp->right;
-            }
-            set_red(w, red_of(xp));
-            set_red(xp, 0);
-            set_red(w->right, 0);
-            rotate_left(t, xp);
-        } else {
-            w = xp->left;
-            if (red_of(w)) {
-                set_red(w, 0);
-                set_red(xp, 1);
-                rotate_right(t, xp);
-                w = xp->left;
-            }
-            if (!is_red(w->left) && !is_red(w->right)) {
-                set_red(w, 1);
-                x = xp;
-                xp = parent_of(x);
-                continue;
-            }
-            if (!is_red(w->left)) {
-                set_red(w->right, 0);
-                set_red(w, 1);
-                rotate_left(t, w);
-                w = xp->left;
-            }
-            set_red(w, red_of(xp));
-            set_red(xp, 0);
-            set_red(w->left, 0);
-            rotate_right(t, xp);
-        }
-        x = t->root;
-    }
-    if (x)
-        set_red(x, 0);
-}
-
-/* The node before @n in start order (in-order predecessor), or NULL. Writers only: no atomics. */
-static node_t *node_prev(const node_t *n)
-{
-    node_t *p;
-
-    if (n->left) {
-        for (n = n->left; n->right; n = n->right)
-            ;
-        return (node_t *)n;
-    }
-    for (p = parent_of(n); p && n == p->left; p = parent_of(n))
-        n = p;
-    return p;
-}
-
-void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *z)
-{
-    node_t *x, *xp, *y, *n, *moved = NULL;
-    uintptr_t old;
-    int removed_red;
-
-    if (z == t->max)
-        ST(t->max, node_prev(z));
-    if (!z->left || !z->right) {
-        x = z->left ? z->left : z->right;
-        xp = parent_of(z);
-        removed_red = red_of(z);
-        transplant(t, z, x);
-    } else {
-        /* z's successor y takes z's place and colour; y's old slot loses a node */
-        for (y = z->right; y->left; y = y->left)
-            ;
-        removed_red = red_of(y);
-        x = y->right;
-        if (parent_of(y) == z) {
-            xp = y;
-        } else {
-            xp = parent_of(y);
-            transplant(t, y, x);
-            ST(y->right, z->right);
-            set_parent(y->right, y);
-        }
-        transplant(t, z, y);
-        ST(y->left, z->left);
-        set_parent(y->left, y);
-        set_red(y, red_of(z));
-        moved = y;
-    }
-    /*
-     * z's interval left every subtree from xp to the root, and a moved y left
-     * those below its new place. Only the path child of each of these nodes
-     * changed, so once one keeps its value every node above it does too —
-     * except the moved y, whose stored value is that of its old place: it is
-     * always recomputed, and the stop applies above it. In plain mode there
-     * is nothing to recompute.
-     */
-    for (n = is_plain(t) ? NULL : xp; n;) {
-        old = n->subtree_last;
-        recompute(n);
-        if (n == moved)
-            moved = NULL;
-        else if (n->subtree_last == old) {
-            if (!moved)
-                break;
-            n = moved;  /* unchanged up to y: recompute y, then go on above it */
-            continue;
-        }
-        n = parent_of(n);
-    }
-    if (!removed_red)
-        remove_fixup(t, x, xp);
-}
-
-/* Leftmost node under n that overlaps [start, last]. */
-static node_t *subtree_search(const node_t *n, uintptr_t start, uintptr_t last, int *budget)
-{
-    const node_t *left, *right;
-
-    for (;;) {
-        if (--*budget < 0)
-            return NULL;
-        left = LD(n->left);
-        if (left && start <= LD(left->subtree_last)) {
-            n = left;   /* something in the left subtree ends late enough: the answer, if any, is there */
-            continue;
-        }
-        if (LD(n->start) > last)
-            return NULL;    /* n and everything right of it start too late */
-        if (start <= LD(n->last))
-            return (node_t *)n;
-        right = LD(n->right);
-        if (!right || start > LD(right->subtree_last))
-            return NULL;
-        n = right;
-    }
+    ST(b->key[i], c->key[0]);
+    ST(b->last[i], bt_max_last(c));
 }
 
 /*
- * The floor of key (largest start <= key, the rightmost of equal ones) and,
- * in *ceil, the node after it in start order (smallest start > key): one
- * descent finds both (ceil NULL: the floor only, inlined without the
- * other). NULL with *budget 0 if the budget ran out.
+ * Put (key, last, p) at position i of b. If b is full, split it and return
+ * the new right sibling (its level and leaf link set), else NULL.
  */
-static inline __attribute__((always_inline)) node_t *floor_ceil(const struct drc__itree *t, uintptr_t key,
-                                                                int *budget, node_t **ceil)
+static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
 {
-    const node_t *n = LD(t->max);
-    uintptr_t best = 0, above = 0, right;
-    int b = *budget;
+    unsigned n = b->n, j, h;
+    bt *r;
 
-    if (n && LD(n->start) <= key) {
-        if (ceil)
-            *ceil = NULL;
-        return (node_t *)n;     /* at or after the largest start (a cache filled in address order): no descent */
+    if (n < F) {
+        for (j = n; j > i; j--)
+            bt_copy(b, j, b, j - 1);
+        bt_set(b, i, key, last, p);
+        ST(b->n, n + 1);
+        return NULL;
     }
-    n = LD(t->root);
+    r = bt_node_new(t, b->level);
     /*
-     * Select with a mask instead of branching: on random keys the direction
-     * is a coin toss at every level, and a mispredicted branch costs more
-     * than loading both children (they share the node's cache line).
+     * An entry at the very end: the new node takes only LOW of the entries,
+     * so that address-order fills pack their nodes, and every node but the
+     * root keeps at least LOW (a sibling to merge with always exists).
      */
-    while (n) {
-        if (--b < 0) {
-            *budget = 0;
-            if (ceil)
-                *ceil = NULL;
-            return NULL;
-        }
-        right = -(uintptr_t)(LD(n->start) <= key);
-        best = ((uintptr_t)n & right) | (best & ~right);
-        if (ceil)
-            above = (above & right) | ((uintptr_t)n & ~right);
-        n = (const node_t *)(((uintptr_t)LD(n->right) & right) | ((uintptr_t)LD(n->left) & ~right));
+    h = i == F ? F - LOW + 1 : F / 2;
+    for (j = h; j < F; j++)
+        bt_copy(r, j - h, b, j);
+    ST(r->n, F - h);
+    ST(b->n, h);
+    if (i <= h && i < F)
+        bt_put(t, b, i, key, last, p);
+    else
+        bt_put(t, r, i - h, key, last, p);
+    if (!b->level) {
+        ST(r->next, b->next);
+        ST(b->next, r);
     }
-    *budget = b;
-    if (ceil)
-        *ceil = (node_t *)above;
-    return (node_t *)best;
+    return r;
 }
 
-/* Plain mode, lockless: the node after n in start order (NULL at the end, or when the budget runs out). */
-static node_t *step(const node_t *n, int *budget)
-{
-    const node_t *from, *left;
+/* ---- insert ------------------------------------------------------------------ */
 
-    if ((left = LD(n->right))) {
-        do {
-            if (--*budget < 0)
-                return NULL;
-            n = left;
-        } while ((left = LD(n->left)));
-        return (node_t *)n;
+static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x)
+{
+    unsigned i = bt_upper(b, b->n, x->start);
+    bt *c, *nb;
+
+    if (!b->level)
+        return bt_put(t, b, i, x->start, x->last, x);
+    i = i ? i - 1 : 0;     /* the last child whose smallest start is <= x's, or the first */
+    c = b->ptr[i];
+    nb = bt_ins(t, c, x);
+    ST(b->key[i], c->key[0]);
+    if (x->last > b->last[i])
+        ST(b->last[i], x->last);
+    if (nb) {
+        bt_refresh(b, i);      /* the largest last may have moved to the new sibling */
+        return bt_put(t, b, i + 1, nb->key[0], bt_max_last(nb), nb);
     }
-    do {    /* climb until we arrive from a left child */
-        if (--*budget < 0)
-            return NULL;
-        from = n;
-        n = parent_of(n);
-    } while (n && LD(n->right) == from);
-    return (node_t *)n;
+    return NULL;
+}
+
+void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
+{
+    bt *b, *nb, *root;
+
+    bt_w_begin(t);
+    if (!t->root) {
+        b = bt_node_new(t, 0);
+        bt_set(b, 0, x->start, x->last, x);
+        ST(b->n, 1u);
+        ST(t->height, 1u);
+        ST(t->root, b);
+    } else {
+        nb = bt_ins(t, t->root, x);
+        if (nb) {
+            root = bt_node_new(t, t->height);
+            bt_set(root, 0, t->root->key[0], bt_max_last(t->root), t->root);
+            bt_set(root, 1, nb->key[0], bt_max_last(nb), nb);
+            ST(root->n, 2u);
+            ST(t->height, t->height + 1);
+            ST(t->root, root);
+        }
+    }
+    t->count++;
+    bt_w_end(t);
+}
+
+/* ---- remove ------------------------------------------------------------------ */
+
+/* Take entry i out of b. */
+static void bt_cut(bt *b, unsigned i)
+{
+    unsigned j;
+
+    for (j = i; j + 1 < b->n; j++)
+        bt_copy(b, j, b, j + 1);
+    ST(b->n, b->n - 1);
+}
+
+/* Child i of inner node b has fewer than LOW entries: merge it with a sibling, or borrow from one. */
+static void bt_fix(struct drc__itree *t, bt *b, unsigned i)
+{
+    unsigned li = i + 1 < b->n ? i : i - 1, j, total, want;
+    bt *l = b->ptr[li], *r = b->ptr[li + 1];
+
+    total = l->n + r->n;
+    if (total <= F) {
+        for (j = 0; j < r->n; j++)
+            bt_copy(l, l->n + j, r, j);
+        ST(l->n, total);
+        if (!l->level)
+            ST(l->next, r->next);
+        bt_cut(b, li + 1);
+        bt_refresh(b, li);
+        bt_spare_push(t, r);
+        return;
+    }
+    want = total / 2;
+    if (l->n < want) {          /* move r's first entries to l's end */
+        unsigned k = want - l->n;
+
+        for (j = 0; j < k; j++)
+            bt_copy(l, l->n + j, r, j);
+        ST(l->n, want);
+        for (j = 0; j + k < r->n; j++)
+            bt_copy(r, j, r, j + k);
+        ST(r->n, r->n - k);
+    } else {                    /* move l's last entries to r's front */
+        unsigned k = l->n - want;
+
+        for (j = r->n; j-- > 0;)
+            bt_copy(r, j + k, r, j);
+        for (j = 0; j < k; j++)
+            bt_copy(r, j, l, want + j);
+        ST(r->n, r->n + k);
+        ST(l->n, want);
+    }
+    bt_refresh(b, li);
+    bt_refresh(b, li + 1);
+}
+
+/* Remove x from b's subtree: 1 if it was there. */
+static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
+{
+    uintptr_t k = x->start;
+    unsigned i = bt_lower(b, b->n, k);
+
+    if (!b->level) {
+        for (; i < b->n && b->key[i] == k; i++)
+            if (b->ptr[i] == x) {
+                bt_cut(b, i);
+                return 1;
+            }
+        return 0;
+    }
+    /* equal starts may span children: every child whose range can hold k, from the left */
+    for (i = i ? i - 1 : 0; i < b->n && b->key[i] <= k; i++) {
+        bt *c = b->ptr[i];
+
+        if (!bt_rm(t, c, x))
+            continue;
+        if (c->n < LOW) {
+            bt_fix(t, b, i);   /* b has a sibling for c: an inner node has 2 entries or more */
+        } else {
+            ST(b->key[i], c->key[0]);
+            if (x->last == b->last[i])
+                ST(b->last[i], bt_max_last(c));    /* x may have been the largest: else it stays */
+        }
+        return 1;
+    }
+    return 0;
+}
+
+void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
+{
+    bt *root;
+    int found;
+
+    bt_w_begin(t);
+    found = t->root && bt_rm(t, t->root, x);
+    DRC_ASSERT(found);
+    (void)found;
+    root = t->root;
+    if (root && root->level && root->n == 1) {
+        ST(t->root, (bt *)root->ptr[0]);
+        ST(t->height, t->height - 1);
+        bt_spare_push(t, root);
+    } else if (root && !root->n) {
+        ST(t->root, (bt *)NULL);
+        ST(t->height, 0u);
+        bt_spare_push(t, root);
+    }
+    t->count--;
+    bt_w_end(t);
+}
+
+/*
+ * The same along a path that a walk recorded: valid while the count has not
+ * moved since (every change of a node moves it), so the nodes are those of
+ * the tree now, each entry i of node d leads to node d + 1, and the last
+ * node's entry is x if the walk found x. Bottom up, as bt_rm() unwinds.
+ */
+struct drc__itree_node *drc__itree_at(const struct drc__itree *t, const struct drc__itree_path *p)
+{
+    const bt *leaf;
+
+    if (!p || !p->depth || p->seq != t->seq || p->depth != t->height)
+        return NULL;
+    leaf = p->node[p->depth - 1];
+    return p->idx[p->depth - 1] < leaf->n ? leaf->ptr[p->idx[p->depth - 1]] : NULL;
+}
+
+void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, const struct drc__itree_path *p)
+{
+    unsigned d;
+    bt *leaf, *root;
+
+    if (drc__itree_at(t, p) != x)
+        goto search;
+    leaf = p->node[p->depth - 1];
+    bt_w_begin(t);
+    bt_cut(leaf, p->idx[p->depth - 1]);
+    for (d = p->depth - 1; d > 0; d--) {
+        bt *b = p->node[d - 1], *c = p->node[d];
+        unsigned i = p->idx[d - 1];
+
+        if (c->n < LOW) {
+            bt_fix(t, b, i);
+        } else {
+            ST(b->key[i], c->key[0]);
+            if (x->last == b->last[i])
+                ST(b->last[i], bt_max_last(c));
+        }
+    }
+    root = t->root;
+    if (root->level && root->n == 1) {
+        ST(t->root, (bt *)root->ptr[0]);
+        ST(t->height, t->height - 1);
+        bt_spare_push(t, root);
+    } else if (!root->n) {
+        ST(t->root, (bt *)NULL);
+        ST(t->height, 0u);
+        bt_spare_push(t, root);
+    }
+    t->count--;
+    bt_w_end(t);
+    return;
+search:
+    drc__itree_remove(t, x);
+}
+
+/* ---- walks (with or without the lock) ----------------------------------------- */
+
+/*
+ * Start a walk: the root, or NULL for an empty tree (then *seqp is
+ * meaningless) or a writer at work (*budget set to 0).
+ */
+static inline const bt *bt_walk_root(const struct drc__itree *t, unsigned *seqp, int *budget)
+{
+    unsigned seq = __atomic_load_n(&t->seq, __ATOMIC_ACQUIRE);
+    const bt *b;
+
+    *seqp = seq;
+    if (seq & 1) {
+        *budget = 0;
+        return NULL;
+    }
+    b = LD(t->root);
+    if (bt_moved(t, seq)) {
+        *budget = 0;
+        return NULL;
+    }
+    return b;
+}
+
+static inline struct drc__itree_node *bt_gave_up(int *budget)
+{
+    *budget = 0;
+    return NULL;
+}
+
+struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
+{
+    unsigned seq, i, h, level;
+    const bt *b = bt_walk_root(t, &seq, budget);
+    void *p;
+
+    for (h = 0; b; h++) {
+        if (--*budget <= 0 || h >= MAXH)
+            return bt_gave_up(budget);
+        i = bt_upper(b, bt_count_of(b), key);
+        level = LD(b->level);
+        p = i ? LD(b->ptr[i - 1]) : NULL;
+        /* every load that decides what p is comes before the check: p is used only if it passes */
+        if (bt_moved(t, seq))
+            return bt_gave_up(budget);
+        if (!i)
+            return NULL;    /* every start in b is past key */
+        if (!level)
+            return p;
+        b = p;
+    }
+    return NULL;
 }
 
 struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t start, uintptr_t last,
                                          int *budget)
 {
-    const node_t *root;
-
-    if (is_plain(t)) {
-        /* disjoint: the floor of start if it reaches start, else its successor if it starts by last */
-        node_t *ceil, *f = floor_ceil(t, start, budget, &ceil);
-
-        if (f && LD(f->last) >= start)
-            return f;
-        return ceil && LD(ceil->start) <= last ? ceil : NULL;
-    }
-    root = LD(t->root);
-    if (!root || LD(root->subtree_last) < start)
-        return NULL;
-    return subtree_search(root, start, last, budget);
+    return drc__itree_first_at(t, start, last, budget, NULL);
 }
 
-struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct drc__itree_node *n,
+struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_t start, uintptr_t last,
+                                            int *budget, struct drc__itree_path *path)
+{
+    struct { const bt *b; unsigned i; } up[MAXH];
+    unsigned seq, i, n, depth = 0, level, d;
+    const bt *b = bt_walk_root(t, &seq, budget);
+    int disjoint = LD(t->disjoint);     /* after the count (drc__itree_set_disjoint) */
+    void *p;
+
+    if (path)
+        path->depth = 0;
+    if (!b)
+        return NULL;
+    if (--*budget <= 0)
+        return bt_gave_up(budget);
+    for (;;) {
+        n = bt_count_of(b);
+        /*
+         * Disjoint intervals: an entry that starts before the last one
+         * starting at or before `start` ends before that one starts, so
+         * the walk begins there, found by halving, and never backs up.
+         * Else from the first entry, skipping those whose subtree ends
+         * before `start`.
+         */
+        i = disjoint ? bt_upper(b, n, start) : 0;
+        i = i ? i - 1 : 0;
+        for (; i < n; i++) {
+            if (LD(b->key[i]) > last)
+                return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;  /* every later entry starts later */
+            if (LD(b->last[i]) >= start)
+                break;
+        }
+        while (i == n) {        /* nothing here: back up to the parent's next child */
+            if (!depth)
+                return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
+            depth--;
+            b = up[depth].b;
+            n = bt_count_of(b);
+            for (i = up[depth].i + 1; i < n; i++) {
+                if (LD(b->key[i]) > last)
+                    return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
+                if (LD(b->last[i]) >= start)
+                    break;
+            }
+        }
+        p = LD(b->ptr[i]);
+        level = LD(b->level);
+        if (bt_moved(t, seq))
+            return bt_gave_up(budget);
+        if (!level) {
+            if (path && depth + 1 < MAXH) {
+                for (d = 0; d < depth; d++) {
+                    path->node[d] = (bt *)up[d].b;
+                    path->idx[d] = up[d].i;
+                }
+                path->node[depth] = (bt *)b;
+                path->idx[depth] = i;
+                path->depth = depth + 1;
+                path->seq = seq;
+            }
+            return p;
+        }
+        if (depth >= MAXH || --*budget <= 0)
+            return bt_gave_up(budget);
+        up[depth].b = b;
+        up[depth].i = i;
+        depth++;
+        b = p;
+        i = 0;
+    }
+}
+
+struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct drc__itree_node *x,
                                         uintptr_t start, uintptr_t last, int *budget)
 {
-    const node_t *right, *from;
+    uintptr_t k = LD(x->start);
+    unsigned seq, i, n, h;
+    const bt *b = bt_walk_root(t, &seq, budget);
+    void *p;
 
-    if (is_plain(t)) {
-        /* disjoint: n reaches start, so its successor does too; it overlaps if it starts by last */
-        if (n == LD(t->max))
-            return NULL;
-        n = step(n, budget);
-        return n && LD(n->start) <= last ? (node_t *)n : NULL;
+    /* find x: down the leftmost path that can hold k, then along the leaves */
+    for (h = 0; b && LD(b->level); h++) {
+        if (--*budget <= 0 || h >= MAXH)
+            return bt_gave_up(budget);
+        i = bt_lower(b, bt_count_of(b), k);
+        p = LD(b->ptr[i ? i - 1 : 0]);
+        if (bt_moved(t, seq))
+            return bt_gave_up(budget);
+        b = p;
     }
-    right = LD(n->right);
-    for (;;) {
-        /* Invariant: every overlapping node before n in start order was returned already. */
-        if (right && start <= LD(right->subtree_last))
-            return subtree_search(right, start, last, budget);
-        do {    /* climb until we arrive from a left child: that parent is next in order */
-            if (--*budget < 0)
+    if (!b)
+        return NULL;
+    if (--*budget <= 0)
+        return bt_gave_up(budget);
+    for (i = bt_lower(b, bt_count_of(b), k);; i++) {
+        if (i >= bt_count_of(b)) {
+            p = LD(b->next);
+            if (bt_moved(t, seq) || --*budget <= 0)
+                return bt_gave_up(budget);
+            if (!p)
+                return NULL;            /* x is not in the tree (a walk without the lock) */
+            b = p;
+            i = 0;
+            if (!bt_count_of(b))
+                return bt_gave_up(budget);
+        }
+        if (LD(b->key[i]) != k)
+            return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
+        if (LD(b->ptr[i]) == x)
+            break;
+    }
+    /* then the next entry that overlaps, in start order */
+    for (i++;; i++) {
+        n = bt_count_of(b);
+        if (i >= n) {
+            p = LD(b->next);
+            if (bt_moved(t, seq) || --*budget <= 0)
+                return bt_gave_up(budget);
+            if (!p)
                 return NULL;
-            from = n;
-            n = parent_of(n);
+            b = p;
+            i = 0;
+            n = bt_count_of(b);
             if (!n)
-                return NULL;
-            right = LD(n->right);
-        } while (right == from);
-        if (LD(n->start) > last)
-            return NULL;
-        if (start <= LD(n->last))
-            return (node_t *)n;
+                return bt_gave_up(budget);
+        }
+        if (LD(b->key[i]) > last)
+            return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
+        if (LD(b->last[i]) >= start) {
+            p = LD(b->ptr[i]);
+            return bt_moved(t, seq) ? bt_gave_up(budget) : p;
+        }
     }
 }
 
-struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
-{
-    return floor_ceil(t, key, budget, NULL);
-}
+/* ---- check ----------------------------------------------------------------------- */
 
-struct check {
-    const node_t *prev;     /* in-order predecessor */
+struct chk {
     long count;
-    int plain;
+    const bt *prev_leaf;
+    uintptr_t prev_key;
+    int bad;
 };
 
-/* Returns the black height of n's subtree, or -1. */
-static int check_node(const node_t *n, const node_t *parent, struct check *ck)
+static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int is_root, struct chk *s)
 {
-    int lh, rh;
-    uintptr_t m;
+    unsigned i;
 
-    if (!n)
-        return 1;
-    if (parent_of(n) != parent || n->start > n->last)
-        return -1;
-    if (red_of(n) && parent && red_of(parent))
-        return -1;
-    lh = check_node(n->left, n, ck);
-    if (lh < 0)
-        return -1;
-    if (ck->prev && (ck->prev->start > n->start || (ck->plain && ck->prev->last >= n->start)))
-        return -1;      /* out of order, or overlapping in plain mode */
-    ck->prev = n;
-    ck->count++;
-    rh = check_node(n->right, n, ck);
-    if (rh < 0 || lh != rh)
-        return -1;
-    m = n->last;
-    if (n->left && n->left->subtree_last > m)
-        m = n->left->subtree_last;
-    if (n->right && n->right->subtree_last > m)
-        m = n->right->subtree_last;
-    if (!ck->plain && n->subtree_last != m)
-        return -1;
-    return lh + !red_of(n);
+    if (s->bad)
+        return;
+    if (b->level != level || b->n > F || b->n < (!is_root ? (unsigned)LOW : level ? 2u : 1u)) {
+        s->bad = 1;
+        return;
+    }
+    for (i = 0; i < b->n && !s->bad; i++) {
+        if (b->key[i] < s->prev_key) {
+            s->bad = 1;
+            return;
+        }
+        if (!level) {
+            const struct drc__itree_node *x = b->ptr[i];
+
+            if (!x || x->start != b->key[i] || x->last != b->last[i] || x->last < x->start) {
+                s->bad = 1;
+                return;
+            }
+            s->prev_key = b->key[i];
+            s->count++;
+        } else {
+            const bt *c = b->ptr[i];
+
+            if (!c || !c->n || c->n > F || c->key[0] != b->key[i] || bt_max_last(c) != b->last[i]) {
+                s->bad = 1;
+                return;
+            }
+            bt_chk(t, c, level - 1, 0, s);
+        }
+    }
+    if (!level) {
+        if (s->prev_leaf && s->prev_leaf->next != b)
+            s->bad = 1;
+        s->prev_leaf = b;
+    }
 }
 
 long drc__itree_check(const struct drc__itree *t)
 {
-    struct check ck = { NULL, 0, is_plain(t) };
+    struct chk s = { 0, NULL, 0, 0 };
 
-    if (t->root && red_of(t->root))
+    if (t->seq & 1)
         return -1;
-    if (check_node(t->root, NULL, &ck) < 0 || t->max != ck.prev)
-        return -1;      /* broken, or max is not the last node in start order */
-    return ck.count;
+    if (!t->root)
+        return t->height || t->count ? -1 : 0;
+    if (!t->height)
+        return -1;
+    bt_chk(t, t->root, t->height - 1, 1, &s);
+    if (s.bad || (s.prev_leaf && s.prev_leaf->next) || s.count != t->count)
+        return -1;
+    return s.count;
 }

@@ -1,66 +1,117 @@
 /*
- * An augmented red-black interval tree over closed intervals [start, last].
+ * An interval index over closed intervals [start, last]: a B+ tree of
+ * compact nodes apart from the intervals' owners.
  *
- * Each node keeps subtree_last, the largest `last` in its subtree, so an
- * overlap query can skip every subtree that ends before the query starts.
- * Nodes are embedded in their owner (see container_of in cache.c).
+ * Each owner embeds a struct drc__itree_node (its interval); the tree keeps
+ * (start, last, node) triples in leaves of up to DRC__ITREE_FAN entries, in
+ * start order, and each inner entry keeps the smallest start and the
+ * largest `last` of its child's subtree, so that an overlap query skips
+ * every subtree that ends before the query starts. A descent reads a few
+ * lines of a node per level, and the upper levels of a tree of 2^18
+ * intervals fit in a core's L2; a red-black tree threaded through the
+ * owners took one owner's line per level, about 2 log2 n dependent misses
+ * once the owners outgrow the caches.
  *
- * Concurrency contract: insert and remove need the owner's lock. first and
- * next may also run without it, concurrently with a writer: every field they
- * read is loaded atomically and every field a writer changes is stored
- * atomically, so a lockless reader never sees a torn pointer. It may see a
- * tree in the middle of a rotation and so miss a node or, in theory, walk in
- * a circle; `budget` bounds the steps it takes and the caller must validate
- * what it found (cache.c does so with a sequence count). The nodes a lockless
- * reader can reach must stay mapped memory for as long as it may run.
+ * Concurrency contract: insert and remove need the owner's lock. first,
+ * next and floor may also run without it, concurrently with a writer. The
+ * tree has its own sequence count, odd while a writer changes nodes; a
+ * lockless walk reads every word atomically and, before it follows a
+ * pointer it read from a node (a child, a sibling, an owner's node), checks
+ * that the count has not moved since the walk began. So every pointer it
+ * follows was read from a tree at rest, and points to a node of the level
+ * it expects (or to an owner's node). The node it then reads may be changed
+ * or freed under it: freed nodes are kept, never returned, until
+ * drc__itree_fini(), so what it reads is a node's memory, maybe stale,
+ * whose next pointer is checked the same way. A walk that sees the count
+ * move gives up: it returns NULL and sets *budget to 0. Each walk is bounded
+ * by *budget; the caller must still validate what it found (cache.c does so
+ * with its own sequence count), as a walk that did not see the count move
+ * answered for one instant only.
+ *
+ * Node memory: a tree made with drc__itree_init(t, NULL) (or zeroed) takes
+ * its nodes from malloc, as it needs them (tests, fuzzers). An owner that
+ * may not allocate under its lock passes its own node source to
+ * drc__itree_init and, before an insert, gives the tree the nodes
+ * drc__itree_need() asks for (drc__itree_give); remove never allocates.
  *
  * Two intervals A and B overlap iff A.start <= B.last && B.start <= A.last.
- *
- * Plain mode (drc__itree_init_plain): while its owner promises that no two
- * intervals overlap, the tree keeps no subtree_last. Where intervals are
- * disjoint, the only node before a query that can reach into it is the
- * floor of its start, and every later overlapping node follows in start
- * order, so one descent (which finds the floor and the node after it) and
- * in-order steps answer every query; the writers skip the stores of
- * subtree_last along an insert's path (each a line written on every
- * insert, the root's among them when regions come in address order) and
- * the recomputation after a removal. In either mode the tree keeps its
- * largest node: a floor at or after its start, and in plain mode an insert
- * after it, need no descent. The owner ends plain mode, once, with
- * drc__itree_augment() before it inserts an overlapping interval.
  */
 #ifndef DRC_ITREE_H
 #define DRC_ITREE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct drc__itree_node {
-    uintptr_t start, last;          /* the interval, closed */
-    struct drc__itree_node *left, *right;
-    uintptr_t parent_red;           /* the parent's address | 1 if this node is red */
-    uintptr_t subtree_last;         /* max `last` over this subtree; last, so that an embedding may
-                                     * keep the 40 bytes before it in one cache line (cache.c does) */
+    uintptr_t start, last;          /* the interval, closed; constant while in a tree */
+};
+
+struct drc__itree_bt;
+
+enum { DRC__ITREE_MAXH = 32 };     /* levels: nodes of 4 entries or more hold 2^64 in 32 */
+
+/*
+ * Where a walk found its node: the nodes from the root down and the entry
+ * taken in each, and the tree's count when the walk began (the path holds
+ * while the count has not moved).
+ */
+struct drc__itree_path {
+    unsigned seq, depth;            /* depth 0: no path */
+    struct drc__itree_bt *node[DRC__ITREE_MAXH];
+    unsigned idx[DRC__ITREE_MAXH];
 };
 
 struct drc__itree {
-    struct drc__itree_node *root;
-    struct drc__itree_node *max;    /* atomic: the node with the largest start (the last of equal ones) */
-    int plain;                      /* atomic: 1 in plain mode (above); zero-initialised trees are augmented */
+    struct drc__itree_bt *root;     /* atomic; NULL when empty */
+    unsigned height;                /* atomic: levels, 0 when empty, 1 when the root is a leaf */
+    unsigned seq;                   /* atomic: odd while insert or remove changes nodes */
+    long count;                     /* intervals in the tree */
+    struct drc__itree_bt *spare;    /* free nodes, linked through their next: never given back */
+    unsigned nspare;
+    int given;                      /* 1: nodes come only from drc__itree_give (never malloc) */
+    int disjoint;                   /* atomic: the owner promises no two intervals overlap */
+    struct drc__itree_bt *all;      /* malloc'd nodes, for drc__itree_fini */
 };
 
-/* Start @t empty in plain mode (its owner keeps its intervals disjoint). */
-void drc__itree_init_plain(struct drc__itree *t);
+/* Entries per node (tests build the tree with a smaller fan, to reach more levels with few intervals) */
+#ifndef DRC__ITREE_FAN
+#define DRC__ITREE_FAN 16
+#endif
+/* Bytes per node: three words per entry and three more, 64-byte aligned */
+#define DRC__ITREE_NODE (((size_t)DRC__ITREE_FAN * 24 + 24 + 63) / 64 * 64)
 
 /*
- * End plain mode: compute subtree_last of every node (O(n), no allocation),
- * then let queries use it. Under the owner's lock, in the writer's window
- * that lets intervals overlap (lockless readers must validate across it).
+ * Start @t empty. @given: 0, nodes come from malloc when an insert needs
+ * one; 1, only from drc__itree_give().
  */
-void drc__itree_augment(struct drc__itree *t);
+void drc__itree_init(struct drc__itree *t, int given);
+
+/*
+ * The owner promises (1) that no two intervals in @t overlap, or takes the
+ * promise back (0, the default), under its lock, before it inserts an
+ * interval that overlaps another. While it holds, an overlap query starts
+ * at the floor of its start, found by halving, instead of scanning each
+ * node from its first entry; a lockless walk that read the promise and
+ * met the overlapping insert sees the count move.
+ */
+void drc__itree_set_disjoint(struct drc__itree *t, int disjoint);
+
+/* Free the nodes malloc gave (nothing for given nodes: their owner frees them). */
+void drc__itree_fini(struct drc__itree *t);
+
+/* Nodes the next insert may need that the tree does not have spare (owner's lock). */
+unsigned drc__itree_need(const struct drc__itree *t);
+
+/*
+ * Give @t the memory [mem, mem + size) for nodes (64-byte aligned; owner's
+ * lock). It becomes the tree's until its owner frees it after
+ * drc__itree_fini(): a lockless walk may read a freed node until then.
+ */
+void drc__itree_give(struct drc__itree *t, void *mem, size_t size);
 
 /*
  * Insert @n (start and last set by the caller). Equal starts are allowed,
- * and overlaps, except in plain mode.
+ * and overlaps. A tree of given nodes must have had drc__itree_need() met.
  */
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
 
@@ -68,26 +119,43 @@ void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
 
 /*
+ * The same, given where drc__itree_first_at() found @n: with no descent if
+ * the tree has not changed since (its count has not moved), else as
+ * drc__itree_remove(). Under the owner's lock; the walk may have been
+ * lockless.
+ */
+void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *n, const struct drc__itree_path *p);
+
+/*
  * The overlapping node with the smallest start, and the next one after @n in
- * start order. *budget is decremented for every node visited; when it reaches
- * 0 the walk gives up and returns NULL. Pass a large budget under the lock.
+ * start order (@n must be in @t). *budget is decremented for every tree node
+ * visited; when it reaches 0, or the walk saw a writer, the walk gives up,
+ * sets *budget to 0 and returns NULL. Pass a large budget under the lock.
  */
 struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t start, uintptr_t last,
                                          int *budget);
 struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct drc__itree_node *n,
                                         uintptr_t start, uintptr_t last, int *budget);
 
+/* drc__itree_first, and where it found its node in *@p (depth 0 if it found none). */
+struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_t start, uintptr_t last,
+                                            int *budget, struct drc__itree_path *p);
+
+/* The node at the end of @p if the tree has not changed since the walk that recorded it, else NULL (owner's lock). */
+struct drc__itree_node *drc__itree_at(const struct drc__itree *t, const struct drc__itree_path *p);
+
 /*
- * The node with the largest start <= @key (the rightmost of equal starts), or
- * NULL. A plain descent that reads one node per level: where intervals do not
- * overlap, it is the only node that can contain a range starting at @key.
+ * The node with the largest start <= @key (the last of equal starts), or
+ * NULL. Where intervals do not overlap, it is the only node that can
+ * contain a range starting at @key.
  */
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget);
 
 /*
- * Check every invariant (BST order, red-black rules, parent links,
- * subtree_last) and return the node count, or -1 if one is broken.
- * O(n): for tests, fuzzers and DRC_DEBUG builds.
+ * Check every invariant (order, each inner entry's smallest start and
+ * largest last, equal depth of the leaves, their sibling chain, the count)
+ * and return the node count, or -1 if one is broken. O(n): for tests,
+ * fuzzers and DRC_DEBUG builds.
  */
 long drc__itree_check(const struct drc__itree *t);
 

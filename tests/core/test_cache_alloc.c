@@ -105,7 +105,7 @@ static void allocator_may_reenter_drc_on_every_allocation(void **state)
     int i;
 
     (void)state;
-    for (i = 0; i < 6000; i++) {
+    for (i = 0; i < 10000; i++) {
         /* the page the allocator gives back: registered again (unarmed) whenever it was taken out */
         armed = NULL;
         assert_int_equal(drc_put(c, get_ok(c, at(1000, 0), pg(), LW)), 0);

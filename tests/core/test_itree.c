@@ -1,14 +1,15 @@
 /*
- * Tests of src/core/itree.c: the interval tree against a naive list, in
- * both modes (augmented, and plain while the intervals are disjoint).
+ * Tests of src/core/itree.c: the interval index against a naive list.
  *
  * After every insert and remove drc__itree_check() must accept the tree and
  * count its nodes, and every overlap query (first, then next until NULL) must
  * return exactly the overlapping intervals of the list, in start order.
  *
- * The source is included, so that the test also reaches its static helpers
- * (node_prev, which remove uses to keep the tree's largest node); the
- * Makefile then links the rest of the core without itree.o.
+ * The source is included, with a fan of 8 instead of 16, so that a few
+ * hundred intervals make trees of four and five levels (splits, merges and
+ * borrows of inner nodes, the root growing and shrinking) and the test
+ * reaches the nodes themselves; the Makefile then links the rest of the
+ * core without itree.o. fuzz/fuzz_itree.c runs the fan of 16.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +20,7 @@
 
 #include <cmocka.h>
 
+#define DRC__ITREE_FAN 8
 #include "core/itree.c"
 
 enum { MAXN = 512 };
@@ -97,8 +99,10 @@ static struct model *model_new(uint64_t seed)
 
 static void empty_tree(void **state)
 {
-    struct drc__itree t = { .root = NULL };
+    struct drc__itree t;
     int budget = DRC__ITREE_UNBOUNDED;
+
+    drc__itree_init(&t, 0);
 
     (void)state;
     assert_int_equal(drc__itree_check(&t), 0);
@@ -122,6 +126,7 @@ static void overlap_is_closed_at_both_ends(void **state)
         assert_null(drc__itree_first(&m->t, 21, 21, &budget));
         assert_null(drc__itree_first(&m->t, 9, 9, &budget));
     }
+    drc__itree_fini(&m->t);
     free(m);
 }
 
@@ -146,6 +151,7 @@ static void extremes_and_equal_starts(void **state)
     query(m, 100, 110);
     rem(m, 0);
     query(m, 1, UINTPTR_MAX - 1);
+    drc__itree_fini(&m->t);
     free(m);
 }
 
@@ -155,9 +161,9 @@ static void sorted_inserts_and_removes(void **state)
     int i;
 
     (void)state;
-    for (i = 0; i < 200; i++)       /* ascending: rotations to the left */
+    for (i = 0; i < 200; i++)       /* ascending: full nodes split at their end */
         ins(m, i, (uintptr_t)i * 10, (uintptr_t)i * 10 + 15);
-    for (i = 0; i < 200; i++)       /* descending: to the right */
+    for (i = 0; i < 200; i++)       /* descending: at their start */
         ins(m, 200 + i, (uintptr_t)(199 - i) * 10 + 3, (uintptr_t)(199 - i) * 10 + 4);
     query(m, 0, UINTPTR_MAX);
     query(m, 995, 1005);
@@ -169,6 +175,7 @@ static void sorted_inserts_and_removes(void **state)
         if (m->in[i])
             rem(m, i);
     assert_null(m->t.root);
+    drc__itree_fini(&m->t);
     free(m);
 }
 
@@ -194,58 +201,154 @@ static void random_against_naive_list(void **state)
                 query(m, s, s + rnd(m) % (space / 4 + 1));
         }
         query(m, 0, UINTPTR_MAX);
+        drc__itree_fini(&m->t);
         free(m);
     }
 }
 
-/* The in-order successor, the mirror of itree.c's node_prev, to walk the tree with. */
-static struct drc__itree_node *succ(const struct drc__itree_node *n)
+/* floor(k) must be the list's largest start <= k (the last of equal starts: any of them, by start). */
+static void floor_is(struct model *m, uintptr_t k)
 {
-    struct drc__itree_node *p;
+    struct drc__itree_node *x;
+    int budget = DRC__ITREE_UNBOUNDED, i, want = -1;
 
-    if (n->right) {
-        for (n = n->right; n->left; n = n->left)
-            ;
-        return (struct drc__itree_node *)n;
+    x = drc__itree_floor(&m->t, k, &budget);
+    for (i = 0; i < MAXN; i++)
+        if (m->in[i] && m->n[i].start <= k && (want < 0 || m->n[i].start > m->n[want].start))
+            want = i;
+    if (want < 0) {
+        assert_null(x);
+    } else {
+        assert_non_null(x);
+        assert_true(m->in[x - m->n]);
+        assert_true(x->start == m->n[want].start);
     }
-    for (p = parent_of(n); p && n == p->right; p = parent_of(n))
-        n = p;
-    return p;
+    assert_true(budget > 0);
 }
 
-/* node_prev follows start order: walking succ from the smallest start visits every node once, node_prev mirrors it. */
-static void prev_is_start_order(void **state)
+static void floor_answers_like_the_list(void **state)
 {
-    struct model *m = model_new(7);
-    struct drc__itree_node *n, *p;
-    int budget = DRC__ITREE_UNBOUNDED, step, i;
-    long k;
+    struct model *m = model_new(11);
+    int step, i;
 
     (void)state;
-    for (step = 0; step < 3000; step++) {
+    floor_is(m, 0);
+    for (step = 0; step < 4000; step++) {
         i = (int)(rnd(m) % MAXN);
         if (m->in[i]) {
             rem(m, i);
         } else {
-            uintptr_t st = rnd(m) % 1000;
+            uintptr_t st = rnd(m) % 3000;
 
             ins(m, i, st, st + rnd(m) % 10);
         }
-        if (step % 50)
-            continue;
-        n = drc__itree_first(&m->t, 0, UINTPTR_MAX, &budget);
-        assert_true(!n || !node_prev(n));
-        for (k = 0, p = NULL; n; p = n, n = succ(n), k++) {
-            assert_ptr_equal(node_prev(n), p);
-            if (p)
-                assert_true(p->start <= n->start);
-        }
-        assert_int_equal(k, m->count);
+        if (step % 3 == 0)
+            floor_is(m, rnd(m) % 3100);
     }
+    floor_is(m, UINTPTR_MAX);
+    drc__itree_fini(&m->t);
     free(m);
 }
 
-/* A disjoint interval in grid cell k (16 keys a cell), for plain mode. */
+/* Nodes in the tree (leaves and inner), by a walk of the levels. */
+static long nodes_in(const struct drc__itree *t)
+{
+    const bt *level[MAXN], *next[MAXN];
+    long n = 0, k, w, j;
+
+    if (!t->root)
+        return 0;
+    level[0] = t->root;
+    for (w = 1; w;) {
+        long nw = 0;
+
+        for (k = 0; k < w; k++) {
+            n++;
+            if (level[k]->level)
+                for (j = 0; j < (long)level[k]->n; j++)
+                    next[nw++] = level[k]->ptr[j];
+        }
+        memcpy(level, next, (size_t)nw * sizeof(next[0]));
+        w = nw;
+    }
+    return n;
+}
+
+/*
+ * Intervals inserted in address order (how a cache is mostly filled) pack
+ * the leaves: a full node that takes an entry at its end gives only LOW
+ * entries to its new sibling. Control: the same intervals at random make
+ * more nodes (halves).
+ */
+static void address_order_packs_the_nodes(void **state)
+{
+    struct model *m = model_new(12), *r = model_new(13);
+    long packed, halves;
+    int i, perm[MAXN];
+
+    (void)state;
+    for (i = 0; i < MAXN; i++)
+        ins(m, i, (uintptr_t)i * 8, (uintptr_t)i * 8 + 3);
+    packed = nodes_in(&m->t);
+    for (i = 0; i < MAXN; i++)
+        perm[i] = i;
+    for (i = MAXN - 1; i > 0; i--) {
+        int j = (int)(rnd(r) % (uint64_t)(i + 1)), x = perm[i];
+
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    for (i = 0; i < MAXN; i++)
+        ins(r, perm[i], (uintptr_t)perm[i] * 8, (uintptr_t)perm[i] * 8 + 3);
+    halves = nodes_in(&r->t);
+    /* leaves at least (F - LOW + 1) / F full: MAXN / 5 leaves of 8 and their parents, at most */
+    assert_true(packed * (F - LOW + 1) <= (long)MAXN * 2);
+    assert_true(halves > packed);
+    query(m, 0, UINTPTR_MAX);
+    drc__itree_fini(&m->t);
+    drc__itree_fini(&r->t);
+    free(m);
+    free(r);
+}
+
+/*
+ * A tree of given nodes takes no memory of its own: need() says how many
+ * nodes an insert may take, and removes put nodes back on the spare list,
+ * so that an owner that gives what need() asks never fails an insert.
+ */
+static void given_nodes_are_enough(void **state)
+{
+    static char mem[MAXN * 2][DRC__ITREE_NODE] __attribute__((aligned(64)));
+    struct model *m = model_new(14);
+    size_t used = 0;
+    int step, i;
+
+    (void)state;
+    drc__itree_init(&m->t, 1);
+    for (step = 0; step < 3000; step++) {
+        unsigned need = drc__itree_need(&m->t);
+
+        i = (int)(rnd(m) % MAXN);
+        if (m->in[i]) {
+            rem(m, i);
+            continue;
+        }
+        assert_true(need <= m->t.height + 1);
+        if (need) {
+            assert_true(used + need <= MAXN * 2);
+            drc__itree_give(&m->t, mem[used], need * (size_t)DRC__ITREE_NODE);
+            used += need;
+        }
+        ins(m, i, rnd(m) % 5000, rnd(m) % 5000 + 5000);
+    }
+    assert_null(m->t.all);              /* nothing came from malloc */
+    assert_true(used < MAXN * 2);
+    query(m, 0, UINTPTR_MAX);
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
+/* A disjoint interval in grid cell k (16 keys a cell). */
 static void ins_cell(struct model *m, int i, uintptr_t k)
 {
     uintptr_t start = k * 16 + rnd(m) % 4;
@@ -264,12 +367,13 @@ static int cell_taken(const struct model *m, uintptr_t k)
 }
 
 /*
- * Plain mode (disjoint intervals, no subtree_last): the same answers as the
- * list, inserts in address order (under the largest node, no descent) and
- * at random, removals of the largest node too; then augmented in the
- * middle of its life, it takes overlapping intervals and still answers.
+ * Under the owner's promise of disjoint intervals (the overlap query starts
+ * at the floor of its start): the same answers as the list, then, the
+ * promise taken back, overlapping intervals and still the list's answers.
+ * Control: a query that starts at the floor while intervals overlap misses
+ * one, which the list sees.
  */
-static void plain_mode_answers_like_the_list(void **state)
+static void disjoint_promise_answers_like_the_list(void **state)
 {
     uint64_t seed;
 
@@ -279,8 +383,8 @@ static void plain_mode_answers_like_the_list(void **state)
         uintptr_t k;
         int step, i;
 
-        drc__itree_init_plain(&m->t);
-        for (i = 0; i < MAXN / 2; i++)      /* address order: the append path */
+        drc__itree_set_disjoint(&m->t, 1);
+        for (i = 0; i < MAXN / 2; i++)      /* address order */
             ins_cell(m, i, (uintptr_t)i * 3);
         query(m, 0, UINTPTR_MAX);
         query(m, 700, 900);
@@ -299,20 +403,10 @@ static void plain_mode_answers_like_the_list(void **state)
 
                 query(m, s, s + rnd(m) % 200);
                 query(m, s, s);
-            }
-            if (step % 64 == 0 && m->t.max) {
-                uintptr_t top = m->t.max->last;
-                int budget = DRC__ITREE_UNBOUNDED;
-
-                assert_ptr_equal(drc__itree_floor(&m->t, top + 1, &budget), m->t.max);
-                assert_null(drc__itree_first(&m->t, top + 1, UINTPTR_MAX, &budget));
-                rem(m, (int)(m->t.max - m->n));     /* the largest leaves: max moves to its predecessor */
+                floor_is(m, s);
             }
         }
-        assert_int_equal(m->t.plain, 1);
-        drc__itree_augment(&m->t);
-        assert_int_equal(m->t.plain, 0);
-        assert_int_equal(drc__itree_check(&m->t), m->count);   /* subtree_last now checked, and right */
+        drc__itree_set_disjoint(&m->t, 0);
         for (step = 0; step < 1000; step++) {
             uintptr_t s = rnd(m) % (64 * MAXN), l = s + rnd(m) % 300;
 
@@ -325,6 +419,20 @@ static void plain_mode_answers_like_the_list(void **state)
                 query(m, s, l);
         }
         query(m, 0, UINTPTR_MAX);
+        drc__itree_fini(&m->t);
+        free(m);
+    }
+    {
+        struct model *m = model_new(99);
+        int budget = DRC__ITREE_UNBOUNDED, i;
+
+        for (i = 0; i < 40; i++)
+            ins(m, i, 1000 + (uintptr_t)i * 10, 1000 + (uintptr_t)i * 10 + 5);
+        ins(m, 40, 0, 5000);                /* overlaps them all, starts first */
+        assert_ptr_equal(drc__itree_first(&m->t, 1395, 1395, &budget), &m->n[40]);
+        drc__itree_set_disjoint(&m->t, 1);  /* a broken promise: the walk starts at 1390's entry */
+        assert_ptr_not_equal(drc__itree_first(&m->t, 1395, 1395, &budget), &m->n[40]);
+        drc__itree_fini(&m->t);
         free(m);
     }
 }
@@ -346,21 +454,7 @@ static void budget_bounds_the_walk(void **state)
         visited++;
     assert_true(visited < 256);                                 /* gave up early */
     assert_true(budget <= 0);
-    free(m);
-
-    m = model_new(4);                                           /* the same in plain mode */
-    drc__itree_init_plain(&m->t);
-    for (i = 0; i < 256; i++)
-        ins(m, i, (uintptr_t)i * 2, (uintptr_t)i * 2);
-    budget = 1;
-    assert_null(drc__itree_first(&m->t, 3, 3, &budget));
-    assert_true(budget <= 0);
-    budget = 20;
-    visited = 0;
-    for (n = drc__itree_first(&m->t, 0, UINTPTR_MAX, &budget); n; n = drc__itree_next(&m->t, n, 0, UINTPTR_MAX, &budget))
-        visited++;
-    assert_true(visited < 256);
-    assert_true(budget <= 0);
+    drc__itree_fini(&m->t);
     free(m);
 }
 
@@ -368,54 +462,50 @@ static void budget_bounds_the_walk(void **state)
 static void check_rejects_broken_trees(void **state)
 {
     struct model *m = model_new(5);
-    struct drc__itree_node *r;
+    bt *root, *leaf, *nx;
     uintptr_t saved;
+    long count;
     int i;
 
     (void)state;
-    for (i = 0; i < 15; i++)
+    for (i = 0; i < 100; i++)
         ins(m, i, (uintptr_t)i * 4, (uintptr_t)i * 4 + 2);
-    r = m->t.root;
+    root = m->t.root;
+    assert_true(root->level >= 1);
+    for (leaf = root; leaf->level; leaf = leaf->ptr[0])
+        ;
 
-    saved = r->subtree_last;
-    r->subtree_last = saved + 1;        /* wrong augmentation */
+    saved = root->last[0];
+    root->last[0] = saved + 1;          /* an inner entry's largest last is wrong */
     assert_int_equal(drc__itree_check(&m->t), -1);
-    r->subtree_last = saved;
+    root->last[0] = saved;
 
-    r->parent_red |= 1;                 /* red root */
+    saved = root->key[1];
+    root->key[1] = saved - 1;           /* an inner entry's smallest start is wrong */
     assert_int_equal(drc__itree_check(&m->t), -1);
-    r->parent_red &= ~(uintptr_t)1;
+    root->key[1] = saved;
 
-    saved = r->start;
-    r->start = UINTPTR_MAX - 1;         /* out of order (and start > last) */
+    saved = leaf->key[1];
+    leaf->key[1] = UINTPTR_MAX - 1;     /* a leaf entry out of order, not its node's start */
     assert_int_equal(drc__itree_check(&m->t), -1);
-    r->start = saved;
+    leaf->key[1] = saved;
 
-    saved = r->left->parent_red;
-    r->left->parent_red = (uintptr_t)r->right | (saved & 1);   /* bad parent link, its colour kept */
+    nx = leaf->next;
+    leaf->next = nx->next;              /* a leaf left out of the chain */
     assert_int_equal(drc__itree_check(&m->t), -1);
-    r->left->parent_red = saved;
+    leaf->next = nx;
 
-    r->left->parent_red ^= 1;           /* black heights differ (or red-red) */
+    count = m->t.count;
+    m->t.count = count + 1;             /* the count is wrong */
     assert_int_equal(drc__itree_check(&m->t), -1);
-    r->left->parent_red ^= 1;
+    m->t.count = count;
 
-    saved = (uintptr_t)m->t.max;
-    m->t.max = r;                       /* max is not the last node */
+    m->t.seq++;                         /* a writer at work */
     assert_int_equal(drc__itree_check(&m->t), -1);
-    m->t.max = (struct drc__itree_node *)saved;
+    m->t.seq++;
 
-    assert_int_equal(drc__itree_check(&m->t), 15);
-    free(m);
-
-    m = model_new(5);                   /* plain mode: intervals must be disjoint */
-    drc__itree_init_plain(&m->t);
-    for (i = 0; i < 15; i++)
-        ins(m, i, (uintptr_t)i * 4, (uintptr_t)i * 4 + 2);
-    m->n[3].last = m->n[4].start;       /* touches its successor */
-    assert_int_equal(drc__itree_check(&m->t), -1);
-    m->n[3].last = m->n[4].start - 1;
-    assert_int_equal(drc__itree_check(&m->t), 15);
+    assert_int_equal(drc__itree_check(&m->t), 100);
+    drc__itree_fini(&m->t);
     free(m);
 }
 
@@ -427,8 +517,10 @@ int main(void)
         cmocka_unit_test(extremes_and_equal_starts),
         cmocka_unit_test(sorted_inserts_and_removes),
         cmocka_unit_test(random_against_naive_list),
-        cmocka_unit_test(prev_is_start_order),
-        cmocka_unit_test(plain_mode_answers_like_the_list),
+        cmocka_unit_test(floor_answers_like_the_list),
+        cmocka_unit_test(address_order_packs_the_nodes),
+        cmocka_unit_test(given_nodes_are_enough),
+        cmocka_unit_test(disjoint_promise_answers_like_the_list),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
     };
