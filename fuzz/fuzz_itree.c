@@ -21,6 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fuzz_in in = { data, size };
     struct drc__itree t;
+    struct drc__itree_path path;
     struct drc__itree_node n[NODES];
     int in_tree[NODES] = { 0 }, seen[NODES];
     long count = 0;
@@ -45,7 +46,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         switch (op) {
         case 0:     /* insert node i, or remove it if it is in */
         case 1:
-            if (in_tree[i]) {
+            if (in_tree[i] && op == 1) {
+                /* along the path of a walk from its start, as a free event does */
+                budget = DRC__ITREE_UNBOUNDED;
+                drc__itree_first_at(&t, n[i].start, n[i].start, &budget, &path);
+                drc__itree_remove_at(&t, &n[i], &path);
+                in_tree[i] = 0;
+                count--;
+            } else if (in_tree[i]) {
                 drc__itree_remove(&t, &n[i]);
                 in_tree[i] = 0;
                 count--;
@@ -55,7 +63,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 for (j = 0; j < NODES && t.disjoint; j++)
                     if (in_tree[j] && n[j].start <= l && s <= n[j].last)
                         drc__itree_set_disjoint(&t, 0);
-                drc__itree_insert(&t, &n[i]);
+                if (op == 1) {      /* along the path of the overlap walk before it, as a miss does */
+                    budget = DRC__ITREE_UNBOUNDED;
+                    drc__itree_first_at(&t, s, l, &budget, &path);
+                    drc__itree_insert_at(&t, &n[i], &path);
+                } else {
+                    drc__itree_insert(&t, &n[i]);
+                }
                 in_tree[i] = 1;
                 count++;
             }

@@ -42,6 +42,7 @@ static void pending_unlink(drc_cache_t *c, struct pending *p)
 
 /* A miss: what to register, given the overlapping live regions (c->lock). */
 struct plan {
+    struct drc__itree_path path;    /* of the overlap walk: where the insert goes if nothing changed */
     uintptr_t start, last;
     unsigned access;
     int merging;
@@ -87,7 +88,8 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, uintptr_t ws
     p->merging = 0;
     p->overlaps = 0;
     /* no live region touches a grain of the pages (the filter is exact enough under the lock): no walk */
-    n = used_none(c->hint, start, end) ? NULL : drc__itree_first(&c->tree, start, end, &budget);
+    p->path.depth = 0;
+    n = used_none(c->hint, start, end) ? NULL : drc__itree_first_at(&c->tree, start, end, &budget, &p->path);
     for (; n; n = drc__itree_next(&c->tree, n, start, end, &budget)) {
         struct drc_region *r = region_of(n);
 
@@ -185,7 +187,7 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
     used_set(c->hint, p->start, p->last);       /* seq is odd: a probe that read the bits before retries */
-    drc__itree_insert(&c->tree, &r->node);
+    drc__itree_insert_at(&c->tree, &r->node, &p->path);    /* no descent if the tree is as planned */
     if (c->limited)
         lru_append(c, r);
     INC(c->regions, 1);

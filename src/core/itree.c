@@ -251,6 +251,18 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
     return r;
 }
 
+/* The new root above a root that split into itself and @nb. */
+static void bt_grow(struct drc__itree *t, bt *nb)
+{
+    bt *root = bt_node_new(t, t->height);
+
+    bt_set(root, 0, t->root->key[0], bt_max_last(t->root), t->root);
+    bt_set(root, 1, nb->key[0], bt_max_last(nb), nb);
+    ST(root->n, 2u);
+    ST(t->height, t->height + 1);
+    ST(t->root, root);
+}
+
 /* ---- insert ------------------------------------------------------------------ */
 
 static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x)
@@ -275,7 +287,7 @@ static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x)
 
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
 {
-    bt *b, *nb, *root;
+    bt *b, *nb;
 
     bt_w_begin(t);
     if (!t->root) {
@@ -286,15 +298,46 @@ void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
         ST(t->root, b);
     } else {
         nb = bt_ins(t, t->root, x);
+        if (nb)
+            bt_grow(t, nb);
+    }
+    t->count++;
+    bt_w_end(t);
+}
+
+/*
+ * Along the path of a walk from x's start (bt_first_disjoint), valid while
+ * the count has not moved: each node d of it is the child of entry idx[d-1]
+ * of node d - 1, the one an insert of x descends to. Bottom up, as bt_ins()
+ * unwinds.
+ */
+void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x, const struct drc__itree_path *p)
+{
+    unsigned d;
+    bt *leaf, *nb;
+
+    if (!p || !p->seek || !p->depth || p->seq != t->seq || p->depth != t->height || p->key != x->start) {
+        drc__itree_insert(t, x);
+        return;
+    }
+    bt_w_begin(t);
+    d = p->depth - 1;
+    leaf = p->node[d];
+    nb = bt_put(t, leaf, bt_upper(leaf, leaf->n, x->start), x->start, x->last, x);
+    for (; d > 0; d--) {
+        bt *b = p->node[d - 1], *c = p->node[d];
+        unsigned i = p->idx[d - 1];
+
+        ST(b->key[i], c->key[0]);
+        if (x->last > b->last[i])
+            ST(b->last[i], x->last);
         if (nb) {
-            root = bt_node_new(t, t->height);
-            bt_set(root, 0, t->root->key[0], bt_max_last(t->root), t->root);
-            bt_set(root, 1, nb->key[0], bt_max_last(nb), nb);
-            ST(root->n, 2u);
-            ST(t->height, t->height + 1);
-            ST(t->root, root);
+            bt_refresh(b, i);
+            nb = bt_put(t, b, i + 1, nb->key[0], bt_max_last(nb), nb);
         }
     }
+    if (nb)
+        bt_grow(t, nb);
     t->count++;
     bt_w_end(t);
 }
@@ -523,13 +566,80 @@ struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t s
     return drc__itree_first_at(t, start, last, budget, NULL);
 }
 
+/*
+ * The overlap query of disjoint intervals: an entry that starts before the
+ * last one starting at or before `start` (its floor) ends before that one
+ * starts, so only the floor and the entries after it can overlap. The
+ * walk goes down to the floor's leaf as an insert of `start` would (the
+ * path it records is also that insert's), then takes the floor if it
+ * reaches `start`, else the next entry if it starts by `last`.
+ */
+static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, unsigned seq, const bt *b,
+                                                 uintptr_t start, uintptr_t last, int *budget,
+                                                 struct drc__itree_path *path)
+{
+    unsigned depth = 0, i, n, level;
+    void *p;
+
+    for (;;) {
+        n = bt_count_of(b);
+        i = bt_upper(b, n, start);
+        level = LD(b->level);
+        if (!level)
+            break;
+        i = i ? i - 1 : 0;
+        p = LD(b->ptr[i]);
+        if (bt_moved(t, seq))
+            return bt_gave_up(budget);
+        if (path) {
+            path->node[depth] = (bt *)b;
+            path->idx[depth] = i;
+        }
+        if (++depth >= MAXH || --*budget <= 0)
+            return bt_gave_up(budget);
+        b = p;
+    }
+    if (path) {
+        path->node[depth] = (bt *)b;
+        path->idx[depth] = F;       /* no entry of this leaf, until one is found in it below */
+        path->depth = depth + 1;
+        path->seq = seq;
+        path->seek = 1;
+        path->key = start;
+    }
+    if (i && LD(b->last[i - 1]) >= start) {
+        i--;                        /* the floor reaches start */
+    } else {
+        if (i >= n) {               /* the next entry is in the next leaf */
+            p = LD(b->next);
+            if (bt_moved(t, seq) || --*budget <= 0)
+                return bt_gave_up(budget);
+            if (!p)
+                return NULL;
+            b = p;
+            i = 0;
+            if (!bt_count_of(b))
+                return bt_gave_up(budget);
+            if (path)
+                path->depth = 0;    /* not where an insert goes, and not where the entry is: no path */
+        }
+        if (LD(b->key[i]) > last)
+            return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
+    }
+    p = LD(b->ptr[i]);
+    if (bt_moved(t, seq))
+        return bt_gave_up(budget);
+    if (path && path->depth)
+        path->idx[path->depth - 1] = i;
+    return p;
+}
+
 struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_t start, uintptr_t last,
                                             int *budget, struct drc__itree_path *path)
 {
     struct { const bt *b; unsigned i; } up[MAXH];
-    unsigned seq, i, n, depth = 0, level, d;
+    unsigned seq, i = 0, n, depth = 0, level, d;
     const bt *b = bt_walk_root(t, &seq, budget);
-    int disjoint = LD(t->disjoint);     /* after the count (drc__itree_set_disjoint) */
     void *p;
 
     if (path)
@@ -538,17 +648,11 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
         return NULL;
     if (--*budget <= 0)
         return bt_gave_up(budget);
+    if (LD(t->disjoint))        /* after the count (drc__itree_set_disjoint) */
+        return bt_first_disjoint(t, seq, b, start, last, budget, path);
     for (;;) {
         n = bt_count_of(b);
-        /*
-         * Disjoint intervals: an entry that starts before the last one
-         * starting at or before `start` ends before that one starts, so
-         * the walk begins there, found by halving, and never backs up.
-         * Else from the first entry, skipping those whose subtree ends
-         * before `start`.
-         */
-        i = disjoint ? bt_upper(b, n, start) : 0;
-        i = i ? i - 1 : 0;
+        /* from the first entry, skipping those whose subtree ends before `start` */
         for (; i < n; i++) {
             if (LD(b->key[i]) > last)
                 return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;  /* every later entry starts later */
@@ -582,6 +686,7 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
                 path->idx[depth] = i;
                 path->depth = depth + 1;
                 path->seq = seq;
+                path->seek = 0;
             }
             return p;
         }

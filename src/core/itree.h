@@ -53,10 +53,14 @@ enum { DRC__ITREE_MAXH = 32 };     /* levels: nodes of 4 entries or more hold 2^
 /*
  * Where a walk found its node: the nodes from the root down and the entry
  * taken in each, and the tree's count when the walk began (the path holds
- * while the count has not moved).
+ * while the count has not moved). A walk of disjoint intervals follows the
+ * path an insert of its start would take (seek, key): it also tells
+ * drc__itree_insert_at where that insert goes.
  */
 struct drc__itree_path {
     unsigned seq, depth;            /* depth 0: no path */
+    int seek;                       /* the path of an insert of `key` */
+    uintptr_t key;
     struct drc__itree_bt *node[DRC__ITREE_MAXH];
     unsigned idx[DRC__ITREE_MAXH];
 };
@@ -114,6 +118,13 @@ void drc__itree_give(struct drc__itree *t, void *mem, size_t size);
  * and overlaps. A tree of given nodes must have had drc__itree_need() met.
  */
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
+
+/*
+ * The same, given the path of a walk from @n's start (drc__itree_first_at
+ * of disjoint intervals): with no descent if the tree has not changed
+ * since, else as drc__itree_insert().
+ */
+void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, const struct drc__itree_path *p);
 
 /* Remove @n, which must be in @t. */
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);

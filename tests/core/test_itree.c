@@ -31,6 +31,7 @@ struct model {
     int in[MAXN];
     long count;
     uint64_t rng;
+    long along;         /* inserts and removes that went along a walk's path (no descent) */
 };
 
 static uint64_t rnd(struct model *m)
@@ -42,11 +43,27 @@ static uint64_t rnd(struct model *m)
     return m->rng;
 }
 
+static uint64_t rnd(struct model *m);
+
+/*
+ * Half of the inserts and removes go along the path of a walk from the
+ * interval's start, as the cache's misses and free events do (insert_at,
+ * remove_at); the tree must end the same either way.
+ */
 static void ins(struct model *m, int i, uintptr_t start, uintptr_t last)
 {
+    struct drc__itree_path path;
+    int budget = DRC__ITREE_UNBOUNDED;
+
     m->n[i].start = start;
     m->n[i].last = last;
-    drc__itree_insert(&m->t, &m->n[i]);
+    if (rnd(m) & 1) {
+        drc__itree_first_at(&m->t, start, last, &budget, &path);
+        drc__itree_insert_at(&m->t, &m->n[i], &path);
+        m->along += path.depth && path.seek;
+    } else {
+        drc__itree_insert(&m->t, &m->n[i]);
+    }
     m->in[i] = 1;
     m->count++;
     assert_int_equal(drc__itree_check(&m->t), m->count);
@@ -54,7 +71,16 @@ static void ins(struct model *m, int i, uintptr_t start, uintptr_t last)
 
 static void rem(struct model *m, int i)
 {
-    drc__itree_remove(&m->t, &m->n[i]);
+    struct drc__itree_path path;
+    int budget = DRC__ITREE_UNBOUNDED;
+
+    if (rnd(m) & 1) {
+        m->along += drc__itree_first_at(&m->t, m->n[i].start, m->n[i].start, &budget, &path) == &m->n[i] &&
+                    drc__itree_at(&m->t, &path) == &m->n[i];
+        drc__itree_remove_at(&m->t, &m->n[i], &path);
+    } else {
+        drc__itree_remove(&m->t, &m->n[i]);
+    }
     m->in[i] = 0;
     m->count--;
     assert_int_equal(drc__itree_check(&m->t), m->count);
@@ -406,6 +432,7 @@ static void disjoint_promise_answers_like_the_list(void **state)
                 floor_is(m, s);
             }
         }
+        assert_true(m->along > 100);        /* the paths were taken, not only the fallbacks */
         drc__itree_set_disjoint(&m->t, 0);
         for (step = 0; step < 1000; step++) {
             uintptr_t s = rnd(m) % (64 * MAXN), l = s + rnd(m) % 300;
