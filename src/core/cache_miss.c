@@ -298,8 +298,8 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
          * re-enter drc), still pending, and the checks start again.
          */
         if ((need = drc__itree_need(&c->tree))) {
+            need += tree_batch(c);     /* c->regions: under the lock */
             unlock(c);
-            need += tree_batch(c);
             nodes = drc__arena_alloc(&c->arena, need * (size_t)DRC__ITREE_NODE);
             lock(c);
             if (!nodes)
