@@ -39,7 +39,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # ---- the packages --------------------------------------------------------------------------------
+FROM="the given packages"
 if [ -z "${DEBS:-}" ]; then
+    FROM="Debian $SUITE"
     command -v curl >/dev/null || need wget
     need xz
     echo "ucx_deb.sh: $MIRROR $SUITE main binary-$ARCH Packages"
@@ -165,6 +167,6 @@ if [ -n "$shim" ]; then
     LIBS_EXTRA=" UCX_LIBS=-lisoc23"
     echo "ucx_deb.sh: built $LIBDIR/libisoc23.so from $SHIM_SRC"
 fi
-echo "ucx_deb.sh: UCX $VERSION ($SUITE) in $DIR; the second UCX column:"
+echo "ucx_deb.sh: UCX $VERSION ($FROM) in $DIR; the second UCX column:"
 echo "  make bench UCX_PREFIX=$DIR$LIBS_EXTRA UCX_NAME=\"UCX $UPSTREAM\""
 echo "  make bench-counts UCX_PREFIX=$DIR$LIBS_EXTRA UCX_NAME=\"UCX $UPSTREAM\""
