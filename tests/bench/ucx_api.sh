@@ -4,7 +4,7 @@
 # accepts (nothing is linked or run). No flag: UCX 1.13's API.
 # Usage: tests/bench/ucx_api.sh CC [INCLUDE_DIR]
 CC=${1:-cc}
-INC=${2:+-I$2}
+INC=${2:+-isystem $2}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 probe() {   # probe NAME BODY
