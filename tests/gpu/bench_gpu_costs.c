@@ -130,6 +130,7 @@ static CUresult cu_error_name(CUresult rc, const char **s)
 
 enum { MiB = 1 << 20, ROUNDS = 9, SUBS = 16, ACCESS = 0x7 /* LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ */ };
 #define SIZE ((size_t)64 * MiB)
+#define ROUND_NS 30e6   /* at most about this long a round */
 
 /* ---- the backend: registers nothing, counts ------------------------------ */
 struct be {
@@ -405,13 +406,18 @@ static int cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* One row: a warm-up, then ROUNDS rounds of n. */
+/*
+ * One row: a warm-up of n / 10, then ROUNDS rounds of n, n made smaller where
+ * the warm-up says a round would take more than ROUND_NS (a slower driver
+ * call than expected must not make the run long).
+ */
 static void row(struct mem *m, const char *what, double (*op)(struct mem *, int), int n)
 {
-    double t[ROUNDS];
-    int k;
+    int k, warm = n / 10 ? n / 10 : 1;
+    double t[ROUNDS], per = op(m, warm) / warm;
 
-    op(m, n / 10 ? n / 10 : 1);
+    if (per * n > ROUND_NS)
+        n = per * 3 > ROUND_NS ? 3 : (int)(ROUND_NS / per);
     for (k = 0; k < ROUNDS; k++)
         t[k] = op(m, n) / n;
     qsort(t, ROUNDS, sizeof(double), cmp);
