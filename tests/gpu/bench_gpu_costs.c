@@ -35,7 +35,10 @@
  * empty after the frees, no fd is left open.
  *
  * libcuda.so.1 is opened with dlopen (nothing links it), so that on a machine
- * without a driver or a GPU the program says SKIP and exits 0.
+ * without a driver or a GPU the program says SKIP and exits 0. Over THE CUDA
+ * double (LD_LIBRARY_PATH=build/gpu/fakecuda, which lacks cuMemAllocAsync:
+ * no pool rows) it runs as a check of its own logic; the figures are then
+ * the double's, not a driver's.
  */
 #include <cuda.h>
 #include <dirent.h>
