@@ -33,6 +33,10 @@
  * The program runs itself again with the preload and the doubles
  * (DRC_TEST_BENCH_PRELOADED marks the second run). DRC_TEST_BENCH_PRELOAD=path uses
  * another build's libdrc_verbs.so (to compare two trees on the same doubles).
+ * DRC_TEST_BENCH_REAL_CUDA=1 keeps the real libcuda (on a GPU machine: the
+ * GPU rows are then real GPU memory and the miss a real dmabuf export; the
+ * loopback provider stays, there being no NIC there; tests/gpu/engine.sh
+ * runs it so, with LOOPNIC_PEERMEM=1).
  */
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
@@ -72,6 +76,13 @@ static double now(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+static int real_cuda(void)
+{
+    const char *v = getenv("DRC_TEST_BENCH_REAL_CUDA");
+
+    return v && strcmp(v, "0");
+}
+
 /* Once: the same program again, with the preload and the doubles. */
 static void reexec_preloaded(char **argv)
 {
@@ -85,7 +96,11 @@ static void reexec_preloaded(char **argv)
     if (!slash)
         die("no folder");
     *slash = 0;
-    snprintf(lib, sizeof(lib), "%s/../loopnic:%s/../engine/fakecuda", exe, exe);
+    if (real_cuda())    /* the loopback provider first, the rest of the path as given (the driver's folder) */
+        snprintf(lib, sizeof(lib), "%s/../loopnic%s%s", exe, getenv("LD_LIBRARY_PATH") ? ":" : "",
+                 getenv("LD_LIBRARY_PATH") ? getenv("LD_LIBRARY_PATH") : "");
+    else
+        snprintf(lib, sizeof(lib), "%s/../loopnic:%s/../engine/fakecuda", exe, exe);
     snprintf(pre, sizeof(pre), "%s/../libdrc_verbs.so", exe);
     setenv("LD_LIBRARY_PATH", lib, 1);
     setenv("LD_PRELOAD", getenv("DRC_TEST_BENCH_PRELOAD") ? getenv("DRC_TEST_BENCH_PRELOAD") : pre, 1);
@@ -103,7 +118,7 @@ static char *gpu_buffer(size_t len)
     int dev = 0;
 
     if (!h)
-        die("no libcuda.so.1 (the double: build/engine/fakecuda)");
+        die(real_cuda() ? "no libcuda.so.1" : "no libcuda.so.1 (the double: build/engine/fakecuda)");
     *(void **)&init = dlsym(h, "cuInit");
     *(void **)&dev_get = dlsym(h, "cuDeviceGet");
     *(void **)&retain = dlsym(h, "cuDevicePrimaryCtxRetain");
@@ -221,9 +236,12 @@ int main(int argc, char **argv)
     gpu = wanted(argc, argv, "gpu", IBV_ACCESS_LOCAL_WRITE) || wanted(argc, argv, "gpu", RW) ? gpu_buffer(64 * MiB)
                                                                                            : NULL;
     if (!counts)
-        printf("ns per hit (median of %d runs of %d, min-max); 4 KiB sub-ranges of a registered 1 MiB\n"
-               "%-5s %-12s %26s %26s %7s\n", ROUNDS, ITERS, "mem", "access", "ibv_reg_mr+dereg (preload)",
-               "drc_get+drc_put", "ratio");
+        printf("ns per hit (median of %d runs of %d, min-max); 4 KiB sub-ranges of a registered 1 MiB; gpu: %s\n"
+               "%-5s %-12s %26s %26s %7s\n", ROUNDS, ITERS,
+               real_cuda() ? "cuMemAlloc of the libcuda.so.1 found (DRC_TEST_BENCH_REAL_CUDA)"
+                           : "cuMemAlloc of the CUDA double",
+               "mem", "access",
+               "ibv_reg_mr+dereg (preload)", "drc_get+drc_put", "ratio");
     for (int k = 0; k < 4; k++) {
         const char *mem = k < 2 ? "host" : "gpu";
         int access = k % 2 ? RW : IBV_ACCESS_LOCAL_WRITE;

@@ -9,7 +9,7 @@ D=$(pwd)/.deps
 [ -d "$D" ] && export C_INCLUDE_PATH="$D/include" LIBRARY_PATH="$D/lib"
 echo "== drc engine GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n)"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/== GPU: /'
-T="$B/libdrc_verbs.so $B/libdrc_host.so.0 $B/engine/engine_child $B/engine/tent_child $B/loopnic/libibverbs.so.1 $B/bench/bench_engine"
+T="$B/libdrc_verbs.so $B/libdrc_host.so.0 $B/engine/engine_child $B/engine/tent_child $B/loopnic/libibverbs.so.1 $B/bench/bench_engine $B/bench/bench_preload_hit"
 make -s B="$B" $T >/dev/null 2>&1 || { echo "== build with -Werror FAILED: building with warnings off";
     make -s B="$B" WARN=-w $T; } || { echo "== build FAILED"; exit 1; }
 # the double and jemalloc on the library path; libcuda is the real driver
@@ -39,5 +39,8 @@ env LD_LIBRARY_PATH="$L" "$C" gpu_dedup
 [ $? -eq 1 ] && echo "== control failed as it should" || { fail=$((fail + 1)); echo "== control did NOT fail"; }
 run env LD_LIBRARY_PATH="$L" DRC_TEST_BENCH_DOUBLES=1 "$B/bench/bench_engine"
 run env LD_LIBRARY_PATH="$L" DRC_TEST_BENCH_DOUBLES=1 "$B/bench/bench_engine" host
+# issue 26: the interposer's hit (ibv_reg_mr + ibv_dereg_mr through the preload) on real GPU memory, next to
+# drc_get's; bench_gpu_costs (run.sh) has the cache's hit, miss and export costs on the same GPU
+run env LD_LIBRARY_PATH="$L" DRC_TEST_BENCH_REAL_CUDA=1 "$B/bench/bench_preload_hit"
 echo "== engine summary: $fail failed"
 [ "$fail" -eq 0 ]
