@@ -582,7 +582,7 @@ static HIT_INLINE int stale_hit(const drc_cache_t *c, const struct drc_region *r
     return (c->flags & DRC_F_VALIDATE) && r->mem.type == DRC_MEM_CUDA && stale_check(r, s, last);
 }
 
-/* drc_get, and drc__get_widened with @widen (cache_miss.c: widen_to); one body, inlined in each. */
+/* drc_get, drc__get_widened with @widen (cache_miss.c: widen_to) and drc__get_view; one body, inlined in each. */
 static HIT_INLINE int get(drc_cache_t *c, const void *addr, size_t len, unsigned access, int widen,
                           drc_region_t **out)
 {
@@ -682,6 +682,31 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
         return -EINVAL;
     if (LD(c->inert))
         return 0;           /* the parent's region: nothing to do in a fork child */
+    return put_ref(c, r);
+}
+
+int drc__get_view(drc_cache_t *c, const void *addr, size_t len, unsigned access, int widen, drc_region_t **out,
+                  struct drc__region_view *v)
+{
+    int err = get(c, addr, len, access, widen, out);
+    struct drc_region *r;
+
+    if (err)
+        return err;
+    r = *out;
+    v->handle = !LD_SC(r->revoked) ? r->handle : NULL;     /* drc_region_handle()'s rule */
+    v->lkey = r->lkey;
+    v->rkey = r->rkey;
+    v->type = r->mem.type;
+    return 0;
+}
+
+int drc__region_put(drc_region_t *r)
+{
+    drc_cache_t *c = r->cache;
+
+    if (LD(c->inert))
+        return 0;           /* as drc_put */
     return put_ref(c, r);
 }
 
@@ -1084,3 +1109,4 @@ drc_cache_t *drc__region_cache(const drc_region_t *r)
 {
     return r->cache;
 }
+

@@ -52,6 +52,22 @@ void drc__cache_forked(drc_cache_t *c);
 drc_cache_t *drc__region_cache(const drc_region_t *r);
 
 /*
+ * drc_reg_mr's hit (src/verbs/regmr.c), one call each way. drc__get_view:
+ * drc_get(), or drc__get_widened() if @widen, and on success what the
+ * caller's ibv_mr copies from the region: its cache, the backend's handle as
+ * drc_region_handle() gives it (NULL once revoked), the keys, the memory
+ * type. drc__region_put: drc_put() on the region's own cache.
+ */
+struct drc__region_view {
+    void *handle;
+    uint32_t lkey, rkey;
+    enum drc_mem_type type;
+};
+int drc__get_view(drc_cache_t *c, const void *addr, size_t len, unsigned access, int widen, drc_region_t **out,
+                  struct drc__region_view *v);
+int drc__region_put(drc_region_t *r);
+
+/*
  * Debug assertions (DRC_DEBUG builds: the sanitizer, fuzz and test builds).
  * DRC_ASSERT aborts with the line whatever NDEBUG says. drc__lock_depth
  * counts the cache locks this thread holds: a call out of drc (backend,

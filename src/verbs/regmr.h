@@ -27,6 +27,13 @@ DRC_API int drc__regmr_dereg(struct ibv_mr *mr);
 DRC_API int drc__regmr_owns(const struct ibv_mr *mr);
 
 /*
+ * Tests (linked with the objects, not exported): hand out at most @n slots
+ * of caller MRs (0: the default), so that a full slab can be reached; later
+ * registrations go to the provider as asked.
+ */
+void drc__regmr_slab_cap(uint32_t n);
+
+/*
  * What drc_reg_mr did over the process's life, for the interposer's exit
  * summary: counts of events never go down, whether or not the PDs and their
  * caches still exist (ibv_dealloc_pd releases a PD's cache; its statistics
