@@ -426,14 +426,8 @@ static __attribute__((noinline)) int dereg_slow(struct ibv_mr *mr)
 
 EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 {
-    int err;
-
-    if (__atomic_load_n(&fast, __ATOMIC_ACQUIRE)) {
-        err = drc__regmr_dereg(mr);
-        if (err != -ENOENT)
-            return err < 0 ? -err : err;    /* verbs returns a positive errno */
-        return fwd_dereg_mr(mr);
-    }
+    if (__atomic_load_n(&fast, __ATOMIC_ACQUIRE))
+        return drc__regmr_dereg_verbs(mr);   /* forwards another's MR through forward_ops: fwd_dereg_mr */
     return dereg_slow(mr);
 }
 

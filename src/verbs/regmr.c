@@ -137,7 +137,7 @@ enum {
 _Static_assert(sizeof(struct caller_mr) == SLOT, "a slot is one cache line");
 
 static char *slab;                      /* atomic (set once): the range, NULL before the first registration */
-static uint32_t slab_ready;             /* atomic: slots made writable (slab_lock to grow) */
+static uintptr_t slab_ready_bytes;      /* atomic: the slab's writable part (slab_lock to grow) */
 static uint32_t slab_used;              /* slab_lock: slots handed out fresh, ever */
 static uint32_t slab_cap = SLAB_SLOTS;  /* slab_lock: drc__regmr_slab_cap (tests) */
 static uint64_t slab_free;              /* atomic: the shared free stack: tag << 32 | (index + 1) */
@@ -155,7 +155,7 @@ static int slab_key_ok;
  */
 struct regmr_tls {
     struct caller_mr *free;
-    unsigned nfree;
+    int room;                   /* slots the list may still take before it gives half away (0 until exit_set) */
     unsigned gen;
     struct ibv_pd *pd;
     struct pd_entry *e;
@@ -165,7 +165,7 @@ static __thread struct regmr_tls tls __attribute__((tls_model("initial-exec")));
 
 static pthread_rwlock_t pds_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct pd_entry *pds;            /* pds_lock */
-static unsigned pds_gen;                /* atomic; written under pds_lock (write) */
+static unsigned pds_gen = 1;            /* atomic; written under pds_lock (write); never 0 */
 
 static struct drc_config config;        /* set before the first registration */
 static int configured;
@@ -175,6 +175,13 @@ static uint64_t n_live, n_peak;             /* atomic: caller MRs held now, and 
 static uint64_t n_pds;                      /* atomic: per-PD caches made, ever */
 static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
 static struct drc_stats retired;            /* pds_lock (write): stats of the caches released */
+
+/* No thread's last PD is valid any more. */
+static void gen_bump(void)
+{
+    if (!__atomic_add_fetch(&pds_gen, 1, __ATOMIC_RELEASE))
+        __atomic_add_fetch(&pds_gen, 1, __ATOMIC_RELEASE);     /* 0 is a thread's "none yet" */
+}
 
 static struct caller_mr *slot_at(uint32_t idx1)
 {
@@ -216,7 +223,7 @@ static struct caller_mr *pop_local(void)
 
     if (m) {
         tls.free = m->local;
-        tls.nfree--;
+        tls.room++;
     }
     return m;
 }
@@ -225,7 +232,13 @@ static void push_local(struct caller_mr *m)
 {
     m->local = tls.free;
     tls.free = m;
-    tls.nfree++;
+    tls.room--;
+}
+
+/* Slots on this thread's list. */
+static int local_count(void)
+{
+    return (tls.exit_set ? LOCAL_MAX : 0) - tls.room;
 }
 
 /* pthread key destructor: the exiting thread's free slots to the shared stack. */
@@ -237,6 +250,16 @@ static void slab_thread_exit(void *arg)
     while ((m = pop_local()))
         push_shared(m);
     tls.exit_set = 0;
+    tls.room = 0;
+}
+
+/* Have this thread's list returned at its exit; until then it keeps none (room 0). */
+static void exit_set_up(void)
+{
+    if (!tls.exit_set && slab_key_ok && pthread_setspecific(slab_key, &tls) == 0) {
+        tls.exit_set = 1;
+        tls.room += LOCAL_MAX;
+    }
 }
 
 static void slab_reserve(void)
@@ -248,8 +271,8 @@ static void slab_reserve(void)
     slab_key_ok = pthread_key_create(&slab_key, slab_thread_exit) == 0;
 }
 
-/* A slot for a new caller MR: the thread's list, the shared stack, a fresh one; NULL if the slab is full. */
-static struct caller_mr *slot_get_slow(void)
+/* A slot for a new caller MR: the shared stack, else a fresh one; NULL if the slab is full. */
+static __attribute__((noinline)) struct caller_mr *slot_get_slow(void)
 {
     struct caller_mr *m;
     uint32_t i;
@@ -257,20 +280,23 @@ static struct caller_mr *slot_get_slow(void)
     pthread_once(&slab_once, slab_reserve);
     if (!__atomic_load_n(&slab, __ATOMIC_ACQUIRE))
         return NULL;
-    if (!tls.exit_set && slab_key_ok && pthread_setspecific(slab_key, &tls) == 0)
-        tls.exit_set = 1;
-    while (tls.nfree < LOCAL_MAX / 2 && (m = pop_shared()))
-        push_local(m);
-    if ((m = pop_local()))
+    exit_set_up();
+    if ((m = pop_shared())) {
+        struct caller_mr *more;
+
+        while (tls.exit_set && local_count() < LOCAL_MAX / 2 && (more = pop_shared()))
+            push_local(more);
         return m;
+    }
     pthread_mutex_lock(&slab_lock);
     i = slab_used;
-    if (i < slab_cap && i >= __atomic_load_n(&slab_ready, __ATOMIC_RELAXED)) {
+    if (i < slab_cap && (uintptr_t)i * SLOT >= __atomic_load_n(&slab_ready_bytes, __ATOMIC_RELAXED)) {
         /* the next chunk; a failure leaves the slab as it was (ENOMEM: the caller goes to the provider) */
         if (mprotect(slab + (size_t)i * SLOT, (size_t)CHUNK_SLOTS * SLOT, PROT_READ | PROT_WRITE) == 0)
-            __atomic_store_n(&slab_ready, i + CHUNK_SLOTS, __ATOMIC_RELEASE);
+            __atomic_store_n(&slab_ready_bytes, ((uintptr_t)i + CHUNK_SLOTS) * SLOT, __ATOMIC_RELEASE);
     }
-    m = i < slab_cap && i < __atomic_load_n(&slab_ready, __ATOMIC_RELAXED) ? slot_at(i + 1) : NULL;
+    m = i < slab_cap && (uintptr_t)i * SLOT < __atomic_load_n(&slab_ready_bytes, __ATOMIC_RELAXED) ? slot_at(i + 1)
+                                                                                                  : NULL;
     if (m)
         slab_used = i + 1;
     pthread_mutex_unlock(&slab_lock);
@@ -288,12 +314,11 @@ static struct caller_mr *slot_get(void)
     return m;
 }
 
+/* The list is over its room: half of it to the shared stack, all of it for a thread without exit handling. */
 static __attribute__((noinline)) void slot_put_slow(void)
 {
-    while (tls.nfree > LOCAL_MAX / 2)
-        push_shared(pop_local());
-    /* a thread that only deregisters (another made its MRs) keeps no list it could not return at exit */
-    if (!tls.exit_set)
+    exit_set_up();
+    while (tls.free && (!tls.exit_set || local_count() > LOCAL_MAX / 2))
         push_shared(pop_local());
 }
 
@@ -301,23 +326,23 @@ static void slot_put(struct caller_mr *m)
 {
     POISON(&m->mr, sizeof(m->mr));
     push_local(m);
-    if (tls.nfree > LOCAL_MAX || !tls.exit_set)
+    if (tls.room < 0)
         slot_put_slow();
 }
 
 /*
- * The caller MR @mr is, if it is a live slot of the slab: NULL with -ENOENT
- * outside the slab (never read: another's MR), NULL with -EINVAL inside it
- * but not a live slot's start (drc's memory, never a provider's MR).
+ * The slot @mr is, if it is a slot's start in the slab's writable part
+ * (live or not: the caller checks); else NULL with -ENOENT outside the slab
+ * (never read: another's MR) or -EINVAL inside it (drc's memory, never a
+ * provider's MR).
  */
-static struct caller_mr *slot_of(const struct ibv_mr *mr, int *err)
+static inline __attribute__((always_inline)) struct caller_mr *slot_in(const struct ibv_mr *mr, int *err)
 {
-    uintptr_t ready = (uintptr_t)__atomic_load_n(&slab_ready, __ATOMIC_ACQUIRE) * SLOT;
+    uintptr_t ready = __atomic_load_n(&slab_ready_bytes, __ATOMIC_ACQUIRE);
     uintptr_t off = (uintptr_t)mr - (uintptr_t)__atomic_load_n(&slab, __ATOMIC_RELAXED);   /* set before ready */
-    struct caller_mr *m = (struct caller_mr *)(uintptr_t)mr;
 
-    if (off < ready && !(off % SLOT) && __atomic_load_n(&m->live, __ATOMIC_ACQUIRE))
-        return m;
+    if (off < ready && !(off % SLOT))
+        return (struct caller_mr *)(uintptr_t)mr;
     off = (uintptr_t)mr - (uintptr_t)__atomic_load_n(&slab, __ATOMIC_ACQUIRE);
     *err = !mr || (slab && off < (uintptr_t)SLAB_SLOTS * SLOT) ? -EINVAL : -ENOENT;
     return NULL;
@@ -352,7 +377,7 @@ static void regmr_child(void)
 
     pds_lock = fresh;
     pds = NULL;
-    __atomic_add_fetch(&pds_gen, 1, __ATOMIC_RELEASE);
+    gen_bump();
     memset(&retired, 0, sizeof(retired));
     pthread_mutex_init(&slab_lock, NULL);
 }
@@ -367,18 +392,16 @@ __attribute__((constructor)) static void regmr_fork_init(void)
 
 /*
  * configure()'s answer to "may a registration asking @access be widened to
- * its allocation?" (see the opening comment): never, always, or unless it
- * asks remote access.
+ * its allocation?" (see the opening comment), as drc__get_view takes it: the
+ * access bits that forbid it (DRC__NO_WIDEN_EVER: never; 0: always).
  */
-static unsigned no_widen_mask = REMOTE_ACCESS;
-static int no_widen;
+static unsigned no_widen = REMOTE_ACCESS;
 
 static void set_widening(void)
 {
     unsigned flags = configured ? config.flags : 0;
 
-    no_widen = !!(flags & DRC_F_NO_WIDEN);
-    no_widen_mask = flags & DRC_F_WIDEN_REMOTE ? 0 : REMOTE_ACCESS;
+    no_widen = flags & DRC_F_NO_WIDEN ? DRC__NO_WIDEN_EVER : flags & DRC_F_WIDEN_REMOTE ? 0 : REMOTE_ACCESS;
 }
 
 void drc__regmr_configure(const struct drc_config *cfg)
@@ -497,10 +520,9 @@ static int cacheable(int access)
  * allowed (core/cache.h), with what the caller's MR copies from the region. The bounds are the
  * miss's to find: a hit asks the driver nothing.
  */
-static int get_view(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **r,
-                    struct drc__region_view *v)
+static int get_view(drc_cache_t *c, const void *addr, size_t len, unsigned access, struct drc__region_view *v)
 {
-    return drc__get_view(c, addr, len, access, !no_widen && !(access & no_widen_mask), r, v);
+    return drc__get_view(c, addr, len, access, no_widen, v);
 }
 
 /* ON_DEMAND, ZERO_BASED, HUGETLB... (or a full slab): register as asked; drc_dereg_mr passes it through. */
@@ -516,9 +538,14 @@ static struct ibv_mr *reg_direct(struct ibv_pd *pd, void *addr, size_t len, int 
     return ops->reg_mr_iova2(pd, addr, len, (uintptr_t)addr, (unsigned)access);
 }
 
-/* A GPU registration's counts: the first on its PD says how the PD's cache registers GPU memory. */
-static __attribute__((noinline)) void count_gpu(struct pd_entry *e)
+/*
+ * A GPU registration's counts: the first on its PD (this thread's last, pd_get's answer) says how
+ * the PD's cache registers GPU memory.
+ */
+static __attribute__((noinline)) void count_gpu(void)
 {
+    struct pd_entry *e = tls.e;
+
     __atomic_fetch_add(&n_gpu, 1, __ATOMIC_RELAXED);
     if (!__atomic_exchange_n(&e->gpu_seen, 1, __ATOMIC_RELAXED)) {
         int method = drc_cache_verbs_method(e->cache, 0);
@@ -531,23 +558,22 @@ static __attribute__((noinline)) void count_gpu(struct pd_entry *e)
 }
 
 /*
- * Slot @m (pd, addr and length set) holds region @r of @e's cache now: the
- * caller's fields, as if ibv_reg_mr had made it, and the counts.
+ * Slot @m (context, pd, addr and length set) holds region v->region of the
+ * cache of this thread's last PD now: the caller's fields, as if ibv_reg_mr
+ * had made it, and the counts.
  */
-static inline struct ibv_mr *publish(struct caller_mr *m, struct pd_entry *e, drc_region_t *r,
-                                     const struct drc__region_view *v)
+static inline struct ibv_mr *publish(struct caller_mr *m, const struct drc__region_view *v)
 {
     struct ibv_mr *cached = v->handle;  /* the verbs backend's handle is the cached ibv_mr (drc_region_mr) */
     uint64_t live, peak;
 
-    m->mr.context = m->mr.pd->context;  /* the cached MR's: it was registered on this PD */
     m->mr.handle = cached ? cached->handle : 0;
     m->mr.lkey = v->lkey;
     m->mr.rkey = v->rkey;
-    m->region = r;
+    m->region = v->region;
     __atomic_store_n(&m->live, 1, __ATOMIC_RELEASE);
     if (v->type == DRC_MEM_CUDA)
-        count_gpu(e);
+        count_gpu();
     else
         __atomic_fetch_add(&n_host, 1, __ATOMIC_RELAXED);
     live = __atomic_add_fetch(&n_live, 1, __ATOMIC_RELAXED);
@@ -563,7 +589,6 @@ static __attribute__((noinline)) struct ibv_mr *reg_slow(struct ibv_pd *pd, void
     struct drc__region_view v;
     struct caller_mr *m;
     struct pd_entry *e;
-    drc_region_t *r;
     int err;
 
     if (!pd || !len) {
@@ -580,16 +605,17 @@ static __attribute__((noinline)) struct ibv_mr *reg_slow(struct ibv_pd *pd, void
     m = slot_get();
     if (!m)
         return reg_direct(pd, addr, len, access);
+    m->mr.context = pd->context;
     m->mr.pd = pd;
     m->mr.addr = addr;
     m->mr.length = len;
-    err = get_view(e->cache, addr, len, (unsigned)access, &r, &v);
+    err = get_view(e->cache, addr, len, (unsigned)access, &v);
     if (err) {
         slot_put(m);
         errno = -err;
         return NULL;
     }
-    return publish(m, e, r, &v);
+    return publish(m, &v);
 }
 
 static __attribute__((noinline)) struct ibv_mr *reg_failed(struct caller_mr *m, int err)
@@ -609,47 +635,84 @@ struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
 {
     struct caller_mr *m = tls.free;
     struct drc__region_view v;
-    drc_region_t *r;
     int err;
 
-    if (!m || !pd || !len || ((unsigned)access & ~DRC_ACCESS_MASK) || tls.pd != pd ||
+    /* (a NULL pd: tls.pd is NULL only while tls.gen is 0, which pds_gen never is; len 0: drc_get's EINVAL) */
+    if (!m || ((unsigned)access & ~DRC_ACCESS_MASK) || tls.pd != pd ||
         tls.gen != __atomic_load_n(&pds_gen, __ATOMIC_ACQUIRE))
         return reg_slow(pd, addr, len, access);
     tls.free = m->local;
-    tls.nfree--;
+    tls.room++;
     UNPOISON(&m->mr, sizeof(m->mr));
+    m->mr.context = pd->context;    /* the cached MR's: it was registered on this PD */
     m->mr.pd = pd;
     m->mr.addr = addr;
     m->mr.length = len;
-    err = get_view(tls.e->cache, addr, len, (unsigned)access, &r, &v);
+    err = get_view(tls.e->cache, addr, len, (unsigned)access, &v);
     if (err)
         return reg_failed(m, err);
-    return publish(m, tls.e, r, &v);
+    return publish(m, &v);
 }
 
 int drc__regmr_owns(const struct ibv_mr *mr)
 {
-    int err;
+    struct caller_mr *m;
+    int err = 0;
 
-    return slot_of(mr, &err) != NULL;
+    m = slot_in(mr, &err);
+    return m && __atomic_load_n(&m->live, __ATOMIC_ACQUIRE);
 }
 
-int drc__regmr_dereg(struct ibv_mr *mr)
+/* drc__regmr_dereg's body, in each of its callers. */
+static inline __attribute__((always_inline)) int dereg(struct ibv_mr *mr)
 {
     struct caller_mr *m;
     drc_region_t *r;
-    int err;
+    int err = 0;
 
-    m = slot_of(mr, &err);
+    m = slot_in(mr, &err);
     if (!m)
         return err;
-    /* one of two racing deregs of the same MR (the caller's bug) releases it; the other is refused */
+    /* a free slot: refused, and it stays free; one of two racing deregs of the same MR releases it */
     if (!__atomic_exchange_n(&m->live, 0, __ATOMIC_ACQ_REL))
         return -EINVAL;
     r = m->region;
     slot_put(m);
     __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
     return drc__region_put(r);
+}
+
+int drc__regmr_dereg(struct ibv_mr *mr)
+{
+    return dereg(mr);
+}
+
+/* drc__regmr_dereg_verbs of anything but a live slot. */
+static __attribute__((noinline)) int dereg_verbs_other(struct ibv_mr *mr)
+{
+    int err = 0;
+
+    if (slot_in(mr, &err))
+        return EINVAL;      /* a free slot (dereg's exchange found it so) */
+    if (err != -ENOENT)
+        return -err;
+    /* not ours: the provider's answer as it gives it */
+    return drc__verbs()->dereg_mr ? drc__verbs()->dereg_mr(mr) : ENOSYS;
+}
+
+int drc__regmr_dereg_verbs(struct ibv_mr *mr)
+{
+    uintptr_t ready = __atomic_load_n(&slab_ready_bytes, __ATOMIC_ACQUIRE);
+    uintptr_t off = (uintptr_t)mr - (uintptr_t)__atomic_load_n(&slab, __ATOMIC_RELAXED);   /* slot_in's test */
+    struct caller_mr *m = (struct caller_mr *)(uintptr_t)mr;
+    drc_region_t *r;
+
+    if (off >= ready || off % SLOT || !__atomic_exchange_n(&m->live, 0, __ATOMIC_ACQ_REL))
+        return dereg_verbs_other(mr);
+    r = m->region;
+    slot_put(m);
+    __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
+    return -drc__region_put(r);
 }
 
 int drc_dereg_mr(struct ibv_mr *mr)
@@ -697,7 +760,7 @@ int drc_pd_release(struct ibv_pd *pd)
     err = drc_cache_destroy(e->cache);
     if (!err) {
         HASH_DEL(pds, e);
-        __atomic_add_fetch(&pds_gen, 1, __ATOMIC_RELEASE);    /* before free(e): no thread's last PD is e */
+        gen_bump();     /* before free(e): no thread's last PD is e */
         /* the destroy deregistered every region a lookup could still find (nothing was referenced) */
         s.deregs += s.regions;
         s.regions = s.bytes = s.in_use = 0;
