@@ -40,10 +40,11 @@
  * off for local registrations too.
  *
  * Two tables:
- *   pds  (pds_lock, a rwlock)  PD -> cache; each thread keeps the last PD it
- *        found, valid while pds_gen, bumped whenever an entry leaves the
- *        table, has not moved: a hit on the PD it used last takes no lock
- *   the slab of caller MRs (no lock on a hit or a dereg; see "The slab")
+ *   pds  (pds_lock, a rwlock)  PD -> cache. Each thread keeps the last PD
+ *        it found, valid while pds_gen (bumped whenever an entry leaves the
+ *        table) has not moved: a registration on that PD takes no lock
+ *   the slab  caller MR -> the region it holds (no lock on a registration
+ *        or a deregistration; see "The slab" below)
  * The slab is how drc_dereg_mr tells its own MRs from any other: an ibv_mr
  * outside drc's reserved range is never read (a provider's MR has no room
  * for a mark in front of it). No lock is held while calling into the cache
@@ -107,9 +108,10 @@ struct pd_entry {
  * against ABA; a slot's memory stays mapped, so a pop that read a stale
  * `next` only fails its CAS); an empty list takes LOCAL_MAX / 2 from it, or
  * a fresh slot. A thread's list goes to the shared stack when the thread
- * exits. Should the slab be full (SLAB_SLOTS MRs held at once, the most a
- * NIC holds), a registration goes to the provider as asked, as one with
- * access bits drc cannot cache.
+ * exits. Should the slab be full (SLAB_SLOTS, 16M MRs held at once), a
+ * registration goes to the provider as asked, as one with access bits drc
+ * cannot cache. The slab's address space is the process's for its life, as
+ * a static table would be; its pages are committed as MRs are held.
  *
  * A stale pointer (an MR already deregistered) is a slot: while the slot is
  * free, its dereg is refused (-EINVAL) and touches nothing, and it is never
@@ -147,7 +149,7 @@ static pthread_key_t slab_key;          /* its destructor returns an exiting thr
 static int slab_key_ok;
 
 /*
- * Per thread: its free slots (linked by `next`) and the PD it found last.
+ * Per thread: its free slots (linked by `local`) and the PD it found last.
  * `e` is valid while pds_gen equals `gen`: drc_pd_release bumps pds_gen
  * before it frees an entry, so a thread never uses an entry that left the
  * table (a registration on the very PD being released is the caller's race,
@@ -165,7 +167,7 @@ static __thread struct regmr_tls tls __attribute__((tls_model("initial-exec")));
 
 static pthread_rwlock_t pds_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct pd_entry *pds;            /* pds_lock */
-static unsigned pds_gen = 1;            /* atomic; written under pds_lock (write); never 0 */
+static unsigned pds_gen = 1;            /* atomic; bumped under pds_lock (write), or in a fork child; never 0 */
 
 static struct drc_config config;        /* set before the first registration */
 static int configured;
