@@ -350,10 +350,10 @@ static inline __attribute__((always_inline)) struct caller_mr *slot_in(const str
     return NULL;
 }
 
-void drc__regmr_slab_cap(uint32_t n)
+void drc__regmr_slab_cap(uint32_t more)
 {
     pthread_mutex_lock(&slab_lock);
-    slab_cap = n ? n : SLAB_SLOTS;
+    slab_cap = more == UINT32_MAX || more > SLAB_SLOTS - slab_used ? SLAB_SLOTS : slab_used + more;
     pthread_mutex_unlock(&slab_lock);
 }
 

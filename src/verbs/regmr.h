@@ -34,11 +34,12 @@ DRC_API int drc__regmr_dereg_verbs(struct ibv_mr *mr);
 DRC_API int drc__regmr_owns(const struct ibv_mr *mr);
 
 /*
- * Tests (linked with the objects, not exported): hand out at most @n slots
- * of caller MRs (0: the default), so that a full slab can be reached; later
- * registrations go to the provider as asked.
+ * Tests (linked with the objects, not exported): make at most @more slots of
+ * caller MRs beyond those made so far (UINT32_MAX: as many as the slab
+ * holds), so that a full slab can be reached; once the free slots are taken
+ * too, registrations go to the provider as asked.
  */
-void drc__regmr_slab_cap(uint32_t n);
+void drc__regmr_slab_cap(uint32_t more);
 
 /*
  * What drc_reg_mr did over the process's life, for the interposer's exit
