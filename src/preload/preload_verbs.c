@@ -382,11 +382,14 @@ static __attribute__((noinline)) struct ibv_mr *reg_slow(struct ibv_pd *pd, void
     return mr;
 }
 
-/* The common case in a few instructions, handed straight to drc_reg_mr; every other to reg_slow. */
+/*
+ * The common case in a few instructions, handed straight to drc_reg_mr; every other to reg_slow.
+ * (Access bits drc cannot cache: drc_reg_mr registers them as asked, through forward_ops, as
+ * reg_slow would; counted as passed through either way.)
+ */
 static inline struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access)
 {
-    if (__atomic_load_n(&fast, __ATOMIC_ACQUIRE) && pd && iova == (uintptr_t)addr &&
-        !(access & ~DRC_ACCESS_MASK))
+    if (__atomic_load_n(&fast, __ATOMIC_ACQUIRE) && pd && iova == (uintptr_t)addr)
         return drc_reg_mr(pd, addr, length, (int)access);
     return reg_slow(pd, addr, length, iova, access);
 }

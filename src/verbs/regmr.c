@@ -103,8 +103,8 @@ struct pd_entry {
  * pointer is drc's if it falls in the range, and a slot's `live` word says
  * whether it is handed out now. A registration takes a slot from its
  * thread's free list, a deregistration gives it back to the deregistering
- * thread's list: no lock, no allocation. A list longer than LOCAL_MAX gives
- * half to the shared free stack (a Treiber stack whose head carries a tag
+ * thread's list: no lock, no allocation. A list counted longer than
+ * LOCAL_MAX (every LOCAL_MAX pushes) gives half to the shared free stack (a Treiber stack whose head carries a tag
  * against ABA; a slot's memory stays mapped, so a pop that read a stale
  * `next` only fails its CAS); an empty list takes LOCAL_MAX / 2 from it, or
  * a fresh slot. A thread's list goes to the shared stack when the thread
@@ -125,7 +125,7 @@ struct caller_mr {
         drc_region_t *region;   /* live: the reference this MR holds (and through it, its cache) */
         struct caller_mr *local;/* on a thread's free list: the next one there */
     };
-    uint32_t live;              /* atomic: 1 while handed out */
+    uint32_t live;              /* atomic: 1 while handed out (two deregs of one MR at once: the caller's race) */
     uint32_t next;              /* atomic: on the shared free stack: the next slot's index + 1, or 0 */
 };
 
@@ -146,6 +146,8 @@ static uint64_t slab_free;              /* atomic: the shared free stack: tag <<
 static pthread_mutex_t slab_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t slab_once = PTHREAD_ONCE_INIT;
 static pthread_key_t slab_key;          /* its destructor returns an exiting thread's list */
+static pthread_mutex_t counts_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct regmr_tls *counted;       /* counts_lock: the threads whose counts are their own */
 static int slab_key_ok;
 
 /*
@@ -157,11 +159,14 @@ static int slab_key_ok;
  */
 struct regmr_tls {
     struct caller_mr *free;
-    int room;                   /* slots the list may still take before it gives half away (0 until exit_set) */
+    int room;                   /* pushes on the list before it is counted again (0 until exit_set) */
     unsigned gen;
     struct ibv_pd *pd;
     struct pd_entry *e;
-    int exit_set;               /* slab_key's value is set: the list is returned at exit */
+    drc_cache_t *cache;         /* e->cache */
+    int exit_set;               /* slab_key's value is set: the list is returned, the counts kept, at exit */
+    uint64_t n_host, n_gpu;     /* atomic, written by this thread only: caller MRs it handed out (exit_set) */
+    struct regmr_tls *next, **pprev;    /* counts_lock: on `counted` while exit_set */
 };
 static __thread struct regmr_tls tls __attribute__((tls_model("initial-exec")));
 
@@ -172,7 +177,14 @@ static unsigned pds_gen = 1;            /* atomic; bumped under pds_lock (write)
 static struct drc_config config;        /* set before the first registration */
 static int configured;
 
-static uint64_t n_gpu, n_host, n_direct;    /* atomic: caller MRs handed out, ever */
+/*
+ * Counts of events bumped on every registration are kept per thread (a locked
+ * add on a shared word costs a hit as much as the rest of its bookkeeping):
+ * a thread's own counts, read by drc__regmr_totals through `counted`, and
+ * folded into n_host / n_gpu when the thread exits. The number held now (and
+ * so the most held at once) is one shared count.
+ */
+static uint64_t n_gpu, n_host, n_direct;    /* atomic: caller MRs handed out, ever (and threads' counts) */
 static uint64_t n_live, n_peak;             /* atomic: caller MRs held now, and the most at once */
 static uint64_t n_pds;                      /* atomic: per-PD caches made, ever */
 static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
@@ -223,10 +235,8 @@ static struct caller_mr *pop_local(void)
 {
     struct caller_mr *m = tls.free;
 
-    if (m) {
+    if (m)
         tls.free = m->local;
-        tls.room++;
-    }
     return m;
 }
 
@@ -237,13 +247,28 @@ static void push_local(struct caller_mr *m)
     tls.room--;
 }
 
-/* Slots on this thread's list. */
+/* Slots on this thread's list (at most about 2 * LOCAL_MAX: it is counted every LOCAL_MAX pushes). */
 static int local_count(void)
 {
-    return (tls.exit_set ? LOCAL_MAX : 0) - tls.room;
+    struct caller_mr *m;
+    int n = 0;
+
+    for (m = tls.free; m; m = m->local)
+        n++;
+    return n;
 }
 
-/* pthread key destructor: the exiting thread's free slots to the shared stack. */
+/* Under counts_lock: @t's counts to the process's, and @t off `counted`. */
+static void fold_counts(struct regmr_tls *t)
+{
+    __atomic_fetch_add(&n_host, __atomic_load_n(&t->n_host, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&n_gpu, __atomic_load_n(&t->n_gpu, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    if (t->next)
+        t->next->pprev = t->pprev;
+    *t->pprev = t->next;
+}
+
+/* pthread key destructor: the exiting thread's free slots to the shared stack, its counts to the process's. */
 static void slab_thread_exit(void *arg)
 {
     struct caller_mr *m;
@@ -251,17 +276,41 @@ static void slab_thread_exit(void *arg)
     (void)arg;
     while ((m = pop_local()))
         push_shared(m);
+    pthread_mutex_lock(&counts_lock);
+    fold_counts(&tls);
+    pthread_mutex_unlock(&counts_lock);
+    tls.n_host = tls.n_gpu = 0;
     tls.exit_set = 0;
     tls.room = 0;
 }
 
-/* Have this thread's list returned at its exit; until then it keeps none (room 0). */
+/* Have this thread's list returned and its counts kept at its exit; until then it keeps neither. */
 static void exit_set_up(void)
 {
     if (!tls.exit_set && slab_key_ok && pthread_setspecific(slab_key, &tls) == 0) {
+        pthread_mutex_lock(&counts_lock);
+        tls.next = counted;
+        tls.pprev = &counted;
+        if (counted)
+            counted->pprev = &tls.next;
+        counted = &tls;
+        pthread_mutex_unlock(&counts_lock);
         tls.exit_set = 1;
-        tls.room += LOCAL_MAX;
+        tls.room = LOCAL_MAX;
     }
+}
+
+/*
+ * One more caller MR handed out by this thread (its own count once exit_set, else the process's).
+ * A thread with slots on its list has exit_set (without it, slot_put keeps none): drc_reg_mr's hit
+ * says @own_only.
+ */
+static inline void count(uint64_t *own, uint64_t *shared, int own_only)
+{
+    if (own_only || tls.exit_set)
+        __atomic_store_n(own, __atomic_load_n(own, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_add(shared, 1, __ATOMIC_RELAXED);
 }
 
 static void slab_reserve(void)
@@ -285,9 +334,11 @@ static __attribute__((noinline)) struct caller_mr *slot_get_slow(void)
     exit_set_up();
     if ((m = pop_shared())) {
         struct caller_mr *more;
+        int n = local_count();
 
-        while (tls.exit_set && local_count() < LOCAL_MAX / 2 && (more = pop_shared()))
+        while (tls.exit_set && n++ < LOCAL_MAX / 2 && (more = pop_shared()))
             push_local(more);
+        tls.room = tls.exit_set ? LOCAL_MAX : 0;
         return m;
     }
     pthread_mutex_lock(&slab_lock);
@@ -316,12 +367,26 @@ static struct caller_mr *slot_get(void)
     return m;
 }
 
-/* The list is over its room: half of it to the shared stack, all of it for a thread without exit handling. */
+/*
+ * LOCAL_MAX pushes since the list was counted: count it; past LOCAL_MAX, half of it to the shared
+ * stack. All of it for a thread without exit handling.
+ */
 static __attribute__((noinline)) void slot_put_slow(void)
 {
+    int n;
+
     exit_set_up();
-    while (tls.free && (!tls.exit_set || local_count() > LOCAL_MAX / 2))
-        push_shared(pop_local());
+    if (!tls.exit_set) {
+        while (tls.free)
+            push_shared(pop_local());
+        tls.room = 0;
+        return;
+    }
+    n = local_count();
+    if (n > LOCAL_MAX)
+        for (; n > LOCAL_MAX / 2; n--)
+            push_shared(pop_local());
+    tls.room = LOCAL_MAX;
 }
 
 static void slot_put(struct caller_mr *m)
@@ -373,10 +438,27 @@ void drc__regmr_slab_cap(uint32_t more)
  * slab_lock, held only across the mprotect of a chunk, is made anew: a
  * chunk being made at the fork is made again.
  */
+static void regmr_prepare(void)
+{
+    pthread_mutex_lock(&counts_lock);
+}
+
+static void regmr_parent(void)
+{
+    pthread_mutex_unlock(&counts_lock);
+}
+
 static void regmr_child(void)
 {
     pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
+    struct regmr_tls *t, *next;
 
+    for (t = counted; t; t = next) {
+        next = t->next;
+        if (t != &tls)
+            fold_counts(t);     /* the parent's other threads: their memory is still there, they are not */
+    }
+    pthread_mutex_init(&counts_lock, NULL);
     pds_lock = fresh;
     pds = NULL;
     gen_bump();
@@ -386,7 +468,7 @@ static void regmr_child(void)
 
 __attribute__((constructor)) static void regmr_fork_init(void)
 {
-    drc__fork_register(DRC__FORK_REGMR, NULL, NULL, regmr_child);
+    drc__fork_register(DRC__FORK_REGMR, regmr_prepare, regmr_parent, regmr_child);
 }
 
 #define REMOTE_ACCESS \
@@ -438,6 +520,7 @@ static struct pd_entry *pd_find_locked(struct ibv_pd *pd)
         tls.gen = __atomic_load_n(&pds_gen, __ATOMIC_RELAXED);
         tls.pd = pd;
         tls.e = e;
+        tls.cache = e->cache;
     }
     return e;
 }
@@ -548,7 +631,7 @@ static __attribute__((noinline)) void count_gpu(void)
 {
     struct pd_entry *e = tls.e;
 
-    __atomic_fetch_add(&n_gpu, 1, __ATOMIC_RELAXED);
+    count(&tls.n_gpu, &n_gpu, 0);
     if (!__atomic_exchange_n(&e->gpu_seen, 1, __ATOMIC_RELAXED)) {
         int method = drc_cache_verbs_method(e->cache, 0);
 
@@ -562,9 +645,9 @@ static __attribute__((noinline)) void count_gpu(void)
 /*
  * Slot @m (context, pd, addr and length set) holds region v->region of the
  * cache of this thread's last PD now: the caller's fields, as if ibv_reg_mr
- * had made it, and the counts.
+ * had made it, and the counts (@hit: drc_reg_mr's, from the thread's list).
  */
-static inline struct ibv_mr *publish(struct caller_mr *m, const struct drc__region_view *v)
+static inline struct ibv_mr *publish(struct caller_mr *m, const struct drc__region_view *v, int hit)
 {
     struct ibv_mr *cached = v->handle;  /* the verbs backend's handle is the cached ibv_mr (drc_region_mr) */
     uint64_t live, peak;
@@ -577,7 +660,7 @@ static inline struct ibv_mr *publish(struct caller_mr *m, const struct drc__regi
     if (v->type == DRC_MEM_CUDA)
         count_gpu();
     else
-        __atomic_fetch_add(&n_host, 1, __ATOMIC_RELAXED);
+        count(&tls.n_host, &n_host, hit);
     live = __atomic_add_fetch(&n_live, 1, __ATOMIC_RELAXED);
     peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
     while (live > peak && !__atomic_compare_exchange_n(&n_peak, &peak, live, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
@@ -617,7 +700,7 @@ static __attribute__((noinline)) struct ibv_mr *reg_slow(struct ibv_pd *pd, void
         errno = -err;
         return NULL;
     }
-    return publish(m, &v);
+    return publish(m, &v, 0);
 }
 
 static __attribute__((noinline)) struct ibv_mr *reg_failed(struct caller_mr *m, int err)
@@ -644,16 +727,15 @@ struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
         tls.gen != __atomic_load_n(&pds_gen, __ATOMIC_ACQUIRE))
         return reg_slow(pd, addr, len, access);
     tls.free = m->local;
-    tls.room++;
     UNPOISON(&m->mr, sizeof(m->mr));
     m->mr.context = pd->context;    /* the cached MR's: it was registered on this PD */
     m->mr.pd = pd;
     m->mr.addr = addr;
     m->mr.length = len;
-    err = get_view(tls.e->cache, addr, len, (unsigned)access, &v);
+    err = get_view(tls.cache, addr, len, (unsigned)access, &v);
     if (err)
         return reg_failed(m, err);
-    return publish(m, &v);
+    return publish(m, &v, 1);
 }
 
 int drc__regmr_owns(const struct ibv_mr *mr)
@@ -675,9 +757,9 @@ static inline __attribute__((always_inline)) int dereg(struct ibv_mr *mr)
     m = slot_in(mr, &err);
     if (!m)
         return err;
-    /* a free slot: refused, and it stays free; one of two racing deregs of the same MR releases it */
-    if (!__atomic_exchange_n(&m->live, 0, __ATOMIC_ACQ_REL))
-        return -EINVAL;
+    if (!__atomic_load_n(&m->live, __ATOMIC_ACQUIRE))
+        return -EINVAL;     /* a free slot: refused, and it stays free */
+    __atomic_store_n(&m->live, 0, __ATOMIC_RELAXED);
     r = m->region;
     slot_put(m);
     __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
@@ -695,7 +777,7 @@ static __attribute__((noinline)) int dereg_verbs_other(struct ibv_mr *mr)
     int err = 0;
 
     if (slot_in(mr, &err))
-        return EINVAL;      /* a free slot (dereg's exchange found it so) */
+        return EINVAL;      /* a free slot */
     if (err != -ENOENT)
         return -err;
     /* not ours: the provider's answer as it gives it */
@@ -709,8 +791,9 @@ int drc__regmr_dereg_verbs(struct ibv_mr *mr)
     struct caller_mr *m = (struct caller_mr *)(uintptr_t)mr;
     drc_region_t *r;
 
-    if (off >= ready || off % SLOT || !__atomic_exchange_n(&m->live, 0, __ATOMIC_ACQ_REL))
+    if (off >= ready || off % SLOT || !__atomic_load_n(&m->live, __ATOMIC_ACQUIRE))
         return dereg_verbs_other(mr);
+    __atomic_store_n(&m->live, 0, __ATOMIC_RELAXED);
     r = m->region;
     slot_put(m);
     __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
@@ -776,13 +859,20 @@ int drc_pd_release(struct ibv_pd *pd)
 
 void drc__regmr_totals(struct drc__regmr_totals *t)
 {
+    struct regmr_tls *th;
     struct pd_entry *e, *tmp;
     struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
 
     memset(t, 0, sizeof(*t));
     t->pds = __atomic_load_n(&n_pds, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&counts_lock);
     t->mrs_gpu = __atomic_load_n(&n_gpu, __ATOMIC_RELAXED);
     t->mrs_host = __atomic_load_n(&n_host, __ATOMIC_RELAXED);
+    for (th = counted; th; th = th->next) {
+        t->mrs_gpu += __atomic_load_n(&th->n_gpu, __ATOMIC_RELAXED);
+        t->mrs_host += __atomic_load_n(&th->n_host, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&counts_lock);
     t->mrs_direct = __atomic_load_n(&n_direct, __ATOMIC_RELAXED);
     t->live = __atomic_load_n(&n_live, __ATOMIC_RELAXED);
     t->peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);

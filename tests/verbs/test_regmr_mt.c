@@ -14,7 +14,8 @@
  * exiting thread's free slots go to the next) register sub-ranges of a
  * registered buffer on one PD and deregister each other's MRs, while another
  * thread registers on a second PD and releases it again and again. Every MR
- * reads as asked with the keys of the buffer's MR, every call succeeds, and
+ * reads as asked with the keys of the buffer's MR, every call succeeds, the
+ * interposer's summary counts every MR once (the exited threads' too), and
  * at the end no reference is left.
  */
 #include <errno.h>
@@ -152,9 +153,12 @@ static void threads_register_while_a_pd_is_released(void **state)
     struct drc__regmr_totals t;
     pthread_t th[WORKERS], cycler;
     struct ibv_mr *whole;
+    uint64_t before;
 
     (void)state;
     vd.reset();
+    drc__regmr_totals(&t);
+    before = t.mrs_host;
     whole = drc_reg_mr(vd.pd[0], hbuf, sizeof(hbuf), RW);
     assert_non_null(whole);
     whole_lkey = whole->lkey;
@@ -173,6 +177,8 @@ static void threads_register_while_a_pd_is_released(void **state)
     assert_int_equal(vd.count(IBVD_REG_VA), 1 + CYCLES);   /* the buffer once; the second PD's range once a cycle */
     drc__regmr_totals(&t);
     assert_int_equal(t.live, 1);
+    /* every MR counted once, those of the threads gone (counted per thread) too */
+    assert_int_equal(t.mrs_host - before, 1 + WAVES * WORKERS * W_ITERS + CYCLES);
     assert_int_equal(drc_pd_release(vd.pd[0]), -EBUSY);    /* control: a reference held is seen */
     assert_int_equal(drc_dereg_mr(whole), 0);
     assert_int_equal(drc_pd_release(vd.pd[0]), 0);
