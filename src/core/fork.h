@@ -35,6 +35,9 @@
  *                                             of caller MRs                    kept (atomic words): the child's
  *                                                                              drc_dereg_mr of a parent MR
  *                                                                              frees it, calls no provider
+ *            counts_lock (verbs/regmr.c)      the list of threads'    taken    anew; the counts of the parent's
+ *                                             counts                           other threads folded into the
+ *                                                                              process's
  *  (VERBS)   a verbs cache's lock             the NIC's dmabuf probe   no       anew, through the cache's forked
  *            (verbs/verbs.c)                  (the provider)                   callback (drc__cache_opts)
  *  (preload) resolve_lock                     dlopen, dlsym           no       anew (its own pthread_atfork:
