@@ -632,7 +632,8 @@ static __attribute__((noinline)) void count_gpu(void)
     struct pd_entry *e = tls.e;
 
     count(&tls.n_gpu, &n_gpu, 0);
-    if (!__atomic_exchange_n(&e->gpu_seen, 1, __ATOMIC_RELAXED)) {
+    /* a load first: the exchange is a locked instruction, and every GPU registration comes here */
+    if (!__atomic_load_n(&e->gpu_seen, __ATOMIC_RELAXED) && !__atomic_exchange_n(&e->gpu_seen, 1, __ATOMIC_RELAXED)) {
         int method = drc_cache_verbs_method(e->cache, 0);
 
         if (method == DRC_METHOD_DMABUF)
