@@ -407,11 +407,13 @@ static inline __attribute__((always_inline)) struct caller_mr *slot_in(const str
 {
     uintptr_t ready = __atomic_load_n(&slab_ready_bytes, __ATOMIC_ACQUIRE);
     uintptr_t off = (uintptr_t)mr - (uintptr_t)__atomic_load_n(&slab, __ATOMIC_RELAXED);   /* set before ready */
+    const char *base;
 
     if (off < ready && !(off % SLOT))
         return (struct caller_mr *)(uintptr_t)mr;
-    off = (uintptr_t)mr - (uintptr_t)__atomic_load_n(&slab, __ATOMIC_ACQUIRE);
-    *err = !mr || (slab && off < (uintptr_t)SLAB_SLOTS * SLOT) ? -EINVAL : -ENOENT;
+    base = __atomic_load_n(&slab, __ATOMIC_ACQUIRE);
+    off = (uintptr_t)mr - (uintptr_t)base;
+    *err = !mr || (base && off < (uintptr_t)SLAB_SLOTS * SLOT) ? -EINVAL : -ENOENT;
     return NULL;
 }
 
@@ -436,7 +438,10 @@ void drc__regmr_slab_cap(uint32_t more)
  * to the provider, which would take it for one of its own). The free lists
  * of the parent's other threads are lost to the child (slab memory only);
  * slab_lock, held only across the mprotect of a chunk, is made anew: a
- * chunk being made at the fork is made again.
+ * chunk being made at the fork is made again. counts_lock, held for list
+ * operations only, is taken by the fork, so the list of threads' counts is
+ * whole in the child: the parent's other threads' counts (their memory is
+ * still mapped) are folded into the process's, and the lock made anew.
  */
 static void regmr_prepare(void)
 {
