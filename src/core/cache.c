@@ -591,8 +591,11 @@ static HIT_INLINE int stale_hit(const drc_cache_t *c, const struct drc_region *r
     return (c->flags & DRC_F_VALIDATE) && r->mem.type == DRC_MEM_CUDA && stale_check(r, s, last);
 }
 
-/* drc_get, and drc__get_widened with @widen (cache_miss.c: widen_to); one body, inlined in each. */
-static HIT_INLINE int get(drc_cache_t *c, const void *addr, size_t len, unsigned access, int widen,
+/*
+ * drc_get, drc__get_widened and drc__get_view; one body, inlined in each. A miss widens (cache_miss.c:
+ * widen_to) unless @access shares a bit with @no_widen (cache.h); computed on the miss only.
+ */
+static HIT_INLINE int get(drc_cache_t *c, const void *addr, size_t len, unsigned access, unsigned no_widen,
                           drc_region_t **out)
 {
     struct drc_region *r;
@@ -612,7 +615,7 @@ static HIT_INLINE int get(drc_cache_t *c, const void *addr, size_t len, unsigned
         if (r) {
             count_hit(c);
             err = 0;
-        } else if ((err = get_slow(c, s, last, access, widen, &r)) == RACED) {
+        } else if ((err = get_slow(c, s, last, access, !((access | DRC__NO_WIDEN_EVER) & no_widen), &r)) == RACED) {
             continue;
         } else if (err < 0) {
             return err;
@@ -632,12 +635,12 @@ static HIT_INLINE int get(drc_cache_t *c, const void *addr, size_t len, unsigned
 
 int drc_get(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
 {
-    return get(c, addr, len, access, 0, out);
+    return get(c, addr, len, access, DRC__NO_WIDEN_EVER, out);
 }
 
 int drc__get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out)
 {
-    return get(c, addr, len, access, 1, out);
+    return get(c, addr, len, access, 0, out);
 }
 
 /* drc_put's last put of a region invalidated while held: its CAS took the word to 0 (see drc_put). */
@@ -691,6 +694,31 @@ int drc_put(drc_cache_t *c, drc_region_t *r)
         return -EINVAL;
     if (LD(c->inert))
         return 0;           /* the parent's region: nothing to do in a fork child */
+    return put_ref(c, r);
+}
+
+int drc__get_view(drc_cache_t *c, const void *addr, size_t len, unsigned access, unsigned no_widen,
+                  struct drc__region_view *v)
+{
+    int err = get(c, addr, len, access, no_widen, &v->region);
+    struct drc_region *r;
+
+    if (err)
+        return err;
+    r = v->region;
+    v->handle = !LD_SC(r->revoked) ? r->handle : NULL;     /* drc_region_handle()'s rule */
+    v->lkey = r->lkey;
+    v->rkey = r->rkey;
+    v->type = r->mem.type;
+    return 0;
+}
+
+int drc__region_put(drc_region_t *r)
+{
+    drc_cache_t *c = r->cache;
+
+    if (LD(c->inert))
+        return 0;           /* as drc_put */
     return put_ref(c, r);
 }
 
@@ -1109,3 +1137,4 @@ drc_cache_t *drc__region_cache(const drc_region_t *r)
 {
     return r->cache;
 }
+

@@ -52,6 +52,25 @@ void drc__cache_forked(drc_cache_t *c);
 drc_cache_t *drc__region_cache(const drc_region_t *r);
 
 /*
+ * drc_reg_mr's hit (src/verbs/regmr.c), one call each way. drc__get_view:
+ * drc__get_widened() unless @access shares a bit with @no_widen (bit 31,
+ * never in an access: never widen), else drc_get(); the region in v->region, and
+ * on success what the caller's ibv_mr copies from it: the backend's handle
+ * as drc_region_handle() gives it (NULL once revoked), the keys, the memory
+ * type. drc__region_put: drc_put() on the region's own cache.
+ */
+struct drc__region_view {
+    drc_region_t *region;
+    void *handle;
+    uint32_t lkey, rkey;
+    enum drc_mem_type type;
+};
+#define DRC__NO_WIDEN_EVER (1u << 31)
+int drc__get_view(drc_cache_t *c, const void *addr, size_t len, unsigned access, unsigned no_widen,
+                  struct drc__region_view *v);
+int drc__region_put(drc_region_t *r);
+
+/*
  * Debug assertions (DRC_DEBUG builds: the sanitizer, fuzz and test builds).
  * DRC_ASSERT aborts with the line whatever NDEBUG says. drc__lock_depth
  * counts the cache locks this thread holds: a call out of drc (backend,

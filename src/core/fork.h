@@ -31,9 +31,13 @@
  *  REGMR     pds_lock, rw (verbs/regmr.c)     drc_cache_destroy in    no       anew; the PD table dropped: a
  *                                             drc_pd_release (the              registration makes a cache of
  *                                             provider's dereg)                the child's own
- *            mrs_lock (verbs/regmr.c)         hash operations         taken    anew; the MR table kept: the
- *                                                                              child's drc_dereg_mr of a parent
- *                                                                              MR frees it, calls no provider
+ *            slab_lock (verbs/regmr.c)        the mprotect of a chunk no       anew; the slab of caller MRs
+ *                                             of caller MRs                    kept (atomic words): the child's
+ *                                                                              drc_dereg_mr of a parent MR
+ *                                                                              frees it, calls no provider
+ *            counts_lock (verbs/regmr.c)      the list of threads'    taken    anew; the counts of the parent's
+ *                                             counts                           other threads folded into the
+ *                                                                              process's
  *  (VERBS)   a verbs cache's lock             the NIC's dmabuf probe   no       anew, through the cache's forked
  *            (verbs/verbs.c)                  (the provider)                   callback (drc__cache_opts)
  *  (preload) resolve_lock                     dlopen, dlsym           no       anew (its own pthread_atfork:

@@ -75,6 +75,8 @@ static int log_level;               /* enum drc__log */
 static int host_passthrough;
 static uint64_t n_passthrough;      /* atomic: registrations handed on untouched */
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int init_done;               /* atomic: init() ran; the fields above are set */
+static int fast;                    /* atomic, set last by init(): a registration may go straight to drc_reg_mr */
 
 /* ---- the next definitions, resolved on first use ------------------------- */
 
@@ -298,12 +300,18 @@ static void init(void)
     drc__regmr_configure(&cfg);
     drc__verbs_install(&forward_ops);
     resolve_next();     /* now, where libibverbs is already loaded; else on the first call */
+    __atomic_store_n(&init_done, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&fast, enabled && !host_passthrough && log_level < DRC__LOG_DEBUG, __ATOMIC_RELEASE);
 }
 
-/* Every entry point makes sure of this first: another library's constructor may register before ours ran. */
+/*
+ * Every entry point makes sure of this first: another library's constructor may register before ours
+ * ran. After init, one load (pthread_once's own check costs a call on every registration).
+ */
 static void ensure_init(void)
 {
-    pthread_once(&init_once, init);
+    if (!__atomic_load_n(&init_done, __ATOMIC_ACQUIRE))
+        pthread_once(&init_once, init);
 }
 
 __attribute__((constructor)) static void verbs_preload_init(void)
@@ -347,7 +355,8 @@ static int is_gpu(const void *addr)
     return drc__cuda_alloc_range((uintptr_t)addr, &base, &len) == 0;
 }
 
-static struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access)
+static __attribute__((noinline)) struct ibv_mr *reg_slow(struct ibv_pd *pd, void *addr, size_t length,
+                                                         uint64_t iova, unsigned access)
 {
     struct ibv_mr *mr;
 
@@ -373,6 +382,18 @@ static struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t
     return mr;
 }
 
+/*
+ * The common case in a few instructions, handed straight to drc_reg_mr; every other to reg_slow.
+ * (Access bits drc cannot cache: drc_reg_mr registers them as asked, through forward_ops, as
+ * reg_slow would; counted as passed through either way.)
+ */
+static inline struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access)
+{
+    if (__atomic_load_n(&fast, __ATOMIC_ACQUIRE) && pd && iova == (uintptr_t)addr)
+        return drc_reg_mr(pd, addr, length, (int)access);
+    return reg_slow(pd, addr, length, iova, access);
+}
+
 EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
                                        unsigned int access)
 {
@@ -392,7 +413,7 @@ EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, i
     return reg(pd, addr, length, (uintptr_t)addr, (unsigned)access);
 }
 
-EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
+static __attribute__((noinline)) int dereg_slow(struct ibv_mr *mr)
 {
     int err;
 
@@ -404,6 +425,13 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
         return err < 0 ? -err : err;    /* verbs returns a positive errno */
     }
     return fwd_dereg_mr(mr);
+}
+
+EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
+{
+    if (__atomic_load_n(&fast, __ATOMIC_ACQUIRE))
+        return drc__regmr_dereg_verbs(mr);   /* forwards another's MR through forward_ops: fwd_dereg_mr */
+    return dereg_slow(mr);
 }
 
 EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)

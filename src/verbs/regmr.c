@@ -39,20 +39,23 @@
  * would let a peer write the whole allocation. DRC_F_NO_WIDEN turns widening
  * off for local registrations too.
  *
- * Two tables, each under its own lock:
- *   pds  (pds_lock, a rwlock: read on every registration)  PD -> cache
- *   mrs  (mrs_lock)  caller ibv_mr -> the region it holds
- * The MR table is how drc_dereg_mr tells its own MRs from any other: nothing
- * is ever read from an ibv_mr that is not in it (a provider's MR has no room
- * for a mark in front of it). Neither lock is held while calling into the
- * cache or libibverbs, except pds_lock around drc_cache_destroy in
- * drc_pd_release, and no memory is freed under them but uthash's own bucket
- * arrays, so a free hook (munmap, madvise) that runs inside such a call may
- * invalidate and deregister freely. Lock order: pds_lock, then mrs_lock
- * (core/fork.h has the whole order, and what a fork() child does with them).
- * (libibverbs is reached through the verbs ops table, which inside the
- * preload forwards to the next definitions: a dereg of the destroy never
- * comes back to the interposer.)
+ * Two tables:
+ *   pds  (pds_lock, a rwlock)  PD -> cache. Each thread keeps the last PD
+ *        it found, valid while pds_gen (bumped whenever an entry leaves the
+ *        table) has not moved: a registration on that PD takes no lock
+ *   the slab  caller MR -> the region it holds (no lock on a registration
+ *        or a deregistration; see "The slab" below)
+ * The slab is how drc_dereg_mr tells its own MRs from any other: an ibv_mr
+ * outside drc's reserved range is never read (a provider's MR has no room
+ * for a mark in front of it). No lock is held while calling into the cache
+ * or libibverbs, except pds_lock around drc_cache_destroy in
+ * drc_pd_release, and no memory is freed under pds_lock but uthash's own
+ * bucket arrays, so a free hook (munmap, madvise) that runs inside such a
+ * call may invalidate and deregister freely. Lock order: pds_lock, then
+ * slab_lock (core/fork.h has the whole order, and what a fork() child does
+ * with them). (libibverbs is reached through the verbs ops table, which
+ * inside the preload forwards to the next definitions: a dereg of the
+ * destroy never comes back to the interposer.)
  *
  * Counters over the process's life (for the interposer's exit summary) are
  * atomics; a PD's cache statistics are added to `retired` when it goes.
@@ -69,6 +72,16 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 /* uthash calls exit() on allocation failure unless told otherwise: a library must not. */
 #define HASH_NONFATAL_OOM 1
@@ -83,64 +96,401 @@ struct pd_entry {
     UT_hash_handle hh;
 };
 
+/*
+ * The slab. Every caller MR is a slot of one range of address space,
+ * reserved (PROT_NONE) at the first registration, made writable a chunk at a
+ * time as the number of MRs held at once grows, and never unmapped: a
+ * pointer is drc's if it falls in the range, and a slot's `live` word says
+ * whether it is handed out now. A registration takes a slot from its
+ * thread's free list, a deregistration gives it back to the deregistering
+ * thread's list: no lock, no allocation. A list counted longer than
+ * LOCAL_MAX (every LOCAL_MAX pushes) gives half to the shared free stack (a Treiber stack whose head carries a tag
+ * against ABA; a slot's memory stays mapped, so a pop that read a stale
+ * `next` only fails its CAS); an empty list takes LOCAL_MAX / 2 from it, or
+ * a fresh slot. A thread's list goes to the shared stack when the thread
+ * exits. Should the slab be full (SLAB_SLOTS, 16M MRs held at once), a
+ * registration goes to the provider as asked, as one with access bits drc
+ * cannot cache. The slab's address space is the process's for its life, as
+ * a static table would be; its pages are committed as MRs are held.
+ *
+ * A stale pointer (an MR already deregistered) is a slot: while the slot is
+ * free, its dereg is refused (-EINVAL) and touches nothing, and it is never
+ * handed to the provider, which would take drc's memory for one of its MRs.
+ * Once a registration reuses the slot, the pointer is that registration's
+ * (as a calloc'ed MR's address would be after free and calloc).
+ */
 struct caller_mr {
-    struct ibv_mr mr;           /* what the caller holds; its address is the key */
-    struct ibv_mr *key;
-    drc_cache_t *cache;
-    drc_region_t *region;
-    UT_hash_handle hh;
+    struct ibv_mr mr;           /* first: the caller's pointer is the slot's address */
+    union {
+        drc_region_t *region;   /* live: the reference this MR holds (and through it, its cache) */
+        struct caller_mr *local;/* on a thread's free list: the next one there */
+    };
+    uint32_t live;              /* atomic: 1 while handed out (two deregs of one MR at once: the caller's race) */
+    uint32_t next;              /* atomic: on the shared free stack: the next slot's index + 1, or 0 */
 };
+
+enum {
+    SLOT = 64,
+    SLAB_SLOTS = 1 << 24,       /* 1 GiB of address space, reserved, not committed */
+    CHUNK_SLOTS = 1024,         /* made writable at a time */
+    LOCAL_MAX = 64,
+};
+
+_Static_assert(sizeof(struct caller_mr) == SLOT, "a slot is one cache line");
+
+static char *slab;                      /* atomic (set once): the range, NULL before the first registration */
+static uintptr_t slab_ready_bytes;      /* atomic: the slab's writable part (slab_lock to grow) */
+static uint32_t slab_used;              /* slab_lock: slots handed out fresh, ever */
+static uint32_t slab_cap = SLAB_SLOTS;  /* slab_lock: drc__regmr_slab_cap (tests) */
+static uint64_t slab_free;              /* atomic: the shared free stack: tag << 32 | (index + 1) */
+static pthread_mutex_t slab_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t slab_once = PTHREAD_ONCE_INIT;
+static pthread_key_t slab_key;          /* its destructor returns an exiting thread's list */
+static pthread_mutex_t counts_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct regmr_tls *counted;       /* counts_lock: the threads whose counts are their own */
+static int slab_key_ok;
+
+/*
+ * Per thread: its free slots (linked by `local`) and the PD it found last.
+ * `e` is valid while pds_gen equals `gen`: drc_pd_release bumps pds_gen
+ * before it frees an entry, so a thread never uses an entry that left the
+ * table (a registration on the very PD being released is the caller's race,
+ * as with ibv_dealloc_pd).
+ */
+struct regmr_tls {
+    struct caller_mr *free;
+    int room;                   /* pushes on the list before it is counted again (0 until exit_set) */
+    unsigned gen;
+    struct ibv_pd *pd;
+    struct pd_entry *e;
+    drc_cache_t *cache;         /* e->cache */
+    int exit_set;               /* slab_key's value is set: the list is returned, the counts kept, at exit */
+    uint64_t n_host, n_gpu;     /* atomic, written by this thread only: caller MRs it handed out (exit_set) */
+    struct regmr_tls *next, **pprev;    /* counts_lock: on `counted` while exit_set */
+};
+static __thread struct regmr_tls tls __attribute__((tls_model("initial-exec")));
 
 static pthread_rwlock_t pds_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct pd_entry *pds;            /* pds_lock */
-static pthread_mutex_t mrs_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct caller_mr *mrs;           /* mrs_lock */
+static unsigned pds_gen = 1;            /* atomic; bumped under pds_lock (write), or in a fork child; never 0 */
 
 static struct drc_config config;        /* set before the first registration */
 static int configured;
 
-static uint64_t n_gpu, n_host, n_direct;    /* atomic: caller MRs handed out, ever */
+/*
+ * Counts of events bumped on every registration are kept per thread (a locked
+ * add on a shared word costs a hit as much as the rest of its bookkeeping):
+ * a thread's own counts, read by drc__regmr_totals through `counted`, and
+ * folded into n_host / n_gpu when the thread exits. The number held now (and
+ * so the most held at once) is one shared count.
+ */
+static uint64_t n_gpu, n_host, n_direct;    /* atomic: caller MRs handed out, ever (and threads' counts) */
 static uint64_t n_live, n_peak;             /* atomic: caller MRs held now, and the most at once */
 static uint64_t n_pds;                      /* atomic: per-PD caches made, ever */
 static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
 static struct drc_stats retired;            /* pds_lock (write): stats of the caches released */
 
+/* No thread's last PD is valid any more. */
+static void gen_bump(void)
+{
+    if (!__atomic_add_fetch(&pds_gen, 1, __ATOMIC_RELEASE))
+        __atomic_add_fetch(&pds_gen, 1, __ATOMIC_RELEASE);     /* 0 is a thread's "none yet" */
+}
+
+static struct caller_mr *slot_at(uint32_t idx1)
+{
+    return idx1 ? (struct caller_mr *)(void *)(slab + (size_t)(idx1 - 1) * SLOT) : NULL;
+}
+
+static uint32_t idx1_of(const struct caller_mr *m)
+{
+    return m ? (uint32_t)(((const char *)m - slab) / SLOT) + 1 : 0;
+}
+
+static void push_shared(struct caller_mr *m)
+{
+    uint64_t old = __atomic_load_n(&slab_free, __ATOMIC_RELAXED), new;
+
+    do {
+        __atomic_store_n(&m->next, (uint32_t)old, __ATOMIC_RELAXED);
+        new = ((old >> 32) + 1) << 32 | idx1_of(m);
+    } while (!__atomic_compare_exchange_n(&slab_free, &old, new, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+}
+
+static struct caller_mr *pop_shared(void)
+{
+    uint64_t old = __atomic_load_n(&slab_free, __ATOMIC_ACQUIRE), new;
+    struct caller_mr *m;
+
+    do {
+        m = slot_at((uint32_t)old);
+        if (!m)
+            return NULL;
+        new = ((old >> 32) + 1) << 32 | __atomic_load_n(&m->next, __ATOMIC_RELAXED);
+    } while (!__atomic_compare_exchange_n(&slab_free, &old, new, 1, __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE));
+    return m;
+}
+
+static struct caller_mr *pop_local(void)
+{
+    struct caller_mr *m = tls.free;
+
+    if (m)
+        tls.free = m->local;
+    return m;
+}
+
+static void push_local(struct caller_mr *m)
+{
+    m->local = tls.free;
+    tls.free = m;
+    tls.room--;
+}
+
+/* Slots on this thread's list (at most about 2 * LOCAL_MAX: it is counted every LOCAL_MAX pushes). */
+static int local_count(void)
+{
+    struct caller_mr *m;
+    int n = 0;
+
+    for (m = tls.free; m; m = m->local)
+        n++;
+    return n;
+}
+
+/* Under counts_lock: @t's counts to the process's, and @t off `counted`. */
+static void fold_counts(struct regmr_tls *t)
+{
+    __atomic_fetch_add(&n_host, __atomic_load_n(&t->n_host, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&n_gpu, __atomic_load_n(&t->n_gpu, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    if (t->next)
+        t->next->pprev = t->pprev;
+    *t->pprev = t->next;
+}
+
+/* pthread key destructor: the exiting thread's free slots to the shared stack, its counts to the process's. */
+static void slab_thread_exit(void *arg)
+{
+    struct caller_mr *m;
+
+    (void)arg;
+    while ((m = pop_local()))
+        push_shared(m);
+    pthread_mutex_lock(&counts_lock);
+    fold_counts(&tls);
+    pthread_mutex_unlock(&counts_lock);
+    tls.n_host = tls.n_gpu = 0;
+    tls.exit_set = 0;
+    tls.room = 0;
+}
+
+/* Have this thread's list returned and its counts kept at its exit; until then it keeps neither. */
+static void exit_set_up(void)
+{
+    if (!tls.exit_set && slab_key_ok && pthread_setspecific(slab_key, &tls) == 0) {
+        pthread_mutex_lock(&counts_lock);
+        tls.next = counted;
+        tls.pprev = &counted;
+        if (counted)
+            counted->pprev = &tls.next;
+        counted = &tls;
+        pthread_mutex_unlock(&counts_lock);
+        tls.exit_set = 1;
+        tls.room = LOCAL_MAX;
+    }
+}
+
 /*
- * fork() (core/fork.h). mrs_lock is held for hash operations only: the fork
- * waits for it, so the MR table is whole in the child and kept there; it is
- * how the child's drc_dereg_mr of a parent MR knows it for drc's (released
- * on its inert cache, never handed to the provider, which would take it for
- * one of its own). pds_lock is held across drc_cache_destroy, which calls
- * the provider: the fork cannot wait for it (a provider's own fork handler,
- * run before this one, may hold what that call needs; the loopback provider
- * does). So the PD table may be half written in the child: dropped, with the
- * statistics it guards (its entries and their inert caches are left, memory
- * only). A child's registration on a PD then makes a cache of its own, as the
- * provider would be asked without drc.
+ * One more caller MR handed out by this thread (its own count once exit_set, else the process's).
+ * A thread with slots on its list has exit_set (without it, slot_put keeps none): drc_reg_mr's hit
+ * says @own_only.
+ */
+static inline void count(uint64_t *own, uint64_t *shared, int own_only)
+{
+    if (own_only || tls.exit_set)
+        __atomic_store_n(own, __atomic_load_n(own, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_add(shared, 1, __ATOMIC_RELAXED);
+}
+
+static void slab_reserve(void)
+{
+    void *p = mmap(NULL, (size_t)SLAB_SLOTS * SLOT, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+    if (p != MAP_FAILED)
+        __atomic_store_n(&slab, (char *)p, __ATOMIC_RELEASE);
+    slab_key_ok = pthread_key_create(&slab_key, slab_thread_exit) == 0;
+}
+
+/* A slot for a new caller MR: the shared stack, else a fresh one; NULL if the slab is full. */
+static __attribute__((noinline)) struct caller_mr *slot_get_slow(void)
+{
+    struct caller_mr *m;
+    uint32_t i;
+
+    pthread_once(&slab_once, slab_reserve);
+    if (!__atomic_load_n(&slab, __ATOMIC_ACQUIRE))
+        return NULL;
+    exit_set_up();
+    if ((m = pop_shared())) {
+        struct caller_mr *more;
+        int n = local_count();
+
+        while (tls.exit_set && n++ < LOCAL_MAX / 2 && (more = pop_shared()))
+            push_local(more);
+        tls.room = tls.exit_set ? LOCAL_MAX : 0;
+        return m;
+    }
+    pthread_mutex_lock(&slab_lock);
+    i = slab_used;
+    if (i < slab_cap && (uintptr_t)i * SLOT >= __atomic_load_n(&slab_ready_bytes, __ATOMIC_RELAXED)) {
+        /* the next chunk; a failure leaves the slab as it was (ENOMEM: the caller goes to the provider) */
+        if (mprotect(slab + (size_t)i * SLOT, (size_t)CHUNK_SLOTS * SLOT, PROT_READ | PROT_WRITE) == 0)
+            __atomic_store_n(&slab_ready_bytes, ((uintptr_t)i + CHUNK_SLOTS) * SLOT, __ATOMIC_RELEASE);
+    }
+    m = i < slab_cap && (uintptr_t)i * SLOT < __atomic_load_n(&slab_ready_bytes, __ATOMIC_RELAXED) ? slot_at(i + 1)
+                                                                                                  : NULL;
+    if (m)
+        slab_used = i + 1;
+    pthread_mutex_unlock(&slab_lock);
+    return m;
+}
+
+static struct caller_mr *slot_get(void)
+{
+    struct caller_mr *m = pop_local();
+
+    if (!m)
+        m = slot_get_slow();
+    if (m)
+        UNPOISON(&m->mr, sizeof(m->mr));
+    return m;
+}
+
+/*
+ * LOCAL_MAX pushes since the list was counted: count it; past LOCAL_MAX, half of it to the shared
+ * stack. All of it for a thread without exit handling.
+ */
+static __attribute__((noinline)) void slot_put_slow(void)
+{
+    int n;
+
+    exit_set_up();
+    if (!tls.exit_set) {
+        while (tls.free)
+            push_shared(pop_local());
+        tls.room = 0;
+        return;
+    }
+    n = local_count();
+    if (n > LOCAL_MAX)
+        for (; n > LOCAL_MAX / 2; n--)
+            push_shared(pop_local());
+    tls.room = LOCAL_MAX;
+}
+
+static void slot_put(struct caller_mr *m)
+{
+    POISON(&m->mr, sizeof(m->mr));
+    push_local(m);
+    if (tls.room < 0)
+        slot_put_slow();
+}
+
+/*
+ * The slot @mr is, if it is a slot's start in the slab's writable part
+ * (live or not: the caller checks); else NULL with -ENOENT outside the slab
+ * (never read: another's MR) or -EINVAL inside it (drc's memory, never a
+ * provider's MR).
+ */
+static inline __attribute__((always_inline)) struct caller_mr *slot_in(const struct ibv_mr *mr, int *err)
+{
+    uintptr_t ready = __atomic_load_n(&slab_ready_bytes, __ATOMIC_ACQUIRE);
+    uintptr_t off = (uintptr_t)mr - (uintptr_t)__atomic_load_n(&slab, __ATOMIC_RELAXED);   /* set before ready */
+    const char *base;
+
+    if (off < ready && !(off % SLOT))
+        return (struct caller_mr *)(uintptr_t)mr;
+    base = __atomic_load_n(&slab, __ATOMIC_ACQUIRE);
+    off = (uintptr_t)mr - (uintptr_t)base;
+    *err = !mr || (base && off < (uintptr_t)SLAB_SLOTS * SLOT) ? -EINVAL : -ENOENT;
+    return NULL;
+}
+
+void drc__regmr_slab_cap(uint32_t more)
+{
+    pthread_mutex_lock(&slab_lock);
+    slab_cap = more == UINT32_MAX || more > SLAB_SLOTS - slab_used ? SLAB_SLOTS : slab_used + more;
+    pthread_mutex_unlock(&slab_lock);
+}
+
+/*
+ * fork() (core/fork.h). pds_lock is held across drc_cache_destroy, which
+ * calls the provider: the fork cannot wait for it (a provider's own fork
+ * handler, run before this one, may hold what that call needs; the loopback
+ * provider does). So the PD table may be half written in the child:
+ * dropped, with the statistics it guards (its entries and their inert
+ * caches are left, memory only), and pds_gen bumped so that no thread's
+ * last PD points into it. A child's registration on a PD then makes a cache
+ * of its own, as the provider would be asked without drc. The slab is kept
+ * whole: each slot's `live` word is atomic, so the child's drc_dereg_mr of a
+ * parent MR knows it for drc's (released on its inert cache, never handed
+ * to the provider, which would take it for one of its own). The free lists
+ * of the parent's other threads are lost to the child (slab memory only);
+ * slab_lock, held only across the mprotect of a chunk, is made anew: a
+ * chunk being made at the fork is made again. counts_lock, held for list
+ * operations only, is taken by the fork, so the list of threads' counts is
+ * whole in the child: the parent's other threads' counts (their memory is
+ * still mapped) are folded into the process's, and the lock made anew.
  */
 static void regmr_prepare(void)
 {
-    pthread_mutex_lock(&mrs_lock);
+    pthread_mutex_lock(&counts_lock);
 }
 
 static void regmr_parent(void)
 {
-    pthread_mutex_unlock(&mrs_lock);
+    pthread_mutex_unlock(&counts_lock);
 }
 
 static void regmr_child(void)
 {
     pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
+    struct regmr_tls *t, *next;
 
+    for (t = counted; t; t = next) {
+        next = t->next;
+        if (t != &tls)
+            fold_counts(t);     /* the parent's other threads: their memory is still there, they are not */
+    }
+    pthread_mutex_init(&counts_lock, NULL);
     pds_lock = fresh;
     pds = NULL;
+    gen_bump();
     memset(&retired, 0, sizeof(retired));
-    pthread_mutex_init(&mrs_lock, NULL);
+    pthread_mutex_init(&slab_lock, NULL);
 }
 
 __attribute__((constructor)) static void regmr_fork_init(void)
 {
     drc__fork_register(DRC__FORK_REGMR, regmr_prepare, regmr_parent, regmr_child);
+}
+
+#define REMOTE_ACCESS \
+    (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND)
+
+/*
+ * configure()'s answer to "may a registration asking @access be widened to
+ * its allocation?" (see the opening comment), as drc__get_view takes it: the
+ * access bits that forbid it (DRC__NO_WIDEN_EVER: never; 0: always).
+ */
+static unsigned no_widen = REMOTE_ACCESS;
+
+static void set_widening(void)
+{
+    unsigned flags = configured ? config.flags : 0;
+
+    no_widen = flags & DRC_F_NO_WIDEN ? DRC__NO_WIDEN_EVER : flags & DRC_F_WIDEN_REMOTE ? 0 : REMOTE_ACCESS;
 }
 
 void drc__regmr_configure(const struct drc_config *cfg)
@@ -152,6 +502,7 @@ void drc__regmr_configure(const struct drc_config *cfg)
         memset(&config, 0, sizeof(config));
         configured = 0;
     }
+    set_widening();
 }
 
 int drc_reg_mr_configure(const struct drc_config *cfg)
@@ -164,12 +515,27 @@ int drc_reg_mr_configure(const struct drc_config *cfg)
     return 0;
 }
 
+/* Under pds_lock: the entry of @pd, remembered as this thread's last PD. */
+static struct pd_entry *pd_find_locked(struct ibv_pd *pd)
+{
+    struct pd_entry *e;
+
+    HASH_FIND_PTR(pds, &pd, e);
+    if (e) {
+        tls.gen = __atomic_load_n(&pds_gen, __ATOMIC_RELAXED);
+        tls.pd = pd;
+        tls.e = e;
+        tls.cache = e->cache;
+    }
+    return e;
+}
+
 static struct pd_entry *pd_find(struct ibv_pd *pd)
 {
     struct pd_entry *e;
 
     pthread_rwlock_rdlock(&pds_lock);
-    HASH_FIND_PTR(pds, &pd, e);
+    e = pd_find_locked(pd);
     pthread_rwlock_unlock(&pds_lock);
     return e;
 }
@@ -178,7 +544,7 @@ static struct pd_entry *pd_find(struct ibv_pd *pd)
  * The PD's cache, made on first use. The cache is created outside the lock
  * (it queries the device); if another thread won the race, ours is dropped.
  */
-static int pd_get(struct ibv_pd *pd, struct pd_entry **out)
+static int pd_get_slow(struct ibv_pd *pd, struct pd_entry **out)
 {
     struct pd_entry *e, *other;
     drc_cache_t *c;
@@ -195,7 +561,7 @@ static int pd_get(struct ibv_pd *pd, struct pd_entry **out)
     e->pd = pd;
     e->cache = c;
     pthread_rwlock_wrlock(&pds_lock);
-    HASH_FIND_PTR(pds, &pd, other);
+    other = pd_find_locked(pd);
     if (!other) {
         oom_hit = 0;
         HASH_ADD_PTR(pds, pd, e);
@@ -204,6 +570,7 @@ static int pd_get(struct ibv_pd *pd, struct pd_entry **out)
             err = -ENOMEM;
             goto err_destroy;
         }
+        pd_find_locked(pd);
         __atomic_fetch_add(&n_pds, 1, __ATOMIC_RELAXED);
     }
     pthread_rwlock_unlock(&pds_lock);
@@ -222,145 +589,221 @@ err_free:
     return err;
 }
 
+/* This thread's last PD if it is @pd and no entry left the table since; else the table. */
+static int pd_get(struct ibv_pd *pd, struct pd_entry **out)
+{
+    if (tls.pd == pd && tls.gen == __atomic_load_n(&pds_gen, __ATOMIC_ACQUIRE)) {
+        *out = tls.e;
+        return 0;
+    }
+    return pd_get_slow(pd, out);
+}
+
 /* Access bits that change what a registration means cannot share a cached MR. */
 static int cacheable(int access)
 {
     return access >= 0 && !((unsigned)access & ~DRC_ACCESS_MASK);
 }
 
-#define REMOTE_ACCESS \
-    (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND)
-
-/* May a registration asking @access be widened to its allocation? (See the opening comment.) */
-static int may_widen(unsigned access)
+/*
+ * drc_get on [addr, addr+len), whose miss registers the GPU allocation around it if widening is
+ * allowed (core/cache.h), with what the caller's MR copies from the region. The bounds are the
+ * miss's to find: a hit asks the driver nothing.
+ */
+static int get_view(drc_cache_t *c, const void *addr, size_t len, unsigned access, struct drc__region_view *v)
 {
-    unsigned flags = configured ? config.flags : 0;
+    return drc__get_view(c, addr, len, access, no_widen, v);
+}
 
-    if (flags & DRC_F_NO_WIDEN)
-        return 0;
-    return !(access & REMOTE_ACCESS) || (flags & DRC_F_WIDEN_REMOTE);
+/* ON_DEMAND, ZERO_BASED, HUGETLB... (or a full slab): register as asked; drc_dereg_mr passes it through. */
+static struct ibv_mr *reg_direct(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+    const struct drc__verbs_ops *ops = drc__verbs();
+
+    __atomic_fetch_add(&n_direct, 1, __ATOMIC_RELAXED);
+    if (!ops->reg_mr_iova2) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    return ops->reg_mr_iova2(pd, addr, len, (uintptr_t)addr, (unsigned)access);
 }
 
 /*
- * drc_get on [addr, addr+len), whose miss registers the GPU allocation around it if widening is
- * allowed (core/cache.h). The bounds are the miss's to find: a hit asks the driver nothing.
+ * A GPU registration's counts: the first on its PD (this thread's last, pd_get's answer) says how
+ * the PD's cache registers GPU memory.
  */
-static int get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **r)
+static __attribute__((noinline)) void count_gpu(void)
 {
-    return may_widen(access) ? drc__get_widened(c, addr, len, access, r) : drc_get(c, addr, len, access, r);
+    struct pd_entry *e = tls.e;
+
+    count(&tls.n_gpu, &n_gpu, 0);
+    /* a load first: the exchange is a locked instruction, and every GPU registration comes here */
+    if (!__atomic_load_n(&e->gpu_seen, __ATOMIC_RELAXED) && !__atomic_exchange_n(&e->gpu_seen, 1, __ATOMIC_RELAXED)) {
+        int method = drc_cache_verbs_method(e->cache, 0);
+
+        if (method == DRC_METHOD_DMABUF)
+            __atomic_fetch_add(&n_dmabuf, 1, __ATOMIC_RELAXED);
+        else if (method == DRC_METHOD_PEERMEM)
+            __atomic_fetch_add(&n_peermem, 1, __ATOMIC_RELAXED);
+    }
 }
 
-struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+/*
+ * Slot @m (context, pd, addr and length set) holds region v->region of the
+ * cache of this thread's last PD now: the caller's fields, as if ibv_reg_mr
+ * had made it, and the counts (@hit: drc_reg_mr's, from the thread's list).
+ */
+static inline struct ibv_mr *publish(struct caller_mr *m, const struct drc__region_view *v, int hit)
 {
+    struct ibv_mr *cached = v->handle;  /* the verbs backend's handle is the cached ibv_mr (drc_region_mr) */
+    uint64_t live, peak;
+
+    m->mr.handle = cached ? cached->handle : 0;
+    m->mr.lkey = v->lkey;
+    m->mr.rkey = v->rkey;
+    m->region = v->region;
+    __atomic_store_n(&m->live, 1, __ATOMIC_RELEASE);
+    if (v->type == DRC_MEM_CUDA)
+        count_gpu();
+    else
+        count(&tls.n_host, &n_host, hit);
+    live = __atomic_add_fetch(&n_live, 1, __ATOMIC_RELAXED);
+    peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
+    while (live > peak && !__atomic_compare_exchange_n(&n_peak, &peak, live, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+    return &m->mr;
+}
+
+/* drc_reg_mr, all cases: a PD not this thread's last, no slot on the thread's list, errors. */
+static __attribute__((noinline)) struct ibv_mr *reg_slow(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+    struct drc__region_view v;
     struct caller_mr *m;
     struct pd_entry *e;
-    drc_region_t *r;
-    struct ibv_mr *cached;
-    uint64_t live, peak;
     int err;
 
     if (!pd || !len) {
         errno = EINVAL;
         return NULL;
     }
-    if (!cacheable(access)) {
-        /* ON_DEMAND, ZERO_BASED, HUGETLB...: register as asked; drc_dereg_mr passes it through */
-        const struct drc__verbs_ops *ops = drc__verbs();
-
-        __atomic_fetch_add(&n_direct, 1, __ATOMIC_RELAXED);
-        if (!ops->reg_mr_iova2) {
-            errno = ENOSYS;
-            return NULL;
-        }
-        return ops->reg_mr_iova2(pd, addr, len, (uintptr_t)addr, (unsigned)access);
-    }
-    m = calloc(1, sizeof(*m));
-    if (!m) {
-        errno = ENOMEM;
+    if (!cacheable(access))
+        return reg_direct(pd, addr, len, access);
+    err = pd_get(pd, &e);
+    if (err) {
+        errno = -err;
         return NULL;
     }
-    err = pd_get(pd, &e);
-    if (err)
-        goto err_free;
-    err = get_widened(e->cache, addr, len, (unsigned)access, &r);
-    if (err)
-        goto err_free;
-    cached = drc_region_mr(r);
-    m->mr = (struct ibv_mr){
-        .context = cached ? cached->context : pd->context,
-        .pd = pd,
-        .addr = addr,
-        .length = len,
-        .handle = cached ? cached->handle : 0,
-        .lkey = drc_region_lkey(r),
-        .rkey = drc_region_rkey(r),
-    };
-    m->key = &m->mr;
-    m->cache = e->cache;
-    m->region = r;
-    pthread_mutex_lock(&mrs_lock);
-    oom_hit = 0;
-    HASH_ADD_PTR(mrs, key, m);
-    pthread_mutex_unlock(&mrs_lock);
-    if (oom_hit) {
-        err = -ENOMEM;
-        goto err_put;
+    m = slot_get();
+    if (!m)
+        return reg_direct(pd, addr, len, access);
+    m->mr.context = pd->context;
+    m->mr.pd = pd;
+    m->mr.addr = addr;
+    m->mr.length = len;
+    err = get_view(e->cache, addr, len, (unsigned)access, &v);
+    if (err) {
+        slot_put(m);
+        errno = -err;
+        return NULL;
     }
-    if (drc_region_type(r) == DRC_MEM_CUDA) {
-        __atomic_fetch_add(&n_gpu, 1, __ATOMIC_RELAXED);
-        if (!__atomic_exchange_n(&e->gpu_seen, 1, __ATOMIC_RELAXED)) {
-            int method = drc_cache_verbs_method(e->cache, 0);
+    return publish(m, &v, 0);
+}
 
-            if (method == DRC_METHOD_DMABUF)
-                __atomic_fetch_add(&n_dmabuf, 1, __ATOMIC_RELAXED);
-            else if (method == DRC_METHOD_PEERMEM)
-                __atomic_fetch_add(&n_peermem, 1, __ATOMIC_RELAXED);
-        }
-    } else {
-        __atomic_fetch_add(&n_host, 1, __ATOMIC_RELAXED);
-    }
-    live = __atomic_add_fetch(&n_live, 1, __ATOMIC_RELAXED);
-    peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
-    while (live > peak && !__atomic_compare_exchange_n(&n_peak, &peak, live, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        ;
-    return &m->mr;
-
-err_put:
-    drc_put(e->cache, r);
-err_free:
-    free(m);
+static __attribute__((noinline)) struct ibv_mr *reg_failed(struct caller_mr *m, int err)
+{
+    slot_put(m);
     errno = -err;
     return NULL;
+}
+
+/*
+ * The hit this file is shaped for: a registration on the PD this thread
+ * used last, with a slot on its list, costs drc_get and a few stores. The
+ * slot's fields are written before the drc_get, so that little but the
+ * slot lives across the call.
+ */
+struct ibv_mr *drc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+    struct caller_mr *m = tls.free;
+    struct drc__region_view v;
+    int err;
+
+    /* (a NULL pd: tls.pd is NULL only while tls.gen is 0, which pds_gen never is; len 0: drc_get's EINVAL) */
+    if (!m || ((unsigned)access & ~DRC_ACCESS_MASK) || tls.pd != pd ||
+        tls.gen != __atomic_load_n(&pds_gen, __ATOMIC_ACQUIRE))
+        return reg_slow(pd, addr, len, access);
+    tls.free = m->local;
+    UNPOISON(&m->mr, sizeof(m->mr));
+    m->mr.context = pd->context;    /* the cached MR's: it was registered on this PD */
+    m->mr.pd = pd;
+    m->mr.addr = addr;
+    m->mr.length = len;
+    err = get_view(tls.cache, addr, len, (unsigned)access, &v);
+    if (err)
+        return reg_failed(m, err);
+    return publish(m, &v, 1);
 }
 
 int drc__regmr_owns(const struct ibv_mr *mr)
 {
     struct caller_mr *m;
+    int err = 0;
 
-    pthread_mutex_lock(&mrs_lock);
-    HASH_FIND_PTR(mrs, &mr, m);
-    pthread_mutex_unlock(&mrs_lock);
-    return m != NULL;
+    m = slot_in(mr, &err);
+    return m && __atomic_load_n(&m->live, __ATOMIC_ACQUIRE);
+}
+
+/* drc__regmr_dereg's body, in each of its callers. */
+static inline __attribute__((always_inline)) int dereg(struct ibv_mr *mr)
+{
+    struct caller_mr *m;
+    drc_region_t *r;
+    int err = 0;
+
+    m = slot_in(mr, &err);
+    if (!m)
+        return err;
+    if (!__atomic_load_n(&m->live, __ATOMIC_ACQUIRE))
+        return -EINVAL;     /* a free slot: refused, and it stays free */
+    __atomic_store_n(&m->live, 0, __ATOMIC_RELAXED);
+    r = m->region;
+    slot_put(m);
+    __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
+    return drc__region_put(r);
 }
 
 int drc__regmr_dereg(struct ibv_mr *mr)
 {
-    struct caller_mr *m;
-    int err;
+    return dereg(mr);
+}
 
-    if (!mr)
-        return -EINVAL;
-    pthread_mutex_lock(&mrs_lock);
-    HASH_FIND_PTR(mrs, &mr, m);
-    if (m)
-        HASH_DEL(mrs, m);
-    pthread_mutex_unlock(&mrs_lock);
-    if (!m)
-        return -ENOENT;
+/* drc__regmr_dereg_verbs of anything but a live slot. */
+static __attribute__((noinline)) int dereg_verbs_other(struct ibv_mr *mr)
+{
+    int err = 0;
+
+    if (slot_in(mr, &err))
+        return EINVAL;      /* a free slot */
+    if (err != -ENOENT)
+        return -err;
+    /* not ours: the provider's answer as it gives it */
+    return drc__verbs()->dereg_mr ? drc__verbs()->dereg_mr(mr) : ENOSYS;
+}
+
+int drc__regmr_dereg_verbs(struct ibv_mr *mr)
+{
+    uintptr_t ready = __atomic_load_n(&slab_ready_bytes, __ATOMIC_ACQUIRE);
+    uintptr_t off = (uintptr_t)mr - (uintptr_t)__atomic_load_n(&slab, __ATOMIC_RELAXED);   /* slot_in's test */
+    struct caller_mr *m = (struct caller_mr *)(uintptr_t)mr;
+    drc_region_t *r;
+
+    if (off >= ready || off % SLOT || !__atomic_load_n(&m->live, __ATOMIC_ACQUIRE))
+        return dereg_verbs_other(mr);
+    __atomic_store_n(&m->live, 0, __ATOMIC_RELAXED);
+    r = m->region;
+    slot_put(m);
     __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
-    err = drc_put(m->cache, m->region);
-    free(m);
-    return err;
+    return -drc__region_put(r);
 }
 
 int drc_dereg_mr(struct ibv_mr *mr)
@@ -408,6 +851,7 @@ int drc_pd_release(struct ibv_pd *pd)
     err = drc_cache_destroy(e->cache);
     if (!err) {
         HASH_DEL(pds, e);
+        gen_bump();     /* before free(e): no thread's last PD is e */
         /* the destroy deregistered every region a lookup could still find (nothing was referenced) */
         s.deregs += s.regions;
         s.regions = s.bytes = s.in_use = 0;
@@ -421,13 +865,20 @@ int drc_pd_release(struct ibv_pd *pd)
 
 void drc__regmr_totals(struct drc__regmr_totals *t)
 {
+    struct regmr_tls *th;
     struct pd_entry *e, *tmp;
     struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
 
     memset(t, 0, sizeof(*t));
     t->pds = __atomic_load_n(&n_pds, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&counts_lock);
     t->mrs_gpu = __atomic_load_n(&n_gpu, __ATOMIC_RELAXED);
     t->mrs_host = __atomic_load_n(&n_host, __ATOMIC_RELAXED);
+    for (th = counted; th; th = th->next) {
+        t->mrs_gpu += __atomic_load_n(&th->n_gpu, __ATOMIC_RELAXED);
+        t->mrs_host += __atomic_load_n(&th->n_host, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&counts_lock);
     t->mrs_direct = __atomic_load_n(&n_direct, __ATOMIC_RELAXED);
     t->live = __atomic_load_n(&n_live, __ATOMIC_RELAXED);
     t->peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);

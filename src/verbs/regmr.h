@@ -23,8 +23,23 @@ DRC_API void drc__regmr_configure(const struct drc_config *cfg);   /* DRC_API: l
  */
 DRC_API int drc__regmr_dereg(struct ibv_mr *mr);
 
+/*
+ * The interposer's ibv_dereg_mr: drc__regmr_dereg, whose error comes back
+ * as a positive errno (verbs' rule), and for an MR not drc's (-ENOENT
+ * there) what the verbs ops table's dereg_mr returns, untouched.
+ */
+DRC_API int drc__regmr_dereg_verbs(struct ibv_mr *mr);
+
 /* 1 if @mr is a caller MR handed out by drc_reg_mr and not yet deregistered. */
 DRC_API int drc__regmr_owns(const struct ibv_mr *mr);
+
+/*
+ * Tests (linked with the objects, not exported): make at most @more slots of
+ * caller MRs beyond those made so far (UINT32_MAX: as many as the slab
+ * holds), so that a full slab can be reached; once the free slots are taken
+ * too, registrations go to the provider as asked.
+ */
+void drc__regmr_slab_cap(uint32_t more);
 
 /*
  * What drc_reg_mr did over the process's life, for the interposer's exit

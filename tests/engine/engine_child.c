@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <jemalloc/jemalloc.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,6 +280,115 @@ static char *host_buffer(size_t len, int fill)
     CHECK(h != MAP_FAILED, "mmap");
     memset(h, fill, len);
     return h;
+}
+
+/*
+ * A second ibv_dereg_mr of an MR already deregistered (the engine's bug) is refused with EINVAL and
+ * reaches no provider: the cached MR another registration still holds keeps its keys. (The provider,
+ * handed a copy naming one of its MRs, deregisters that MR by its handle, as the kernel would.) A
+ * registration that reuses the freed MR's memory reads as its own.
+ */
+static void stale_dereg(void)
+{
+    struct ibv_pd *pd = open_pd();
+    char *h = host_buffer(1 * MiB, 1);
+    struct ibv_mr *whole, *a, *b;
+    uint32_t key;
+
+    whole = ibv_reg_mr(pd, h, 1 * MiB, ACCESS);
+    a = ibv_reg_mr(pd, h + 4096, 4096, ACCESS);
+    check_caller_mr(whole, pd, h, 1 * MiB);
+    check_caller_mr(a, pd, h + 4096, 4096);
+    key = whole->lkey;
+    CHECK(ibv_dereg_mr(a) == 0, "dereg a");
+    CHECK(ibv_dereg_mr(a) == EINVAL, "a second dereg of a freed MR was not refused");
+    CHECK(ibvd_count(IBVD_DEREG_UNKNOWN) == 0, "a freed MR reached the provider");
+    CHECK(ibvd_lkey_live(key) && ibvd_count(IBVD_DEREG) == 0, "the MR still held went with the stale dereg");
+    b = ibv_reg_mr(pd, h + 8192, 4096, ACCESS);
+    check_caller_mr(b, pd, h + 8192, 4096);
+    CHECK(ibv_dereg_mr(b) == 0 && ibv_dereg_mr(whole) == 0, "dereg b, whole");
+    CHECK(ibv_dealloc_pd(pd) == 0 && ibvd_live() == 0, "MRs left");
+}
+
+/*
+ * Threads register and deregister sub-ranges of one registered buffer on one PD, handing MRs to each
+ * other to deregister, while another thread allocates PDs, registers on them and deallocates them
+ * (each dealloc drops that PD's cache). Every MR reads as asked and is a hit (the provider registers
+ * the buffer once, and each cycled PD's range once), every dereg and dealloc succeeds, nothing is
+ * left registered at the end.
+ */
+enum { T_WORKERS = 4, T_ITERS = 3000, T_CYCLES = 200 };
+
+static struct {
+    struct ibv_pd *pd;
+    char *buf, *other;
+    struct ibv_mr *mailbox[T_WORKERS];  /* atomic: an MR for the next worker to deregister */
+    int stop;                           /* atomic */
+} tp;
+
+static void *tp_worker(void *arg)
+{
+    int w = (int)(intptr_t)arg, i;
+
+    for (i = 0; i < T_ITERS; i++) {
+        size_t off = (size_t)((w * T_ITERS + i) % 255) * 4096 + 64;
+        struct ibv_mr *mr = ibv_reg_mr(tp.pd, tp.buf + off, 1000, ACCESS), *theirs;
+
+        check_caller_mr(mr, tp.pd, tp.buf + off, 1000);
+        theirs = __atomic_exchange_n(&tp.mailbox[(w + 1) % T_WORKERS], mr, __ATOMIC_ACQ_REL);
+        CHECK(!theirs || ibv_dereg_mr(theirs) == 0, "dereg of another thread's MR");
+    }
+    return NULL;
+}
+
+static void *tp_pd_cycler(void *arg)
+{
+    struct ibv_context *ctx = arg;
+    int n = 0;
+
+    while (!__atomic_load_n(&tp.stop, __ATOMIC_ACQUIRE) || n < 2) {
+        struct ibv_pd *pd = ibv_alloc_pd(ctx);
+        struct ibv_mr *mr;
+
+        CHECK(pd, "ibv_alloc_pd");
+        mr = ibv_reg_mr(pd, tp.other, 1 * MiB, ACCESS);
+        check_caller_mr(mr, pd, tp.other, 1 * MiB);
+        CHECK(ibv_dereg_mr(mr) == 0, "dereg on a cycled PD");
+        CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd of a cycled PD");
+        if (++n >= T_CYCLES)
+            break;
+    }
+    return (void *)(intptr_t)n;
+}
+
+static void threads_pds(void)
+{
+    pthread_t t[T_WORKERS], cycler;
+    struct ibv_mr *whole;
+    void *cycles;
+    size_t regs;
+    int i;
+
+    tp.pd = open_pd();
+    tp.buf = host_buffer(1 * MiB, 1);
+    tp.other = host_buffer(1 * MiB, 2);
+    whole = ibv_reg_mr(tp.pd, tp.buf, 1 * MiB, ACCESS);
+    check_caller_mr(whole, tp.pd, tp.buf, 1 * MiB);
+    CHECK(pthread_create(&cycler, NULL, tp_pd_cycler, tp.pd->context) == 0, "pthread_create");
+    for (i = 0; i < T_WORKERS; i++)
+        CHECK(pthread_create(&t[i], NULL, tp_worker, (void *)(intptr_t)i) == 0, "pthread_create");
+    for (i = 0; i < T_WORKERS; i++)
+        pthread_join(t[i], NULL);
+    __atomic_store_n(&tp.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(cycler, &cycles);
+    for (i = 0; i < T_WORKERS; i++)
+        CHECK(!tp.mailbox[i] || ibv_dereg_mr(tp.mailbox[i]) == 0, "dereg of the last MRs");
+    regs = ibvd_count(IBVD_REG_VA);
+    CHECK(regs == 1 + (size_t)(intptr_t)cycles, "%zu registrations reached the provider for %d on the buffer "
+          "and %d on cycled PDs: not served by the PDs' caches", regs, T_WORKERS * T_ITERS + 1,
+          (int)(intptr_t)cycles);
+    CHECK(ibv_dereg_mr(whole) == 0, "dereg whole");
+    CHECK(ibv_dealloc_pd(tp.pd) == 0 && ibvd_live() == 0, "MRs left");
 }
 
 /* Host memory that goes back to the OS is invalidated first: munmap. */
@@ -836,6 +946,7 @@ int main(int argc, char **argv)
         { "gpu_free", gpu_free, 1 },     { "private_dlopen", private_dlopen, 1 }, { "log", log_run, 1 },
         { "tent", tent, 1 },             { "verbs_off", verbs_off, 1 },     { "widen", widen, 1 },
         { "rkey_scope", rkey_scope, 1 }, { "decisions", decisions, 1 },  { "hit_calls", hit_calls, 1 },
+        { "stale_dereg", stale_dereg, 0 }, { "threads_pds", threads_pds, 0 },
     };
     size_t i;
 

@@ -135,6 +135,29 @@ static void test_dereg_is_refcounted(void **state)
     fails_without("refcount");
 }
 
+/*
+ * A second ibv_dereg_mr of a deregistered MR: EINVAL, and the provider never sees it (it would
+ * deregister the cached MR it names, which another registration holds).
+ */
+static void test_a_stale_dereg_is_refused(void **state)
+{
+    (void)state;
+    passes("stale_dereg", NULL);
+    fails_without("stale_dereg");
+}
+
+/*
+ * Threads registering and deregistering through the preload (one thread's MRs deregistered by
+ * another) while PDs are allocated, registered on and deallocated beside them: every MR as asked and
+ * served by the cache, every dealloc succeeds, nothing left.
+ */
+static void test_threads_register_while_pds_come_and_go(void **state)
+{
+    (void)state;
+    passes("threads_pds", NULL);
+    fails_without("threads_pds");
+}
+
 /* Another iova, ON_DEMAND, the engine's own dmabuf MRs: passed through, and deregistered as they are. */
 static void test_what_drc_cannot_serve_passes_through(void **state)
 {
@@ -406,6 +429,8 @@ int main(void)
         cmocka_unit_test(test_overlapping_registrations_work),
         cmocka_unit_test(test_dereg_is_refcounted),
         cmocka_unit_test(test_what_drc_cannot_serve_passes_through),
+        cmocka_unit_test(test_a_stale_dereg_is_refused),
+        cmocka_unit_test(test_threads_register_while_pds_come_and_go),
         cmocka_unit_test(test_munmap_invalidates_first),
         cmocka_unit_test(test_madvise_invalidates_first),
         cmocka_unit_test(test_jemalloc_purge_invalidates_first),

@@ -21,6 +21,7 @@
 #include "drc_verbs.h"
 #include "fake_cuda.h"
 #include "verbs_double.h"
+#include "verbs/regmr.h"
 
 #define MiB (1ul << 20)
 #define GPU 0x7f0000000000ul
@@ -116,6 +117,98 @@ static void test_dereg_is_refcounted_and_pd_release_waits(void **state)
     assert_int_equal(drc_dereg_mr(b), 0);
     assert_int_equal(drc_pd_release(PD_A), 0);
     assert_int_equal(vd.count(IBVD_DEREG), 1);
+}
+
+/*
+ * A second drc_dereg_mr of a deregistered MR is refused (-EINVAL) and reaches no provider: the
+ * provider, handed a copy naming one of its MRs, would deregister the cached MR by its handle. A
+ * registration that then reuses the freed MR's memory (this thread's last freed slot: the same
+ * pointer) reads as its own, on its own PD, and drops its own reference when deregistered.
+ */
+static void test_a_stale_mr_is_refused_and_its_slot_reused(void **state)
+{
+    static char buf[4 * 4096] __attribute__((aligned(4096)));
+    struct ibv_mr *a, *b;
+
+    (void)state;
+    a = drc_reg_mr(PD_A, buf, 4096, RW);
+    check_caller_mr(a, PD_A, (uintptr_t)buf, 4096);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    assert_int_equal(drc_dereg_mr(a), -EINVAL);
+    assert_int_equal(vd.count(IBVD_DEREG_UNKNOWN), 0);
+    assert_int_equal(vd.count(IBVD_DEREG), 0);          /* the cached MR stays, idle */
+    b = drc_reg_mr(PD_B, buf + 8192, 4096, RW);
+    assert_ptr_equal(b, a);                             /* the slot reused: the stale pointer is b now */
+    check_caller_mr(b, PD_B, (uintptr_t)(buf + 8192), 4096);
+    assert_int_equal(b->lkey, LAST_MR()->lkey);         /* PD_B's registration, not PD_A's */
+    assert_int_equal(drc_pd_release(PD_A), 0);          /* a's one reference was dropped once */
+    assert_int_equal(drc_pd_release(PD_B), -EBUSY);     /* control: b's is held */
+    assert_int_equal(drc_dereg_mr(b), 0);
+}
+
+/*
+ * A PD released and registered on again (the same pointer: a provider may hand a freed PD's
+ * address to the next one) gets a new cache: the registration reaches the provider, with live keys,
+ * though this thread's last registration was on that PD.
+ */
+static void test_a_released_pd_gets_a_new_cache(void **state)
+{
+    static char buf[4096] __attribute__((aligned(4096)));
+    struct ibv_mr *a;
+
+    (void)state;
+    a = drc_reg_mr(PD_A, buf, sizeof(buf), RW);
+    assert_non_null(a);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    a = drc_reg_mr(PD_A, buf, sizeof(buf), RW);        /* control: a hit, nothing released between */
+    assert_int_equal(vd.count(IBVD_REG_VA), 1);
+    assert_int_equal(drc_dereg_mr(a), 0);
+    assert_int_equal(drc_pd_release(PD_A), 0);
+    assert_int_equal(vd.count(IBVD_DEREG), 1);
+    a = drc_reg_mr(PD_A, buf, sizeof(buf), RW);
+    check_caller_mr(a, PD_A, (uintptr_t)buf, sizeof(buf));
+    assert_int_equal(vd.count(IBVD_REG_VA), 2);
+    assert_int_equal(a->lkey, LAST_MR()->lkey);
+    assert_true(vd.lkey_live(a->lkey));
+    assert_int_equal(drc_dereg_mr(a), 0);
+}
+
+/*
+ * With every slot of caller MRs taken, a registration goes to the provider as asked (an MR of its
+ * own, deregistered by the provider), and the ones drc serves still work.
+ */
+static void test_a_full_slab_registers_with_the_provider(void **state)
+{
+    enum { N = 2000 };
+    static char buf[2 * N * 64 + 4096] __attribute__((aligned(4096)));
+    static struct ibv_mr *mrs[2 * N];
+    struct ibv_mr *whole;
+    size_t own;
+    int i, n, round;
+
+    (void)state;
+    whole = drc_reg_mr(PD_A, buf, sizeof(buf), RW);
+    assert_non_null(whole);
+    for (round = 0; round < 2; round++) {
+        /*
+         * Round 0, the control: N registrations, the slab grows, every one a hit. Round 1: no slot
+         * made beyond those, 2N registrations: the slots round 0 freed serve about N of them.
+         */
+        drc__regmr_slab_cap(round ? 0 : UINT32_MAX);
+        n = round ? 2 * N : N;
+        for (i = 0; i < n; i++) {
+            mrs[i] = drc_reg_mr(PD_A, buf + i * 64, 64, RW);
+            check_caller_mr(mrs[i], PD_A, (uintptr_t)(buf + i * 64), 64);
+            assert_true(vd.lkey_live(mrs[i]->lkey));
+        }
+        own = vd.count(IBVD_REG_VA) - 1;
+        assert_true(round ? own > 0 && own < (size_t)n : own == 0);
+        for (i = 0; i < n; i++)
+            assert_int_equal(drc_dereg_mr(mrs[i]), 0);
+        assert_int_equal(vd.count(IBVD_DEREG), own);   /* the provider's own MRs, and only them */
+    }
+    drc__regmr_slab_cap(UINT32_MAX);
+    assert_int_equal(drc_dereg_mr(whole), 0);
 }
 
 /* Access bits drc cannot share go to ibv_reg_mr as asked, and drc_dereg_mr hands them back to ibv_dereg_mr. */
@@ -419,6 +512,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_nested_gpu_registrations_share_one_mr, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dereg_is_refcounted_and_pd_release_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_stale_mr_is_refused_and_its_slot_reused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_released_pd_gets_a_new_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_full_slab_registers_with_the_provider, setup, teardown),
         cmocka_unit_test_setup_teardown(test_uncacheable_access_passes_through, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_arguments_and_failures_set_errno, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalidated_while_held, setup, teardown),

@@ -1,6 +1,6 @@
 /*
  * fork() while parent threads are inside every lock of libdrc (core/fork.h):
- * drc_reg_mr/drc_dereg_mr/drc_pd_release (regmr.c's pds_lock and mrs_lock,
+ * drc_reg_mr/drc_dereg_mr/drc_pd_release (regmr.c's pds_lock, its slab of caller MRs,
  * the verbs cache's), the dmabuf export table (export.c), the CUDA tracking
  * record (memory.c), run plainly, under ASan and under TSan. libibverbs is
  * the loopback provider (verbs_double.h), CUDA the double of fake_cuda.h;
@@ -45,7 +45,7 @@ static char host[4][1 << 16] __attribute__((aligned(4096)));
 static int stop;        /* atomic */
 static unsigned long rounds[4]; /* atomic: loops done by each thread */
 
-/* drc_reg_mr / drc_dereg_mr on PD 0: pds_lock (read), mrs_lock, the cache, the verbs cache's lock. */
+/* drc_reg_mr / drc_dereg_mr on PD 0: pds_lock (read), the slab's free lists, the cache, the verbs cache's lock. */
 static void *reg_dereg(void *arg)
 {
     (void)arg;
