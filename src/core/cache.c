@@ -2,15 +2,15 @@
  * The registration cache.
  *
  * A region is one backend registration, in one of three places:
- *   live      in c->tree (and on the LRU list of a cache with limits): lookups find it;
- *   detached  superseded by a merge while a user held it (in c->detached,
- *             where a range invalidation still finds it), or invalidated
+ *   live      in c->tree, the index (and on the LRU list of a cache with limits): lookups find it;
+ *   detached  superseded by a merge while a user held it (on the list
+ *             c->detached, where a range invalidation still finds it), or invalidated
  *             while held (in no tree, DEAD in its word, counted by
  *             off_held); no lookup finds it, its last put releases it;
  *   free      on c->pool, deregistered, waiting to be reused.
  * Every region ever handed out sits in a pool chunk (c->chunks): a walk of
  * the chunks finds the live ones (is_live) in allocation order, one line
- * each, where an in-order walk of the tree climbs to parents.
+ * each.
  * Region memory is never returned while the cache lives (it is type-stable,
  * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it: it
  * comes from the cache's arena (arena.c), with the hint tables, and goes
@@ -56,8 +56,9 @@
  * user and detaches r instead of releasing it, and the lookup either returns
  * r (it was live when taken: the lookup is ordered before the writer) or
  * sees the changed count and drops it. If the writer's CAS lands first, the
- * increment fails. A walk that raced a rotation may miss r or wander; the
- * count catches both, and `budget` bounds the wandering. Before walking, a
+ * increment fails. A walk that raced a writer may miss r; the count
+ * catches it (the index's own count also keeps the walk from following a
+ * pointer it read from a node in change: itree.h), and `budget` bounds it. Before walking, a
  * lookup tries the hint table (see struct hint_tab): a guess, validated by
  * the reference it takes (lookup_lockless), refused if the region was
  * detached. Invariant for every path that takes a region out of the tree:
@@ -1037,8 +1038,8 @@ void check_trees(const drc_cache_t *c)
 /*
  * Is a live region held (c->lock)? A walk of the chunks (is_live, which
  * check_trees holds to the tree): one line per region in allocation order,
- * where an in-order walk of the tree climbs to parents, a dependent cache
- * miss per region once the tree outgrows the caches (tests/bench/RESULTS.md).
+ * which the prefetcher follows, where a walk of the index adds its leaves
+ * and reaches the regions in address order.
  */
 static int live_held(const drc_cache_t *c)
 {

@@ -263,7 +263,7 @@ int drain_end(drc_cache_t *c, struct drc_region *r, struct drc_region **dead, in
     return released;
 }
 
-/* A region out of the tree that a drain released (c->lock): off the detached tree, or counted as gone (off_held). */
+/* A region out of the tree that a drain released (c->lock): off the detached list, or counted as gone (off_held). */
 static void released_detached(drc_cache_t *c, struct drc_region *r)
 {
     if (LD(r->detached) == DETACHED_LIST)

@@ -464,6 +464,46 @@ static void disjoint_promise_answers_like_the_list(void **state)
     }
 }
 
+/*
+ * A path holds only while the tree has not changed: after any insert or
+ * remove, drc__itree_at() refuses it, and remove_at / insert_at fall back
+ * to a descent (the tree stays well formed, the right node goes). Control:
+ * the same path with no change in between is taken.
+ */
+static void a_path_goes_stale_when_the_tree_changes(void **state)
+{
+    struct model *m = model_new(21);
+    struct drc__itree_path path;
+    int budget = DRC__ITREE_UNBOUNDED, i;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (i = 0; i < 300; i++)
+        ins(m, i, (uintptr_t)i * 16, (uintptr_t)i * 16 + 7);
+    assert_ptr_equal(drc__itree_first_at(&m->t, 100 * 16 + 3, 100 * 16 + 3, &budget, &path), &m->n[100]);
+    assert_ptr_equal(drc__itree_at(&m->t, &path), &m->n[100]);     /* control: unchanged, taken */
+    rem(m, 7);                                                      /* any change */
+    assert_null(drc__itree_at(&m->t, &path));
+    drc__itree_remove_at(&m->t, &m->n[100], &path);                 /* falls back to a descent */
+    m->in[100] = 0;
+    m->count--;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    query(m, 0, UINTPTR_MAX);
+
+    assert_null(drc__itree_first_at(&m->t, 100 * 16 + 3, 100 * 16 + 3, &budget, &path));
+    assert_true(path.depth && path.seek);                           /* the insert's path, nothing found */
+    ins(m, 250 + 50, 5000, 5001);                                   /* a change */
+    m->n[100].start = 100 * 16;
+    m->n[100].last = 100 * 16 + 7;
+    drc__itree_insert_at(&m->t, &m->n[100], &path);                 /* stale: falls back */
+    m->in[100] = 1;
+    m->count++;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    query(m, 0, UINTPTR_MAX);
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
 static void budget_bounds_the_walk(void **state)
 {
     struct model *m = model_new(4);
@@ -548,6 +588,7 @@ int main(void)
         cmocka_unit_test(address_order_packs_the_nodes),
         cmocka_unit_test(given_nodes_are_enough),
         cmocka_unit_test(disjoint_promise_answers_like_the_list),
+        cmocka_unit_test(a_path_goes_stale_when_the_tree_changes),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
     };
