@@ -139,8 +139,9 @@ _Static_assert(offsetof(struct drc_region, lru_next) + sizeof(void *) <= 128,
  * region that has since been detached, released or reused,
  * so a lookup checks what it finds: bounds, tryget, bounds again (now they
  * cannot change), then !detached (lookup_lockless). Tables are replaced by
- * larger ones under c->lock as the cache grows; a replaced table stays in
- * the arena (a lockless lookup may still read it) until drc_cache_destroy.
+ * larger ones under c->lock as the cache grows; a replaced table stays
+ * mapped in the arena (a lockless lookup may still read it) until
+ * drc_cache_destroy, its slot pages given back (hint_drop, cache_hint.c).
  */
 struct hint_tab {
     struct hint_tab *older;         /* the table this one replaced */
