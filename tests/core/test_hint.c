@@ -19,8 +19,14 @@
 #include "core/cache_int.h"
 
 #define LW IBV_ACCESS_LOCAL_WRITE
+#define HUGE ((size_t)2 << 20)
 
-enum { N = 65536, SPREAD = 1 << 26 };   /* regions; pages they are scattered over */
+/* regions (fewer in DRC_DEBUG builds, which check the whole tree at every unlock); pages they are scattered over */
+#ifdef DRC_DEBUG
+enum { N = 4096, SPREAD = 1 << 26 };
+#else
+enum { N = 65536, SPREAD = 1 << 26 };
+#endif
 
 /* Page i of the spread: distinct for distinct i < SPREAD (an odd multiplier modulo a power of two). */
 static size_t scattered(size_t i)
@@ -66,11 +72,12 @@ static size_t chunks_resident(const drc_cache_t *c, size_t *nchunks)
 }
 
 /*
- * 65,536 regions of one page, scattered: the current table is resident (the
+ * 65,536 regions of one page (4,096 in DRC_DEBUG builds), scattered: the current table is resident (the
  * control: the measurement sees a table the fill wrote everywhere), at most
  * 32 bytes of slots per region, and the tables it replaced hold no more than
  * their header and filter pages (before, all of each stayed: 170 bytes per
- * region here). In all, the cache's chunks and tables stay within the
+ * region here; the regression check is this plain build's, where the
+ * tables are large). In all, the cache's chunks and tables stay within the
  * region slots, the table, and a page or two per allocation.
  */
 static void replaced_tables_give_their_pages_back(void **state)
@@ -101,14 +108,18 @@ static void replaced_tables_give_their_pages_back(void **state)
                   tables, old_bytes >> 10, nchunks, region_bytes >> 10, (cur_bytes + old_bytes + region_bytes) / N);
     /* the control: the same measurement sees the current table, written all over, resident */
     assert_true(cur_bytes >= cur_slots * sizeof(void *) / 4 * 3);
-    /* replaced: a page of header and slots, a page of slots and filter, and the filter (1/64 of the slots) */
-    assert_true(old_bytes <= tables * 2 * pg() + cur_slots * sizeof(void *) / 64);
+    /*
+     * Replaced: a page of header and slots, a page of slots and filter, and the filter (1/64 of the
+     * slots); and one huge page, in case khugepaged collapses a range that had dropped pages in it
+     * while the test runs (seen once on a loaded machine with THP on).
+     */
+    assert_true(old_bytes <= tables * 2 * pg() + cur_slots * sizeof(void *) / 64 + HUGE);
     /* in all: the region slots, 32 bytes of slots per region, and a page or two per chunk and table */
-    assert_true(cur_bytes + old_bytes + region_bytes <=
-                N * (sizeof(struct drc_region) + 4 * sizeof(void *)) + cur_slots / 8 + (nchunks + tables + 1) * 2 * pg());
+    assert_true(cur_bytes + old_bytes + region_bytes <= N * (sizeof(struct drc_region) + 4 * sizeof(void *)) +
+                                                            cur_slots / 8 + (nchunks + tables + 1) * 2 * pg() + HUGE);
     /* two to four slots per region, after as many grows from 256 slots */
     assert_true(cur_slots >= 2 * (size_t)N && cur_slots <= 4 * (size_t)N);
-    assert_true(tables >= 8);
+    assert_true(tables >= 5);
     done(b, c);
 }
 
@@ -119,27 +130,32 @@ static void replaced_tables_give_their_pages_back(void **state)
  * replaced (a clear bit tells a free event "nothing there", and the event
  * would return with the registration still cached). Every replaced table is
  * complete and keeps the bit of each region registered before it was
- * replaced (the first slots / 2 regions, one thread); the control: the
+ * replaced (one thread: those registered up to the get that grew it); the control: the
  * filter does say "nothing" for grains no region touches.
  */
 static void replaced_tables_keep_their_filter(void **state)
 {
     struct tb *b = tb_new();
     drc_cache_t *c = mk(b, NULL);
-    const struct hint_tab *t;
-    size_t i, before, tables = 0, lost = 0, clear_gaps = 0;
+    const struct hint_tab *t, *seen[64];
+    size_t i, k, before[64], tables = 0, lost = 0, clear_gaps = 0;
     uintptr_t s;
     drc_region_t *r;
 
     (void)state;
     for (i = 0; i < N; i++) {
+        t = c->hint;
         r = get_ok(c, at(scattered(i), 0), pg(), LW);
         assert_int_equal(drc_put(c, r), 0);
+        if (c->hint != t && tables < 64) {
+            seen[tables] = t;       /* replaced by this get's grow: regions 0..i were in it */
+            before[tables++] = i + 1;
+        }
     }
-    for (t = c->hint->older; t; t = t->older, tables++) {
+    for (k = 0; k < tables; k++) {
+        t = seen[k];
         assert_int_equal(t->complete, 1);
-        before = ((size_t)1 << (64 - t->shift)) / 2;
-        for (i = 0; i < before; i++) {
+        for (i = 0; i < before[k]; i++) {
             s = (uintptr_t)at(scattered(i), 0);
             lost += used_none(t, s, s + pg() - 1);
             s = (uintptr_t)at(scattered(i) ^ 1, 0);   /* no region there unless another's page */
@@ -147,7 +163,7 @@ static void replaced_tables_keep_their_filter(void **state)
         }
     }
     print_message("%zu replaced tables: %zu bits lost, %zu gaps found clear\n", tables, lost, clear_gaps);
-    assert_true(tables >= 8);
+    assert_true(tables >= 5);
     assert_int_equal(lost, 0);
     assert_true(clear_gaps > 0);
     done(b, c);
