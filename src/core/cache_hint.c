@@ -85,8 +85,8 @@ struct hint_tab *hint_new(drc_cache_t *c, unsigned bits, struct hint_tab *older)
  * rounded down to a power of two, and a slot is the grain number modulo the
  * table size: regions laid out with gaps no larger than themselves span at
  * most about two grains each, which then fit without a collision. Growing
- * by 4x at a quarter kept four to sixteen slots per region, the table then
- * as large as the region itself at 16,384 regions.
+ * 4x at a quarter full would keep four to sixteen slots per region: up to
+ * 128 bytes, most of a region's own 192, for no fewer collisions here.
  */
 unsigned hint_want(const drc_cache_t *c)
 {
@@ -122,8 +122,8 @@ unsigned hint_want(const drc_cache_t *c)
  * whose clear bit would tell a probe "nothing there" (nothing_there), is
  * never dropped: a zeroed filter would send a free event past a live region
  * whose registration must go, and a probe that read the old pointer reads
- * the same bits it read before this change, validated by the sequence count
- * as before (struct hint_tab). A lookup that stores into a dropped page
+ * the bits it would have read had the table been kept whole, validated by
+ * the sequence count (the filter's comment above). A lookup that stores into a dropped page
  * faults one zeroed page back in: memory, not correctness, and at most a
  * page per lookup that was in flight across the install. madvise may be
  * intercepted (drc's hooks make it a free event over memory nobody
