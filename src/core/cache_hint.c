@@ -86,7 +86,7 @@ struct hint_tab *hint_new(drc_cache_t *c, unsigned bits, struct hint_tab *older)
  * table size: regions laid out with gaps no larger than themselves span at
  * most about two grains each, which then fit without a collision. Growing
  * 4x at a quarter full would keep four to sixteen slots per region: up to
- * 128 bytes, most of a region's own 192, for no fewer collisions here.
+ * 128 bytes per region, for no fewer collisions in that layout.
  */
 unsigned hint_want(const drc_cache_t *c)
 {
