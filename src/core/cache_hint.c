@@ -3,9 +3,11 @@
  * lookup last found there) and its used-grain filter: the filter's bits, the
  * table's allocation, and its growth with the cache. The lookups that read
  * them are in cache.c (lookup_lockless, nothing_there) and cache_miss.c
- * (plan_region).
+ * (plan_region). A replaced table gives its slot pages back (hint_drop).
  */
 #include "core/cache_int.h"
+
+#include <sys/mman.h>
 
 /*
  * The used-grain filter: beside its slots, a hint table keeps one bit per
@@ -17,7 +19,7 @@
  * (nothing_there) that finds every bit of its range clear, and the
  * sequence count unchanged around that read, knows that no live region
  * touched the range at that instant: one load from a table of slots / 8
- * bytes (32 KiB at 65,536 regions), where a descent of the tree costs
+ * bytes (16-32 KiB at 65,536 regions), where a descent of the tree costs
  * dependent loads, cache misses in a large cache. A table is complete when
  * it was made for an empty cache, or when hint_grow's lockless fill ran
  * with no writer in between (the count was even and unchanged from before
@@ -76,21 +78,72 @@ struct hint_tab *hint_new(drc_cache_t *c, unsigned bits, struct hint_tab *older)
     return t;
 }
 
-/* The size (log2 slots) the hint table should grow to, or 0 (c->lock): four slots per live region. */
+/*
+ * The size (log2 slots) the hint table should grow to, or 0 (c->lock): it
+ * doubles once the live regions reach half its slots, so that it keeps two
+ * to four slots per region (16-32 bytes). The grain is the mean region size
+ * rounded down to a power of two, and a slot is the grain number modulo the
+ * table size: regions laid out with gaps no larger than themselves span at
+ * most about two grains each, which then fit without a collision. Growing
+ * 4x at a quarter full would keep four to sixteen slots per region: up to
+ * 128 bytes per region, for no fewer collisions in that layout.
+ */
 unsigned hint_want(const drc_cache_t *c)
 {
     unsigned bits = 64 - c->hint->shift;
 
     ASSERT_LOCKED(c);
-    if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 2)))
+    if (bits >= HINT_MAX_BITS || c->regions < (1ull << (bits - 1)))
         return 0;
-    return bits + 2 < HINT_MAX_BITS ? bits + 2 : HINT_MAX_BITS;
+    return bits + 1;
+}
+
+/*
+ * Give a table's slot pages back (no lock held): a replaced one, or one
+ * that lost the race to be installed (no reader ever saw it). A lockless
+ * lookup or free-event probe may still hold a pointer to a replaced table,
+ * so the table stays mapped, and only the pages wholly inside its slot
+ * array are dropped: MADV_DONTNEED, after which private anonymous pages read
+ * as zero. Its header (shift, grain, complete, used) and its used-grain
+ * filter (1/64 of the table) stay as they were. What a reader that loaded
+ * the old pointer may then see:
+ *
+ *   grower (hint_grow)                      lookup / free-event probe
+ *                                           t = c->hint (the old table)
+ *   lock; c->hint = new (release); unlock
+ *   madvise(t's slot pages, DONTNEED)
+ *                                           r = t->slot[i]: the old value, or 0
+ *                                           used_none(t, ...): the old bits
+ *                                           t->slot[i] = r (a lookup, after its walk)
+ *
+ * A slot is a guess that every lookup checks (bounds, tryget, bounds,
+ * detached: lookup_lockless): 0 is NULL, a miss that walks the tree, and the
+ * old value is as stale as it could have been before the drop. The filter,
+ * whose clear bit would tell a probe "nothing there" (nothing_there), is
+ * never dropped: a zeroed filter would send a free event past a live region
+ * whose registration must go, and a probe that read the old pointer reads
+ * the bits it would have read had the table been kept whole, validated by
+ * the sequence count (the filter's comment above). A lookup that stores into a dropped page
+ * faults one zeroed page back in: memory, not correctness, and at most a
+ * page per lookup that was in flight across the install. madvise may be
+ * intercepted (drc's hooks make it a free event over memory nobody
+ * registered): called, as the arena calls it, with no cache lock held. If
+ * it fails (mlocked memory), the pages simply stay.
+ */
+static void hint_drop(const drc_cache_t *c, struct hint_tab *t)
+{
+    uintptr_t lo = ((uintptr_t)&t->slot[0] + c->page - 1) & ~(uintptr_t)(c->page - 1);
+    uintptr_t hi = (uintptr_t)t->used & ~(uintptr_t)(c->page - 1);    /* the filter's first page stays */
+
+    DRC_ASSERT_NO_LOCK();
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 /* Grow the hint table to 2^bits slots: allocated without the lock, installed under it. */
 void hint_grow(drc_cache_t *c, unsigned bits)
 {
-    struct hint_tab *t = hint_new(c, bits, NULL);
+    struct hint_tab *t = hint_new(c, bits, NULL), *old = NULL;
     uint64_t regions = LD(c->regions), bytes = LD(c->bytes);
     struct chunk *ch;
     struct drc_region *r;
@@ -142,10 +195,10 @@ void hint_grow(drc_cache_t *c, unsigned bits)
     if (!(seq & 1) && LD(c->seq) == seq)
         ST(t->complete, 1);
     if (64 - c->hint->shift < bits) {
-        t->older = c->hint;
+        old = t->older = c->hint;
         __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
         t = NULL;
     }
     unlock(c);
-    (void)t;        /* if another thread grew it first: unused, in the arena until destroy */
+    hint_drop(c, old ? old : t);    /* t: another thread grew it first; unused, its slots given back */
 }

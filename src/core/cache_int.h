@@ -133,8 +133,9 @@ _Static_assert(sizeof(struct drc_region) == 128, "a region is two cache lines");
  * region that has since been detached, released or reused,
  * so a lookup checks what it finds: bounds, tryget, bounds again (now they
  * cannot change), then !detached (lookup_lockless). Tables are replaced by
- * larger ones under c->lock as the cache grows; a replaced table stays in
- * the arena (a lockless lookup may still read it) until drc_cache_destroy.
+ * larger ones under c->lock as the cache grows; a replaced table stays
+ * mapped in the arena (a lockless lookup may still read it) until
+ * drc_cache_destroy, its slot pages given back (hint_drop, cache_hint.c).
  */
 struct hint_tab {
     struct hint_tab *older;         /* the table this one replaced */

@@ -920,7 +920,7 @@ static void free_event_probe_racing_inserts(void **state)
 /* ---- the used-grain filter while the hint table grows ------------------- */
 
 /*
- * 2 x 550 regions: the last of three grows at 1,024 regions, then 76 inserts into the grown table.
+ * 2 x 550 regions: the last of four grows at 1,024 regions, then 76 inserts into the grown table.
  * A hundred rounds, twenty under TSan (where a round takes about two seconds).
  */
 #if defined(__SANITIZE_THREAD__)
