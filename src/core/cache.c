@@ -253,7 +253,7 @@ void lru_append(drc_cache_t *c, struct drc_region *r)
  * Take a live region out of the tree and the LRU (c->lock, seq odd); @path:
  * where a walk found it, or NULL (drc__itree_remove_at checks that it holds).
  */
-static void unlink_live(drc_cache_t *c, struct drc_region *r, const struct drc__itree_path *path)
+static void unlink_live(drc_cache_t *c, struct drc_region *r, struct drc__itree_path *path)
 {
     ASSERT_WRITING(c);
     drc__itree_remove_at(&c->tree, &r->node, path);
@@ -302,7 +302,7 @@ int is_live(const struct drc_region *r)
 }
 
 static void retire_at(drc_cache_t *c, struct drc_region *r, struct drc_region **dead,
-                      const struct drc__itree_path *path)
+                      struct drc__itree_path *path)
 {
     uint64_t w, moved;
 
@@ -821,39 +821,54 @@ int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
  * which a revoking cache never uses).
  */
 int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_region **dead,
-                      struct drc_region **revoking, const struct drc__itree_path *path)
+                      struct drc_region **revoking, struct drc__itree_path *path)
 {
+    struct drc__itree_path own;
     struct drc_region *r;
-    struct drc__itree_node *n, *next;
+    struct drc__itree_node *n;
     struct pending *p;
-    int count = 0, budget;
+    int count = 0, budget, more;
 
     ASSERT_LOCKED(c);
     budget = DRC__ITREE_UNBOUNDED;
+    if (!path) {
+        path = &own;
+        own.depth = 0;
+    }
     /*
      * The first region in the range: where the lockless probe found it, if
      * the tree has not changed since (its count did not move: the same
-     * tree, the same answer), else a walk. The probe's path also takes it
-     * out of the tree with no second descent (drc__itree_remove_at).
+     * tree, the same answer), else a walk. The path also takes it out of
+     * the tree with no second descent (drc__itree_remove_at), and leaves
+     * the path at its successor, where the next region of the range is.
      */
     n = drc__itree_at(&c->tree, path);
     if (!n)
-        n = drc__itree_first(&c->tree, s, last, &budget);
+        n = drc__itree_first_at(&c->tree, s, last, &budget, path);
     if (n) {
         seq_begin(c);
-        for (; n; n = next) {
-            /*
-             * The successor before n leaves. Disjoint regions (no overlap
-             * yet): none after one that reaches past the range, the usual
-             * free of one registered buffer, and no walk to find that out.
-             */
-            next = !LD(c->overlapping) && LD(n->last) >= last ? NULL
-                                                              : drc__itree_next(&c->tree, n, s, last, &budget);
+        while (n) {
+            /* disjoint regions (no overlap yet): none after one that reaches past the range */
+            more = LD(c->overlapping) || LD(n->last) < last;
             r = region_of(n);
             ST_SC(r->valid, 0);
             revoke_take(c, r, revoking);    /* DRC_F_REVOKE: before retire, while r is live */
-            retire_at(c, r, dead, path);    /* the path holds for the first region only */
+            retire_at(c, r, dead, path);
             count++;
+            if (!more)
+                break;
+            /*
+             * Every region of the range before n's successor is out: the
+             * successor along the path if it overlaps; if it does not, while
+             * regions are disjoint, no later one does; else a walk from the
+             * range's start finds the next one, or none.
+             */
+            n = drc__itree_at(&c->tree, path);
+            if (n && LD(n->start) <= last && LD(n->last) >= s)
+                continue;
+            if (n && !LD(c->overlapping))
+                break;
+            n = drc__itree_first_at(&c->tree, s, last, &budget, path);
         }
         seq_end(c);
     }

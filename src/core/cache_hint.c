@@ -132,9 +132,19 @@ unsigned hint_want(const drc_cache_t *c)
  */
 static void hint_drop(const drc_cache_t *c, struct hint_tab *t)
 {
-    uintptr_t lo = ((uintptr_t)&t->slot[0] + c->page - 1) & ~(uintptr_t)(c->page - 1);
-    uintptr_t hi = (uintptr_t)t->used & ~(uintptr_t)(c->page - 1);    /* the filter's first page stays */
+    /*
+     * Whole huge pages only: the arena's large mappings are advised
+     * MADV_HUGEPAGE, and dropping part of a huge page splits it, so that the
+     * rest of it (regions, index nodes, the next table, or the next cache's
+     * memory once the arena keeps the mapping) faults back a small page at
+     * a time: a fresh cache's fill took twice as long. A table under two
+     * huge pages keeps its memory until drc_cache_destroy.
+     */
+    uintptr_t huge = (uintptr_t)DRC__ARENA_HUGE;
+    uintptr_t lo = ((uintptr_t)&t->slot[0] + huge - 1) & ~(huge - 1);
+    uintptr_t hi = (uintptr_t)t->used & ~(huge - 1);     /* the filter's first page stays */
 
+    (void)c;
     DRC_ASSERT_NO_LOCK();
     if (hi > lo)
         (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);

@@ -265,16 +265,17 @@ static void bt_grow(struct drc__itree *t, bt *nb)
 
 /* ---- insert ------------------------------------------------------------------ */
 
-static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x)
+/* @append: x starts at or after every start in the tree: it goes at the end of each node, no search. */
+static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int append)
 {
-    unsigned i = bt_upper(b, b->n, x->start);
+    unsigned i = append ? b->n : bt_upper(b, b->n, x->start);
     bt *c, *nb;
 
     if (!b->level)
         return bt_put(t, b, i, x->start, x->last, x);
     i = i ? i - 1 : 0;     /* the last child whose smallest start is <= x's, or the first */
     c = b->ptr[i];
-    nb = bt_ins(t, c, x);
+    nb = bt_ins(t, c, x, append);
     ST(b->key[i], c->key[0]);
     if (x->last > b->last[i])
         ST(b->last[i], x->last);
@@ -297,10 +298,12 @@ void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
         ST(t->height, 1u);
         ST(t->root, b);
     } else {
-        nb = bt_ins(t, t->root, x);
+        nb = bt_ins(t, t->root, x, x->start >= t->max->start);
         if (nb)
             bt_grow(t, nb);
     }
+    if (!t->max || x->start >= t->max->start)
+        ST(t->max, x);
     t->count++;
     bt_w_end(t);
 }
@@ -338,6 +341,8 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x, const
     }
     if (nb)
         bt_grow(t, nb);
+    if (x->start >= t->max->start)
+        ST(t->max, x);
     t->count++;
     bt_w_end(t);
 }
@@ -428,35 +433,6 @@ static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
     return 0;
 }
 
-void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
-{
-    bt *root;
-    int found;
-
-    bt_w_begin(t);
-    found = t->root && bt_rm(t, t->root, x);
-    DRC_ASSERT(found);
-    (void)found;
-    root = t->root;
-    if (root && root->level && root->n == 1) {
-        ST(t->root, (bt *)root->ptr[0]);
-        ST(t->height, t->height - 1);
-        bt_spare_push(t, root);
-    } else if (root && !root->n) {
-        ST(t->root, (bt *)NULL);
-        ST(t->height, 0u);
-        bt_spare_push(t, root);
-    }
-    t->count--;
-    bt_w_end(t);
-}
-
-/*
- * The same along a path that a walk recorded: valid while the count has not
- * moved since (every change of a node moves it), so the nodes are those of
- * the tree now, each entry i of node d leads to node d + 1, and the last
- * node's entry is x if the walk found x. Bottom up, as bt_rm() unwinds.
- */
 struct drc__itree_node *drc__itree_at(const struct drc__itree *t, const struct drc__itree_path *p)
 {
     const bt *leaf;
@@ -467,15 +443,29 @@ struct drc__itree_node *drc__itree_at(const struct drc__itree *t, const struct d
     return p->idx[p->depth - 1] < leaf->n ? leaf->ptr[p->idx[p->depth - 1]] : NULL;
 }
 
-void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, const struct drc__itree_path *p)
+/* The entry with the largest start: the last of the rightmost leaf (owner's lock). */
+static struct drc__itree_node *bt_last_entry(const struct drc__itree *t)
+{
+    const bt *b = t->root;
+
+    if (!b)
+        return NULL;
+    while (b->level)
+        b = b->ptr[b->n - 1];
+    return b->ptr[b->n - 1];
+}
+
+/*
+ * Take out entry idx of the path's leaf, bottom up, as bt_rm() unwinds. 1
+ * if no node was merged, borrowed from or freed: the path then still leads
+ * to the leaf, whose entry idx is now x's successor there (if it has one).
+ */
+static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, const struct drc__itree_path *p)
 {
     unsigned d;
-    bt *leaf, *root;
+    bt *leaf = p->node[p->depth - 1];
+    int same = 1;
 
-    if (drc__itree_at(t, p) != x)
-        goto search;
-    leaf = p->node[p->depth - 1];
-    bt_w_begin(t);
     bt_cut(leaf, p->idx[p->depth - 1]);
     for (d = p->depth - 1; d > 0; d--) {
         bt *b = p->node[d - 1], *c = p->node[d];
@@ -483,27 +473,95 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, const
 
         if (c->n < LOW) {
             bt_fix(t, b, i);
+            same = 0;
         } else {
             ST(b->key[i], c->key[0]);
             if (x->last == b->last[i])
                 ST(b->last[i], bt_max_last(c));
         }
     }
+    return same;
+}
+
+/*
+ * The path to x by a descent on its start (owner's lock): at each level the
+ * last child whose smallest start is at or before it, then x in the leaf.
+ * 0 if x is not in that leaf (equal starts spanning leaves: bt_rm then).
+ */
+static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, struct drc__itree_path *p)
+{
+    bt *b = t->root;
+    unsigned d = 0, i;
+
+    for (; b->level && d + 1 < MAXH; d++) {
+        i = bt_upper(b, b->n, x->start);
+        p->node[d] = b;
+        p->idx[d] = i ? i - 1 : 0;
+        b = b->ptr[p->idx[d]];
+    }
+    for (i = bt_lower(b, b->n, x->start); i < b->n && b->key[i] == x->start; i++)
+        if (b->ptr[i] == x) {
+            p->node[d] = b;
+            p->idx[d] = i;
+            p->depth = d + 1;
+            p->seek = 0;
+            return 1;
+        }
+    return 0;
+}
+
+void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
+{
+    drc__itree_remove_at(t, x, NULL);
+}
+
+/*
+ * Along the path of a walk (drc__itree_first_at) if it holds, else along
+ * one found by a descent. Afterwards *p, if given, leads to x's successor
+ * in its leaf when no node changed shape (drc__itree_at), else holds no
+ * path: a caller taking out a run of entries walks along it.
+ */
+void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_path *p)
+{
+    struct drc__itree_path own;
+    bt *root;
+    int same;
+
+    if (!p) {
+        p = &own;
+        own.depth = 0;
+    }
+    if (drc__itree_at(t, p) != x && !(t->root && bt_seek(t, x, p))) {
+        int found;
+
+        bt_w_begin(t);      /* equal starts across leaves: the recursive search */
+        found = t->root && bt_rm(t, t->root, x);
+        DRC_ASSERT(found);
+        (void)found;
+        same = 0;
+    } else {
+        bt_w_begin(t);
+        same = bt_remove_path(t, x, p);
+    }
     root = t->root;
-    if (root->level && root->n == 1) {
+    if (root && root->level && root->n == 1) {
         ST(t->root, (bt *)root->ptr[0]);
         ST(t->height, t->height - 1);
         bt_spare_push(t, root);
-    } else if (!root->n) {
+        same = 0;
+    } else if (root && !root->n) {
         ST(t->root, (bt *)NULL);
         ST(t->height, 0u);
         bt_spare_push(t, root);
+        same = 0;
     }
+    if (t->max == x)
+        ST(t->max, bt_last_entry(t));
     t->count--;
     bt_w_end(t);
-    return;
-search:
-    drc__itree_remove(t, x);
+    p->seq = t->seq;        /* the path holds across this removal if no node changed shape */
+    if (!same)
+        p->depth = 0;
 }
 
 /* ---- walks (with or without the lock) ----------------------------------------- */
@@ -540,8 +598,11 @@ struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t k
 {
     unsigned seq, i, h, level;
     const bt *b = bt_walk_root(t, &seq, budget);
+    struct drc__itree_node *m;
     void *p;
 
+    if (b && (m = LD(t->max)) && key >= LD(m->start))
+        return bt_moved(t, seq) ? bt_gave_up(budget) : m;   /* at or past the largest start: no descent */
     for (h = 0; b; h++) {
         if (--*budget <= 0 || h >= MAXH)
             return bt_gave_up(budget);

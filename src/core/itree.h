@@ -75,6 +75,7 @@ struct drc__itree {
     int given;                      /* 1: nodes come only from drc__itree_give (never malloc) */
     int disjoint;                   /* atomic: the owner promises no two intervals overlap */
     struct drc__itree_bt *all;      /* malloc'd nodes, for drc__itree_fini */
+    struct drc__itree_node *max;    /* atomic: the node with the largest start (the last of equal ones) */
 };
 
 /* Entries per node (tests build the tree with a smaller fan, to reach more levels with few intervals) */
@@ -131,11 +132,13 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
 
 /*
  * The same, given where drc__itree_first_at() found @n: with no descent if
- * the tree has not changed since (its count has not moved), else as
- * drc__itree_remove(). Under the owner's lock; the walk may have been
- * lockless.
+ * the tree has not changed since (its count has not moved), else along a
+ * descent's path. Under the owner's lock; the walk may have been lockless.
+ * Afterwards @p leads to @n's successor in its leaf (drc__itree_at) if no
+ * node changed shape, else holds no path (depth 0): a run of entries is
+ * taken out one after the other with no descent between them.
  */
-void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *n, const struct drc__itree_path *p);
+void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_path *p);
 
 /*
  * The overlapping node with the smallest start, and the next one after @n in

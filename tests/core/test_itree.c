@@ -504,6 +504,49 @@ static void a_path_goes_stale_when_the_tree_changes(void **state)
     free(m);
 }
 
+/*
+ * A run of entries taken out one after the other: after each removal the
+ * path leads to the successor (drc__itree_at) unless a node changed shape,
+ * so a range of n entries costs one descent and a few, not n. Control: a
+ * path is refused after any other change (the test above).
+ */
+static void a_run_goes_out_along_the_path(void **state)
+{
+    struct model *m = model_new(22);
+    struct drc__itree_path path;
+    struct drc__itree_node *x;
+    int budget = DRC__ITREE_UNBOUNDED, i, along = 0, descents = 0;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (i = 0; i < 400; i++)
+        ins(m, i, (uintptr_t)i * 16, (uintptr_t)i * 16 + 7);
+    x = drc__itree_first_at(&m->t, 100 * 16, 300 * 16 + 7, &budget, &path);
+    while (x) {
+        i = (int)(x - m->n);
+        assert_true(i >= 100 && i <= 300 && m->in[i]);
+        drc__itree_remove_at(&m->t, x, &path);
+        m->in[i] = 0;
+        m->count--;
+        assert_int_equal(drc__itree_check(&m->t), m->count);
+        x = drc__itree_at(&m->t, &path);
+        if (x && x->start > 300 * 16 + 7)
+            break;
+        if (x) {
+            along++;
+        } else {
+            descents++;
+            x = drc__itree_first_at(&m->t, 100 * 16, 300 * 16 + 7, &budget, &path);
+        }
+    }
+    for (i = 0; i < 400; i++)
+        assert_int_equal(m->in[i], i < 100 || i > 300);
+    assert_true(along > 4 * descents);      /* most of the run went along the path */
+    query(m, 0, UINTPTR_MAX);
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
 static void budget_bounds_the_walk(void **state)
 {
     struct model *m = model_new(4);
@@ -589,6 +632,7 @@ int main(void)
         cmocka_unit_test(given_nodes_are_enough),
         cmocka_unit_test(disjoint_promise_answers_like_the_list),
         cmocka_unit_test(a_path_goes_stale_when_the_tree_changes),
+        cmocka_unit_test(a_run_goes_out_along_the_path),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
     };
