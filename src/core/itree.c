@@ -142,6 +142,8 @@ static bt *bt_node_new(struct drc__itree *t, unsigned level)
         b->all = t->all;
         t->all = b;
     }
+    for (unsigned j = 0; j < F; j++)
+        ST(b->key[j], UINTPTR_MAX);
     ST(b->n, 0u);
     ST(b->level, level);
     ST(b->next, (bt *)NULL);
@@ -153,32 +155,41 @@ static bt *bt_node_new(struct drc__itree *t, unsigned level)
 /*
  * The first entry whose key is >= k (lower), or > k (upper); n if none.
  * Halving without branches: a search over random keys takes a
- * mispredicted branch at every other step, four steps a level.
- * Invariant: the keys before i compare true. A key at or past n may be
- * stale (a lockless walk) and is never counted.
+ * mispredicted branch at every other step, four steps a level. The keys
+ * past n are UINTPTR_MAX (bt_setn), so the halving runs over all F; the
+ * answer is clamped to n, for a key of UINTPTR_MAX and for a lockless walk
+ * that reads a node in change.
  */
 static inline unsigned bt_lower(const bt *b, unsigned n, uintptr_t k)
 {
-    unsigned i = 0, step, j;
+    unsigned i = 0, step;
 
 #pragma GCC unroll 8
-    for (step = F / 2; step; step /= 2) {
-        j = i + step - 1;
-        i += step & (0u - ((j < n) & (LD(b->key[j]) < k)));
-    }
-    return i + ((i < n) & (LD(b->key[i]) < k));
+    for (step = F / 2; step; step /= 2)
+        i += step & (0u - (LD(b->key[i + step - 1]) < k));
+    i += LD(b->key[i]) < k;
+    return i < n ? i : n;
 }
 
 static inline unsigned bt_upper(const bt *b, unsigned n, uintptr_t k)
 {
-    unsigned i = 0, step, j;
+    unsigned i = 0, step;
 
 #pragma GCC unroll 8
-    for (step = F / 2; step; step /= 2) {
-        j = i + step - 1;
-        i += step & (0u - ((j < n) & (LD(b->key[j]) <= k)));
-    }
-    return i + ((i < n) & (LD(b->key[i]) <= k));
+    for (step = F / 2; step; step /= 2)
+        i += step & (0u - (LD(b->key[i + step - 1]) <= k));
+    i += LD(b->key[i]) <= k;
+    return i < n ? i : n;
+}
+
+/* Set b's entry count; the keys of the entries it gives up become UINTPTR_MAX (bt_upper). */
+static inline void bt_setn(bt *b, unsigned n)
+{
+    unsigned j;
+
+    for (j = n; j < b->n; j++)
+        ST(b->key[j], UINTPTR_MAX);
+    ST(b->n, n);
 }
 
 static uintptr_t bt_max_last(const bt *b)
@@ -226,7 +237,7 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
         for (j = n; j > i; j--)
             bt_copy(b, j, b, j - 1);
         bt_set(b, i, key, last, p);
-        ST(b->n, n + 1);
+        bt_setn(b, n + 1);
         return NULL;
     }
     r = bt_node_new(t, b->level);
@@ -238,8 +249,8 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
     h = i == F ? F - LOW + 1 : F / 2;
     for (j = h; j < F; j++)
         bt_copy(r, j - h, b, j);
-    ST(r->n, F - h);
-    ST(b->n, h);
+    bt_setn(r, F - h);
+    bt_setn(b, h);
     if (i <= h && i < F)
         bt_put(t, b, i, key, last, p);
     else
@@ -258,7 +269,7 @@ static void bt_grow(struct drc__itree *t, bt *nb)
 
     bt_set(root, 0, t->root->key[0], bt_max_last(t->root), t->root);
     bt_set(root, 1, nb->key[0], bt_max_last(nb), nb);
-    ST(root->n, 2u);
+    bt_setn(root, 2u);
     ST(t->height, t->height + 1);
     ST(t->root, root);
 }
@@ -294,7 +305,7 @@ void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
     if (!t->root) {
         b = bt_node_new(t, 0);
         bt_set(b, 0, x->start, x->last, x);
-        ST(b->n, 1u);
+        bt_setn(b, 1u);
         ST(t->height, 1u);
         ST(t->root, b);
     } else {
@@ -356,7 +367,7 @@ static void bt_cut(bt *b, unsigned i)
 
     for (j = i; j + 1 < b->n; j++)
         bt_copy(b, j, b, j + 1);
-    ST(b->n, b->n - 1);
+    bt_setn(b, b->n - 1);
 }
 
 /* Child i of inner node b has fewer than LOW entries: merge it with a sibling, or borrow from one. */
@@ -369,7 +380,7 @@ static void bt_fix(struct drc__itree *t, bt *b, unsigned i)
     if (total <= F) {
         for (j = 0; j < r->n; j++)
             bt_copy(l, l->n + j, r, j);
-        ST(l->n, total);
+        bt_setn(l, total);
         if (!l->level)
             ST(l->next, r->next);
         bt_cut(b, li + 1);
@@ -383,10 +394,10 @@ static void bt_fix(struct drc__itree *t, bt *b, unsigned i)
 
         for (j = 0; j < k; j++)
             bt_copy(l, l->n + j, r, j);
-        ST(l->n, want);
+        bt_setn(l, want);
         for (j = 0; j + k < r->n; j++)
             bt_copy(r, j, r, j + k);
-        ST(r->n, r->n - k);
+        bt_setn(r, r->n - k);
     } else {                    /* move l's last entries to r's front */
         unsigned k = l->n - want;
 
@@ -394,8 +405,8 @@ static void bt_fix(struct drc__itree *t, bt *b, unsigned i)
             bt_copy(r, j + k, r, j);
         for (j = 0; j < k; j++)
             bt_copy(r, j, l, want + j);
-        ST(r->n, r->n + k);
-        ST(l->n, want);
+        bt_setn(r, r->n + k);
+        bt_setn(l, want);
     }
     bt_refresh(b, li);
     bt_refresh(b, li + 1);
@@ -498,6 +509,14 @@ static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, 
         p->node[d] = b;
         p->idx[d] = i ? i - 1 : 0;
         b = b->ptr[p->idx[d]];
+    }
+    i = bt_upper(b, b->n, x->start);
+    if (i && b->ptr[i - 1] == x) {      /* the last of its start: every start, while they are unique */
+        p->node[d] = b;
+        p->idx[d] = i - 1;
+        p->depth = d + 1;
+        p->seek = 0;
+        return 1;
     }
     for (i = bt_lower(b, b->n, x->start); i < b->n && b->key[i] == x->start; i++)
         if (b->ptr[i] == x) {
@@ -843,6 +862,11 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
         s->bad = 1;
         return;
     }
+    for (i = b->n; i < F; i++)
+        if (b->key[i] != UINTPTR_MAX) {     /* the halving's padding (bt_setn) */
+            s->bad = 1;
+            return;
+        }
     for (i = 0; i < b->n && !s->bad; i++) {
         if (b->key[i] < s->prev_key) {
             s->bad = 1;
