@@ -613,6 +613,25 @@ static inline struct drc__itree_node *bt_gave_up(int *budget)
     return NULL;
 }
 
+/*
+ * Step a walk along the leaf chain: 1 with *b the next leaf, 0 after the
+ * last leaf, -1 if the walk must give up (a writer ran, the budget ran
+ * out, or the leaf read is empty: one in change).
+ */
+static inline int bt_next_leaf(const struct drc__itree *t, unsigned seq, const bt **b, int *budget)
+{
+    const bt *p = LD((*b)->next);
+
+    if (bt_moved(t, seq) || --*budget <= 0)
+        return -1;
+    if (!p)
+        return 0;
+    if (!bt_count_of(p))
+        return -1;
+    *b = p;
+    return 1;
+}
+
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
 {
     unsigned seq, i, h, level;
@@ -691,15 +710,11 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
         i--;                        /* the floor reaches start */
     } else {
         if (i >= n) {               /* the next entry is in the next leaf */
-            p = LD(b->next);
-            if (bt_moved(t, seq) || --*budget <= 0)
-                return bt_gave_up(budget);
-            if (!p)
-                return NULL;
-            b = p;
+            int step = bt_next_leaf(t, seq, &b, budget);
+
+            if (step <= 0)
+                return step < 0 ? bt_gave_up(budget) : NULL;
             i = 0;
-            if (!bt_count_of(b))
-                return bt_gave_up(budget);
             if (path)
                 path->depth = 0;    /* not where an insert goes, and not where the entry is: no path */
         }
@@ -804,15 +819,11 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
         return bt_gave_up(budget);
     for (i = bt_lower(b, bt_count_of(b), k);; i++) {
         if (i >= bt_count_of(b)) {
-            p = LD(b->next);
-            if (bt_moved(t, seq) || --*budget <= 0)
-                return bt_gave_up(budget);
-            if (!p)
-                return NULL;            /* x is not in the tree (a walk without the lock) */
-            b = p;
+            int step = bt_next_leaf(t, seq, &b, budget);
+
+            if (step <= 0)
+                return step < 0 ? bt_gave_up(budget) : NULL;   /* 0: x is not in the tree (lockless) */
             i = 0;
-            if (!bt_count_of(b))
-                return bt_gave_up(budget);
         }
         if (LD(b->key[i]) != k)
             return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
@@ -823,16 +834,11 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
     for (i++;; i++) {
         n = bt_count_of(b);
         if (i >= n) {
-            p = LD(b->next);
-            if (bt_moved(t, seq) || --*budget <= 0)
-                return bt_gave_up(budget);
-            if (!p)
-                return NULL;
-            b = p;
+            int step = bt_next_leaf(t, seq, &b, budget);
+
+            if (step <= 0)
+                return step < 0 ? bt_gave_up(budget) : NULL;
             i = 0;
-            n = bt_count_of(b);
-            if (!n)
-                return bt_gave_up(budget);
         }
         if (LD(b->key[i]) > last)
             return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
