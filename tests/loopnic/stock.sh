@@ -17,6 +17,7 @@ out=$2
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 N=20           # iterations: small, no timing is asserted
+ENDRACE_OK=0   # run_pair: only ibv_srq_pingpong may be run again for its end race
 TO=60          # seconds any process may take; a hang fails the check, it does not stall CI
 
 pass() { echo "ok   $1"; echo "stock:$1 1 0" >> "$out"; }
@@ -52,6 +53,28 @@ done
 # file; MODE plain (in place), drc (in place, drc preloaded), drc-first or drc-after (both
 # preloaded over rdma-core, in that order).
 run_pair() {
+    ENDRACE=0
+    run_pair_once "$@"
+    if [ "$ENDRACE" = 1 ]; then
+        # ibv_srq_pingpong posts up to q sends beyond the n its peer needs, and its peer exits once it
+        # has its n: one of those sends may find the peer's QP gone. A NIC retries for the QP's
+        # timeout (seconds, by which the program has stopped polling); the model fails it at once
+        # (src/loopnic/README.md). The stock program's race, not drc's: run it once more.
+        echo "note $1: a send reached the peer after its exit (the stock program's end race): once more"
+        run_pair_once "$@"
+    fi
+    if [ -n "$WHY" ]; then
+        fail "$1" "$WHY"
+        cat "$T/$1.shown"
+    else
+        pass "$1"
+    fi
+}
+
+# One run of the pair: WHY empty if it passed, else why not (its logs in $T/NAME.shown); ENDRACE 1
+# if the only failure is a send of the server's that found the client gone after the client
+# finished (ibv_srq_pingpong's end race: run_pair).
+run_pair_once() {
     local name=$1 bytes=$2 mode=$3; shift 3
     local port; port=$(free_port)
     local reg="$T/$name.reg" rep="$T/$name.report" slog="$T/$name.server" clog="$T/$name.client"
@@ -98,13 +121,14 @@ run_pair() {
                 why="$why drc did not name the preload that shadows it;"
             ! grep -q 'drc: over the process: .* [1-9][0-9]* MRs handed out' "$clog" || why="$why drc saw registrations;";;
     esac
-    if [ -z "$why" ]; then
-        pass "$name"
-    else
-        fail "$name" "$why"
-        echo "  -- server:"; sed 's/^/    /' "$slog"; echo "  -- client:"; sed 's/^/    /' "$clog"
-        echo "  -- reports:"; sed 's/^/    /' "$rep" 2>/dev/null
+    WHY=$why
+    ENDRACE=0
+    if [ -n "$why" ] && [ "$ENDRACE_OK" = 1 ] && [ "$why" = " server exit $src; wr_errors $errs;" ] && [ "$errs" -le 4 ] &&
+       grep -q 'transport retry counter exceeded (12) for wr_id 2' "$slog" && grep -q 'iters in' "$clog"; then
+        ENDRACE=1
     fi
+    { echo "  -- server:"; sed 's/^/    /' "$slog"; echo "  -- client:"; sed 's/^/    /' "$clog"
+      echo "  -- reports:"; sed 's/^/    /' "$rep" 2>/dev/null; } > "$T/$name.shown"
 }
 
 # ibv_devinfo -v: every query a real program makes, one device model; no WR. In place, with drc,
@@ -132,7 +156,7 @@ for mode in plain drc; do
     run_pair "ibv_rc_pingpong-$mode" $((2 * N * 4096)) $mode ibv_rc_pingpong -d loop0 -g 0 -n $N -s 4096
     # ibv_srq_pingpong: q QPs on one SRQ; each side sends on every QP first, then one per receive,
     # so between n and n+q messages a side
-    run_pair "ibv_srq_pingpong-$mode" $((2 * N * 4096))-$((2 * (N + 4) * 4096)) $mode ibv_srq_pingpong -d loop0 -g 0 -q 4 -n $N -s 4096
+    ENDRACE_OK=1 run_pair "ibv_srq_pingpong-$mode" $((2 * N * 4096))-$((2 * (N + 4) * 4096)) $mode ibv_srq_pingpong -d loop0 -g 0 -q 4 -n $N -s 4096
     # perftest: the client moves n messages of s bytes (ib_send_lat: both sides, ping-pong)
     run_pair "ib_send_bw-$mode" $((N * 65536)) $mode ib_send_bw -d loop0 -n $N -s 65536
     run_pair "ib_send_lat-$mode" $((2 * N * 64)) $mode ib_send_lat -d loop0 -n $N -s 64
