@@ -28,11 +28,14 @@
  * with its own sequence count), as a walk that did not see the count move
  * answered for one instant only.
  *
- * Node memory: a tree made with drc__itree_init(t, NULL) (or zeroed) takes
+ * Node memory: a tree made with drc__itree_init(t, 0) (or zeroed) takes
  * its nodes from malloc, as it needs them (tests, fuzzers). An owner that
- * may not allocate under its lock passes its own node source to
- * drc__itree_init and, before an insert, gives the tree the nodes
- * drc__itree_need() asks for (drc__itree_give); remove never allocates.
+ * may not allocate under its lock makes it with drc__itree_init(t, 1) and,
+ * before an insert, gives it the nodes drc__itree_need() asks for, carved
+ * from its own memory (drc__itree_give); remove never allocates.
+ *
+ * The tree keeps its largest entry (max): an insert at or past it and a
+ * floor of a key at or past its start search nothing.
  *
  * Two intervals A and B overlap iff A.start <= B.last && B.start <= A.last.
  */
