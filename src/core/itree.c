@@ -160,17 +160,6 @@ static bt *bt_node_new(struct drc__itree *t, unsigned level)
  * answer is clamped to n, for a key of UINTPTR_MAX and for a lockless walk
  * that reads a node in change.
  */
-static inline unsigned bt_lower(const bt *b, unsigned n, uintptr_t k)
-{
-    unsigned i = 0, step;
-
-#pragma GCC unroll 8
-    for (step = F / 2; step; step /= 2)
-        i += step & (0u - (LD(b->key[i + step - 1]) < k));
-    i += LD(b->key[i]) < k;
-    return i < n ? i : n;
-}
-
 static inline unsigned bt_upper(const bt *b, unsigned n, uintptr_t k)
 {
     unsigned i = 0, step;
@@ -180,6 +169,12 @@ static inline unsigned bt_upper(const bt *b, unsigned n, uintptr_t k)
         i += step & (0u - (LD(b->key[i + step - 1]) <= k));
     i += LD(b->key[i]) <= k;
     return i < n ? i : n;
+}
+
+/* Keys are integers: those below k are those at or below k - 1. */
+static inline unsigned bt_lower(const bt *b, unsigned n, uintptr_t k)
+{
+    return k ? bt_upper(b, n, k - 1) : 0;
 }
 
 /* Set b's entry count; the keys of the entries it gives up become UINTPTR_MAX (bt_upper). */
@@ -276,25 +271,38 @@ static void bt_grow(struct drc__itree *t, bt *nb)
 
 /* ---- insert ------------------------------------------------------------------ */
 
+/*
+ * (bt_inserted and bt_removed are inlined: out of line, the bottom-up loops
+ * of a path paid a call per level.)
+ *
+ * After x went into the subtree of b's entry i (child c): that entry's
+ * smallest start and largest last, and, if c split off @nb, nb beside it.
+ * Returns b's own new sibling if b split in turn, else NULL.
+ */
+static inline __attribute__((always_inline)) bt *bt_inserted(struct drc__itree *t, bt *b, unsigned i, const struct drc__itree_node *x, bt *nb)
+{
+    const bt *c = b->ptr[i];
+
+    ST(b->key[i], c->key[0]);
+    if (x->last > b->last[i])
+        ST(b->last[i], x->last);
+    if (!nb)
+        return NULL;
+    bt_refresh(b, i);      /* the largest last may have moved to the new sibling */
+    return bt_put(t, b, i + 1, nb->key[0], bt_max_last(nb), nb);
+}
+
 /* @append: x starts at or after every start in the tree: it goes at the end of each node, no search. */
 static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int append)
 {
     unsigned i = append ? b->n : bt_upper(b, b->n, x->start);
-    bt *c, *nb;
+    bt *nb;
 
     if (!b->level)
         return bt_put(t, b, i, x->start, x->last, x);
     i = i ? i - 1 : 0;     /* the last child whose smallest start is <= x's, or the first */
-    c = b->ptr[i];
-    nb = bt_ins(t, c, x, append);
-    ST(b->key[i], c->key[0]);
-    if (x->last > b->last[i])
-        ST(b->last[i], x->last);
-    if (nb) {
-        bt_refresh(b, i);      /* the largest last may have moved to the new sibling */
-        return bt_put(t, b, i + 1, nb->key[0], bt_max_last(nb), nb);
-    }
-    return NULL;
+    nb = bt_ins(t, b->ptr[i], x, append);
+    return bt_inserted(t, b, i, x, nb);
 }
 
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
@@ -338,18 +346,8 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x, const
     d = p->depth - 1;
     leaf = p->node[d];
     nb = bt_put(t, leaf, bt_upper(leaf, leaf->n, x->start), x->start, x->last, x);
-    for (; d > 0; d--) {
-        bt *b = p->node[d - 1], *c = p->node[d];
-        unsigned i = p->idx[d - 1];
-
-        ST(b->key[i], c->key[0]);
-        if (x->last > b->last[i])
-            ST(b->last[i], x->last);
-        if (nb) {
-            bt_refresh(b, i);
-            nb = bt_put(t, b, i + 1, nb->key[0], bt_max_last(nb), nb);
-        }
-    }
+    for (; d > 0; d--)
+        nb = bt_inserted(t, p->node[d - 1], p->idx[d - 1], x, nb);
     if (nb)
         bt_grow(t, nb);
     if (x->start >= t->max->start)
@@ -412,6 +410,26 @@ static void bt_fix(struct drc__itree *t, bt *b, unsigned i)
     bt_refresh(b, li + 1);
 }
 
+/*
+ * After x left the subtree of b's entry i (child c): merge or refill c if
+ * it fell under LOW (b has a sibling for it: an inner node has 2 entries
+ * or more), else that entry's smallest start and, if x was its largest
+ * last, the new one. 1 if no node changed shape.
+ */
+static inline __attribute__((always_inline)) int bt_removed(struct drc__itree *t, bt *b, unsigned i, const struct drc__itree_node *x)
+{
+    const bt *c = b->ptr[i];
+
+    if (c->n < LOW) {
+        bt_fix(t, b, i);
+        return 0;
+    }
+    ST(b->key[i], c->key[0]);
+    if (x->last == b->last[i])
+        ST(b->last[i], bt_max_last(c));    /* x may have been the largest: else it stays */
+    return 1;
+}
+
 /* Remove x from b's subtree: 1 if it was there. */
 static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
 {
@@ -428,17 +446,9 @@ static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
     }
     /* equal starts may span children: every child whose range can hold k, from the left */
     for (i = i ? i - 1 : 0; i < b->n && b->key[i] <= k; i++) {
-        bt *c = b->ptr[i];
-
-        if (!bt_rm(t, c, x))
+        if (!bt_rm(t, b->ptr[i], x))
             continue;
-        if (c->n < LOW) {
-            bt_fix(t, b, i);   /* b has a sibling for c: an inner node has 2 entries or more */
-        } else {
-            ST(b->key[i], c->key[0]);
-            if (x->last == b->last[i])
-                ST(b->last[i], bt_max_last(c));    /* x may have been the largest: else it stays */
-        }
+        bt_removed(t, b, i, x);
         return 1;
     }
     return 0;
@@ -478,19 +488,8 @@ static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, const
     int same = 1;
 
     bt_cut(leaf, p->idx[p->depth - 1]);
-    for (d = p->depth - 1; d > 0; d--) {
-        bt *b = p->node[d - 1], *c = p->node[d];
-        unsigned i = p->idx[d - 1];
-
-        if (c->n < LOW) {
-            bt_fix(t, b, i);
-            same = 0;
-        } else {
-            ST(b->key[i], c->key[0]);
-            if (x->last == b->last[i])
-                ST(b->last[i], bt_max_last(c));
-        }
-    }
+    for (d = p->depth - 1; d > 0; d--)
+        same &= bt_removed(t, p->node[d - 1], p->idx[d - 1], x);
     return same;
 }
 
@@ -511,22 +510,18 @@ static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, 
         b = b->ptr[p->idx[d]];
     }
     i = bt_upper(b, b->n, x->start);
-    if (i && b->ptr[i - 1] == x) {      /* the last of its start: every start, while they are unique */
-        p->node[d] = b;
-        p->idx[d] = i - 1;
-        p->depth = d + 1;
-        p->seek = 0;
-        return 1;
-    }
-    for (i = bt_lower(b, b->n, x->start); i < b->n && b->key[i] == x->start; i++)
-        if (b->ptr[i] == x) {
-            p->node[d] = b;
-            p->idx[d] = i;
-            p->depth = d + 1;
-            p->seek = 0;
-            return 1;
-        }
-    return 0;
+    if (i && b->ptr[i - 1] == x)
+        i--;                            /* the last of its start: every start, while they are unique */
+    else                                /* among equal starts */
+        for (i = bt_lower(b, b->n, x->start); i < b->n && b->key[i] == x->start && b->ptr[i] != x; i++)
+            ;
+    if (i >= b->n || b->ptr[i] != x)
+        return 0;
+    p->node[d] = b;
+    p->idx[d] = i;
+    p->depth = d + 1;
+    p->seek = 0;
+    return 1;
 }
 
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
