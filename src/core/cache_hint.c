@@ -130,7 +130,7 @@ unsigned hint_want(const drc_cache_t *c)
  * registered): called, as the arena calls it, with no cache lock held. If
  * it fails (mlocked memory), the pages simply stay.
  */
-static void hint_drop(const drc_cache_t *c, struct hint_tab *t)
+static void hint_drop(struct hint_tab *t)
 {
     /*
      * Whole huge pages only: the arena's large mappings are advised
@@ -144,7 +144,6 @@ static void hint_drop(const drc_cache_t *c, struct hint_tab *t)
     uintptr_t lo = ((uintptr_t)&t->slot[0] + huge - 1) & ~(huge - 1);
     uintptr_t hi = (uintptr_t)t->used & ~(huge - 1);     /* the filter's first page stays */
 
-    (void)c;
     DRC_ASSERT_NO_LOCK();
     if (hi > lo)
         (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
@@ -210,5 +209,5 @@ void hint_grow(drc_cache_t *c, unsigned bits)
         t = NULL;
     }
     unlock(c);
-    hint_drop(c, old ? old : t);    /* t: another thread grew it first; unused, its slots given back */
+    hint_drop(old ? old : t);    /* t: another thread grew it first; unused, its slots given back */
 }
