@@ -142,7 +142,7 @@ static void hint_drop(struct hint_tab *t)
      */
     uintptr_t huge = (uintptr_t)DRC__ARENA_HUGE;
     uintptr_t lo = ((uintptr_t)&t->slot[0] + huge - 1) & ~(huge - 1);
-    uintptr_t hi = (uintptr_t)t->used & ~(huge - 1);     /* the filter's first page stays */
+    uintptr_t hi = (uintptr_t)t->used & ~(huge - 1);     /* the huge page the filter starts in stays */
 
     DRC_ASSERT_NO_LOCK();
     if (hi > lo)
