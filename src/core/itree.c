@@ -672,12 +672,21 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
                                                  uintptr_t start, uintptr_t last, int *budget,
                                                  struct drc__itree_path *path)
 {
+    const struct drc__itree_node *m = LD(t->max);
     unsigned depth = 0, i, n, level;
+    /*
+     * At or past the largest start (a cache filled in address order asks
+     * there at every miss): the walk and its path follow the right edge,
+     * no search. m is an owner's node, never freed; what is read of it is
+     * used only if the count has not moved (checked below, before any
+     * pointer is followed), and while m is in the tree its start is constant.
+     */
+    int edge = m && start >= LD(m->start);
     void *p;
 
     for (;;) {
         n = bt_count_of(b);
-        i = bt_upper(b, n, start);
+        i = edge ? n : bt_upper(b, n, start);
         level = LD(b->level);
         if (!level)
             break;

@@ -547,6 +547,88 @@ static void a_run_goes_out_along_the_path(void **state)
     free(m);
 }
 
+/*
+ * The path of an insert of `key`, searched level by level as bt_ins()
+ * descends (the reference for the walk's right-edge shortcut).
+ */
+static unsigned searched_path(const struct drc__itree *t, uintptr_t key, bt **node, unsigned *idx)
+{
+    const bt *b = t->root;
+    unsigned d = 0, i;
+
+    for (; b->level; b = b->ptr[i], d++) {
+        i = bt_upper(b, b->n, key);
+        i = i ? i - 1 : 0;
+        node[d] = (bt *)b;
+        idx[d] = i;
+    }
+    node[d] = (bt *)b;
+    return d + 1;
+}
+
+static void expect_searched_path(const struct model *m, uintptr_t key, const struct drc__itree_path *p, int *same)
+{
+    bt *node[DRC__ITREE_MAXH];
+    unsigned idx[DRC__ITREE_MAXH], depth = searched_path(&m->t, key, node, idx), d;
+
+    *same = p->depth == depth && p->seek && p->key == key;
+    for (d = 0; *same && d < depth; d++)
+        *same = p->node[d] == node[d] && (d + 1 == depth || p->idx[d] == idx[d]);
+}
+
+/*
+ * A walk from at or past the largest start (every miss of a cache filled
+ * in address order) follows the right edge without searching its nodes:
+ * its answer and its path must be those of the searched walk, and an
+ * insert along that path must leave the tree whole. Control: with a wrong
+ * largest entry the shortcut answers an entry that does not overlap, along
+ * a path the searched walk does not take.
+ */
+static void the_right_edge_is_walked_without_search(void **state)
+{
+    struct model *m = model_new(23);
+    struct drc__itree_path path;
+    int budget = DRC__ITREE_UNBOUNDED, i, same;
+    uintptr_t s;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (i = 0; i < 400; i++) {
+        s = (uintptr_t)i * 16;
+        if (i) {
+            assert_null(drc__itree_first_at(&m->t, s, s + 7, &budget, &path));
+            expect_searched_path(m, s, &path, &same);
+            assert_true(same);
+        }
+        m->n[i].start = s;
+        m->n[i].last = s + 7;
+        drc__itree_insert_at(&m->t, &m->n[i], i ? &path : NULL);
+        m->in[i] = 1;
+        m->count++;
+        assert_int_equal(drc__itree_check(&m->t), m->count);
+    }
+    assert_true(m->t.height >= 3);          /* fan 8, packed: several levels of right edge */
+    /* at the largest start, and inside the largest entry: the entry itself, along its path */
+    assert_ptr_equal(drc__itree_first_at(&m->t, 399 * 16, 399 * 16, &budget, &path), &m->n[399]);
+    assert_ptr_equal(drc__itree_at(&m->t, &path), &m->n[399]);
+    assert_ptr_equal(drc__itree_first_at(&m->t, 399 * 16 + 5, 401 * 16, &budget, &path), &m->n[399]);
+    drc__itree_remove_at(&m->t, &m->n[399], &path);
+    m->in[399] = 0;
+    m->count--;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_ptr_equal(m->t.max, &m->n[398]);
+    query(m, 0, UINTPTR_MAX);
+
+    /* control: a largest entry that is not the last one sends the walk down the wrong edge */
+    m->t.max = &m->n[10];
+    assert_ptr_equal(drc__itree_first_at(&m->t, 200 * 16 + 8, 200 * 16 + 9, &budget, &path), &m->n[398]);
+    expect_searched_path(m, 200 * 16 + 8, &path, &same);
+    assert_false(same);
+    m->t.max = &m->n[398];
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
 static void budget_bounds_the_walk(void **state)
 {
     struct model *m = model_new(4);
@@ -633,6 +715,7 @@ int main(void)
         cmocka_unit_test(disjoint_promise_answers_like_the_list),
         cmocka_unit_test(a_path_goes_stale_when_the_tree_changes),
         cmocka_unit_test(a_run_goes_out_along_the_path),
+        cmocka_unit_test(the_right_edge_is_walked_without_search),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
     };
