@@ -277,17 +277,28 @@ static void bt_grow(struct drc__itree *t, bt *nb)
  *
  * After x went into the subtree of b's entry i (child c): that entry's
  * smallest start and largest last, and, if c split off @nb, nb beside it.
- * Returns b's own new sibling if b split in turn, else NULL.
+ * Returns b's own new sibling if b split in turn, else NULL, then with
+ * *settled 1 if the entry did not change (the levels above need nothing).
  */
-static inline __attribute__((always_inline)) bt *bt_inserted(struct drc__itree *t, bt *b, unsigned i, const struct drc__itree_node *x, bt *nb)
+static inline __attribute__((always_inline)) bt *bt_inserted(struct drc__itree *t, bt *b, unsigned i, const struct drc__itree_node *x, bt *nb,
+                                                           int *settled)
 {
     const bt *c = b->ptr[i];
+    int same = 1;
 
-    ST(b->key[i], c->key[0]);
-    if (x->last > b->last[i])
+    *settled = 0;
+    if (b->key[i] != c->key[0]) {
+        ST(b->key[i], c->key[0]);
+        same = 0;
+    }
+    if (x->last > b->last[i]) {
         ST(b->last[i], x->last);
-    if (!nb)
+        same = 0;
+    }
+    if (!nb) {
+        *settled = same;    /* b's smallest start and largest last are as they were: so is every level above */
         return NULL;
+    }
     bt_refresh(b, i);      /* the largest last may have moved to the new sibling */
     return bt_put(t, b, i + 1, nb->key[0], bt_max_last(nb), nb);
 }
@@ -300,9 +311,11 @@ static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int ap
 
     if (!b->level)
         return bt_put(t, b, i, x->start, x->last, x);
+    int settled;
+
     i = i ? i - 1 : 0;     /* the last child whose smallest start is <= x's, or the first */
     nb = bt_ins(t, b->ptr[i], x, append);
-    return bt_inserted(t, b, i, x, nb);
+    return bt_inserted(t, b, i, x, nb, &settled);
 }
 
 void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
@@ -337,6 +350,7 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x, const
 {
     unsigned d;
     bt *leaf, *nb;
+    int settled;
 
     if (!p || !p->seek || !p->depth || p->seq != t->seq || p->depth != t->height || p->key != x->start) {
         drc__itree_insert(t, x);
@@ -346,8 +360,11 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x, const
     d = p->depth - 1;
     leaf = p->node[d];
     nb = bt_put(t, leaf, bt_upper(leaf, leaf->n, x->start), x->start, x->last, x);
-    for (; d > 0; d--)
-        nb = bt_inserted(t, p->node[d - 1], p->idx[d - 1], x, nb);
+    for (; d > 0; d--) {
+        nb = bt_inserted(t, p->node[d - 1], p->idx[d - 1], x, nb, &settled);
+        if (!nb && settled)
+            break;
+    }
     if (nb)
         bt_grow(t, nb);
     if (x->start >= t->max->start)
@@ -414,17 +431,23 @@ static void bt_fix(struct drc__itree *t, bt *b, unsigned i)
  * After x left the subtree of b's entry i (child c): merge or refill c if
  * it fell under LOW (b has a sibling for it: an inner node has 2 entries
  * or more), else that entry's smallest start and, if x was its largest
- * last, the new one. 1 if no node changed shape.
+ * last, the new one. 1 if no node changed shape; *settled 1 if the entry
+ * did not change either (the levels above need nothing).
  */
-static inline __attribute__((always_inline)) int bt_removed(struct drc__itree *t, bt *b, unsigned i, const struct drc__itree_node *x)
+static inline __attribute__((always_inline)) int bt_removed(struct drc__itree *t, bt *b, unsigned i, const struct drc__itree_node *x,
+                                                          int *settled)
 {
     const bt *c = b->ptr[i];
 
+    *settled = 0;
     if (c->n < LOW) {
         bt_fix(t, b, i);
         return 0;
     }
-    ST(b->key[i], c->key[0]);
+    if (b->key[i] != c->key[0])
+        ST(b->key[i], c->key[0]);
+    else if (x->last != b->last[i])
+        *settled = 1;       /* the entry is as it was: so is every level above */
     if (x->last == b->last[i])
         ST(b->last[i], bt_max_last(c));    /* x may have been the largest: else it stays */
     return 1;
@@ -435,6 +458,7 @@ static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
 {
     uintptr_t k = x->start;
     unsigned i = bt_lower(b, b->n, k);
+    int settled;
 
     if (!b->level) {
         for (; i < b->n && b->key[i] == k; i++)
@@ -448,7 +472,7 @@ static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
     for (i = i ? i - 1 : 0; i < b->n && b->key[i] <= k; i++) {
         if (!bt_rm(t, b->ptr[i], x))
             continue;
-        bt_removed(t, b, i, x);
+        bt_removed(t, b, i, x, &settled);
         return 1;
     }
     return 0;
@@ -485,11 +509,14 @@ static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, const
 {
     unsigned d;
     bt *leaf = p->node[p->depth - 1];
-    int same = 1;
+    int same = 1, settled;
 
     bt_cut(leaf, p->idx[p->depth - 1]);
-    for (d = p->depth - 1; d > 0; d--)
-        same &= bt_removed(t, p->node[d - 1], p->idx[d - 1], x);
+    for (d = p->depth - 1; d > 0; d--) {
+        same &= bt_removed(t, p->node[d - 1], p->idx[d - 1], x, &settled);
+        if (settled)
+            break;
+    }
     return same;
 }
 
