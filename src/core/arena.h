@@ -15,6 +15,8 @@ struct drc__arena {
     struct drc__arena_map *maps;    /* every mapping of the arena, newest first */
     char *cur, *end;                /* what is left to carve */
     int dirty;                      /* [cur, end) is in a reused mapping: zero what is carved */
+    char *cur2, *end2;              /* and what another mapping has left (a request too large for it) */
+    int dirty2;
     size_t next;                    /* the size of the next mapping */
     size_t mapped;                  /* bytes mapped, all mappings */
 };

@@ -165,6 +165,34 @@ static void kept_mappings_are_reused_zeroed_and_bounded(void **state)
     assert_true(drc__arena_keep(4 * MIB) <= 4 * MIB);
 }
 
+/*
+ * A request too large for what the current mapping has left goes to a new
+ * mapping, and that rest is kept: smaller requests use it up before the
+ * newer mapping's (under huge pages its last page is resident anyway).
+ * Control: a request larger than the old rest comes from the new mapping.
+ */
+static void an_older_mappings_rest_is_used_first(void **state)
+{
+    struct drc__arena a;
+    char *first, *big, *small, *larger, *again;
+
+    (void)state;
+    drc__arena_init(&a);
+    first = drc__arena_alloc(&a, 100 << 10);        /* the first mapping: 256 KiB */
+    big = drc__arena_alloc(&a, 1 * MIB);            /* past its rest: a new mapping */
+    assert_non_null(first);
+    assert_non_null(big);
+    assert_true(big < first || big >= first + (256 << 10));
+    small = drc__arena_alloc(&a, 50 << 10);
+    assert_ptr_equal(small, first + (100 << 10));   /* the old rest, right after the first */
+    larger = drc__arena_alloc(&a, 200 << 10);       /* more than the old rest has left */
+    assert_ptr_equal(larger, big + MIB);            /* control: the new mapping's rest */
+    again = drc__arena_alloc(&a, 64);
+    assert_ptr_equal(again, small + (50 << 10));    /* the old rest is still the smaller one that fits */
+    assert_true(all_zero(small, 50 << 10) && all_zero(larger, 200 << 10));
+    drc__arena_fini(&a);
+}
+
 /* A cache's regions live in its arena: drc_cache_destroy() gives them back (none kept: unmapped). */
 static void destroy_unmaps_a_caches_memory(void **state)
 {
@@ -192,6 +220,7 @@ int main(void)
         cmocka_unit_test_setup(large_mappings_are_huge_aligned_and_advised, keep_none),
         cmocka_unit_test_setup(without_huge_pages_it_still_works, keep_none),
         cmocka_unit_test_setup(kept_mappings_are_reused_zeroed_and_bounded, keep_none),
+        cmocka_unit_test_setup(an_older_mappings_rest_is_used_first, keep_none),
         cmocka_unit_test_setup(destroy_unmaps_a_caches_memory, keep_none),
     };
 
