@@ -82,10 +82,10 @@ static struct drc__arena_map *tag_map(uintptr_t t)
     return (struct drc__arena_map *)(t & ~(uintptr_t)63);
 }
 
-/* A new mapping of @size bytes (a power of two), huge-page aligned and advised from DRC__ARENA_HUGE up unless @small. */
-static struct drc__arena_map *map_new(size_t size, int small)
+/* A new mapping of @size bytes (a power of two), huge-page aligned and advised from DRC__ARENA_HUGE up. */
+static struct drc__arena_map *map_new(size_t size)
 {
-    size_t extra = size >= DRC__ARENA_HUGE && !small ? DRC__ARENA_HUGE : 0;
+    size_t extra = size >= DRC__ARENA_HUGE ? DRC__ARENA_HUGE : 0;
     char *p = mmap(NULL, size + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), *q;
 
     if (p == MAP_FAILED)
@@ -179,12 +179,6 @@ void drc__arena_init(struct drc__arena *a)
     a->next = FIRST;
 }
 
-void drc__arena_init_small(struct drc__arena *a)
-{
-    drc__arena_init(a);
-    a->small = 1;
-}
-
 /*
  * @size bytes from one of the two rests (a->lock held), or NULL: from the
  * one with less room that holds them, so that an older mapping's rest is
@@ -232,9 +226,9 @@ static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
     while (want < size + sizeof(*m))
         want *= 2;
     dirty = 1;
-    if (a->small || !(m = keep_take(want))) {
+    if (!(m = keep_take(want))) {
         dirty = 0;      /* fresh anonymous memory reads zero: not touched until used */
-        if (!(m = map_new(want, a->small)))
+        if (!(m = map_new(want)))
             return NULL;
         m->size = want;
     }
@@ -306,7 +300,7 @@ void drc__arena_fini(struct drc__arena *a)
     DRC_ASSERT_NO_LOCK();
     for (m = a->maps; m; m = next) {
         next = m->next;     /* before keep_put: MADV_FREE may zero it */
-        if (a->small || !keep_put(m))
+        if (!keep_put(m))
             munmap(m, m->size);
     }
     a->maps = NULL;

@@ -18,21 +18,11 @@ struct drc__arena {
     char *cur2, *end2;              /* and what another mapping has left (a request too large for it) */
     int dirty2;
     size_t next;                    /* the size of the next mapping */
-    int small;                      /* small pages only, nothing kept (drc__arena_init_small) */
     size_t mapped;                  /* bytes mapped, all mappings */
 };
 
 /* An empty arena (no memory yet). */
 void drc__arena_init(struct drc__arena *a);
-
-/*
- * An empty arena of small pages: its mappings are never advised huge, never
- * taken from or given to the kept set, so that its owner may give back any
- * whole page of what it carved (madvise MADV_DONTNEED) without splitting a
- * huge page that other memory shares. For memory that is replaced as a
- * cache grows (the small hint tables).
- */
-void drc__arena_init_small(struct drc__arena *a);
 
 /*
  * @size bytes, zeroed, 64-byte aligned, or NULL without memory. Never with a

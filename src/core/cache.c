@@ -910,7 +910,6 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
     drc__arena_init(&c->arena);
-    drc__arena_init_small(&c->hint_arena);
     c->hint = hint_new(c, HINT_MIN_BITS, NULL);
     if (c->hint) {
         c->hint->grain = c->page_shift;
@@ -951,7 +950,6 @@ err_subscribe:
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
 err_hint:
-    drc__arena_fini(&c->hint_arena);
     drc__arena_fini(&c->arena);
     mem_free(c);
     return err;
@@ -1004,7 +1002,6 @@ void drc__cache_forked(drc_cache_t *c)
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->pending_done, NULL);
     drc__arena_forked(&c->arena);
-    drc__arena_forked(&c->hint_arena);
     if (c->forked)
         c->forked(c->be.ctx);   /* the backend's own locks (a verbs cache's decision lock) */
 #ifdef DRC_DEBUG
@@ -1101,8 +1098,7 @@ int drc_cache_destroy(drc_cache_t *c)
     for (ch = c->chunks; ch; ch = ch->next)
         for (i = 0; i < ch->carved; i++)
             mem_free(ch->r[i].mem.chunks);
-    drc__arena_fini(&c->hint_arena);
-    drc__arena_fini(&c->arena);     /* every chunk, index node and hint table */
+    drc__arena_fini(&c->arena);     /* every chunk and hint table */
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
     mem_free(c);

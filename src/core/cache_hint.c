@@ -8,7 +8,6 @@
 #include "core/cache_int.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 /*
  * The used-grain filter: beside its slots, a hint table keeps one bit per
@@ -64,22 +63,11 @@ int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
     }
 }
 
-/* Is @t's slot array under a huge page, in c->hint_arena? */
-static int hint_small(const struct hint_tab *t)
-{
-    return (sizeof(struct drc_region *) << (64 - t->shift)) < (size_t)DRC__ARENA_HUGE;
-}
-
-/*
- * A zeroed table of 2^bits slots (no lock held), or NULL: from the cache's
- * arena if its slots fill a huge page or more, else from its small-page
- * arena, so that a replaced table's slots can all be given back (hint_drop).
- */
+/* A zeroed table of 2^bits slots from the cache's arena (no lock held), or NULL. */
 struct hint_tab *hint_new(drc_cache_t *c, unsigned bits, struct hint_tab *older)
 {
     size_t slots = sizeof(struct drc_region *) << bits, used = ((((size_t)1 << bits) >> 6) + 1) * sizeof(uint64_t);
-    struct hint_tab *t = drc__arena_alloc(slots < (size_t)DRC__ARENA_HUGE ? &c->hint_arena : &c->arena,
-                                          sizeof(*t) + slots + used);
+    struct hint_tab *t = drc__arena_alloc(&c->arena, sizeof(*t) + slots + used);
 
     if (t) {
         t->shift = 64 - bits;
@@ -145,17 +133,16 @@ unsigned hint_want(const drc_cache_t *c)
 static void hint_drop(struct hint_tab *t)
 {
     /*
-     * A small table (its own small-page arena): every whole page of its
-     * slots. A large one: whole huge pages only. The cache's arena advises
-     * its large mappings MADV_HUGEPAGE, and dropping part of a huge page
-     * splits it, so that the rest of it (regions, index nodes, the next
-     * table, or the next cache's memory once the arena keeps the mapping)
-     * faults back a small page at a time: a fresh cache's fill took twice
-     * as long.
+     * Whole huge pages only: the arena's large mappings are advised
+     * MADV_HUGEPAGE, and dropping part of a huge page splits it, so that the
+     * rest of it (regions, index nodes, the next table, or the next cache's
+     * memory once the arena keeps the mapping) faults back a small page at
+     * a time: a fresh cache's fill took twice as long. A table under two
+     * huge pages keeps its memory until drc_cache_destroy.
      */
-    uintptr_t unit = hint_small(t) ? (uintptr_t)sysconf(_SC_PAGESIZE) : (uintptr_t)DRC__ARENA_HUGE;
-    uintptr_t lo = ((uintptr_t)&t->slot[0] + unit - 1) & ~(unit - 1);
-    uintptr_t hi = (uintptr_t)t->used & ~(unit - 1);     /* the page the filter starts in stays */
+    uintptr_t huge = (uintptr_t)DRC__ARENA_HUGE;
+    uintptr_t lo = ((uintptr_t)&t->slot[0] + huge - 1) & ~(huge - 1);
+    uintptr_t hi = (uintptr_t)t->used & ~(huge - 1);     /* the huge page the filter starts in stays */
 
     DRC_ASSERT_NO_LOCK();
     if (hi > lo)

@@ -225,9 +225,7 @@ struct drc_cache {
     struct chunk *chunks;           /* atomic, pushed under c->lock (release): lockless walks read it */
     struct chunk *unused;           /* atomic: chunks carved for a pool that another thread refilled first */
     unsigned nslots;                /* atomic, written under c->lock: regions in c->chunks */
-    struct drc__arena arena;        /* chunks, index nodes, large hint tables; its own lock, never taken
-                                     * under c->lock */
-    struct drc__arena hint_arena;   /* hint tables under a huge page (small pages: dropped whole when replaced) */
+    struct drc__arena arena;        /* chunks and hint tables; its own lock, never taken under c->lock */
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
     unsigned (*export_flags)(void *ctx, int device);    /* drc__cache_opts; NULL: flags decide */

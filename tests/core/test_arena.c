@@ -193,38 +193,6 @@ static void an_older_mappings_rest_is_used_first(void **state)
     drc__arena_fini(&a);
 }
 
-/*
- * A small-page arena (the small hint tables): never advised huge, so that a
- * page of it can be given back without splitting a huge page, and never
- * kept for a later arena, which would use it as its own. Control: a plain
- * arena's mapping of the same size is advised and kept.
- */
-static void a_small_arena_is_small_pages_and_not_kept(void **state)
-{
-    struct drc__arena a;
-    unsigned long before = hugepage_advised;
-    char *p;
-
-    (void)state;
-    drc__arena_keep(64 * MIB);
-    drc__arena_init_small(&a);
-    p = drc__arena_alloc(&a, 3 * MIB);
-    assert_non_null(p);
-    memset(p, 1, 3 * MIB);
-    assert_int_equal(hugepage_advised, before);
-    drc__arena_fini(&a);
-    assert_false(mapped(p));                        /* unmapped, not kept */
-    drc__arena_init(&a);                            /* control */
-    p = drc__arena_alloc(&a, 3 * MIB);
-    assert_non_null(p);
-#ifdef MADV_HUGEPAGE
-    assert_true(hugepage_advised > before);
-#endif
-    drc__arena_fini(&a);
-    assert_true(mapped(p));                         /* kept for the next arena */
-    drc__arena_keep(0);
-}
-
 /* A cache's regions live in its arena: drc_cache_destroy() gives them back (none kept: unmapped). */
 static void destroy_unmaps_a_caches_memory(void **state)
 {
@@ -253,7 +221,6 @@ int main(void)
         cmocka_unit_test_setup(without_huge_pages_it_still_works, keep_none),
         cmocka_unit_test_setup(kept_mappings_are_reused_zeroed_and_bounded, keep_none),
         cmocka_unit_test_setup(an_older_mappings_rest_is_used_first, keep_none),
-        cmocka_unit_test_setup(a_small_arena_is_small_pages_and_not_kept, keep_none),
         cmocka_unit_test_setup(destroy_unmaps_a_caches_memory, keep_none),
     };
 
