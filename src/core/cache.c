@@ -14,7 +14,10 @@
  * Region memory is never returned while the cache lives (it is type-stable,
  * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it: it
  * comes from the cache's arena (arena.c), with the hint tables, and goes
- * back only in drc_cache_destroy().
+ * back only in drc_cache_destroy(). A lockless lookup reads a region's
+ * first line only; its second line (struct region_ext, in the chunk's
+ * ext[]: the LRU links, device memory's description) is read under
+ * c->lock or with a reference held, and only where the region wrote it.
  *
  * A region's states against its fields (DETACHED_* is r->detached):
  *   state              where                  word                detached       valid  next

@@ -76,7 +76,7 @@ enum {
     RACED         = 2,     /* get_slow: an invalidation raced the registration; not an errno, so
                             * that a backend's own -EAGAIN is returned, not retried */
     CHUNK_MIN     = 64,    /* regions of the first pool chunk; each next one has as many as the cache */
-    CHUNK_MAX     = 1024,  /* has already (doubling), up to this (192 KiB) */
+    CHUNK_MAX     = 1024,  /* has already (doubling), up to this (64 KiB of records, as much of ext) */
     INVQ          = 32,    /* invalidations a contended free event may hand to the lock holder */
     SPIN_CHECK    = 512,   /* lock(): pauses between looks at a taken c->lock */
     SPIN_MAX      = 4096,  /* lock(): pauses before it sleeps on it */
