@@ -171,8 +171,8 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
 static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
                     void *handle, uint32_t lkey, uint32_t rkey)
 {
-    struct region_chunks *chunks = region_chunks(r);    /* the slot's own (get_slow attached one if m has
-                                                         * chunks) */
+    /* the slot's own chunk records (get_slow attached one if m has chunks) */
+    struct region_chunks *chunks = region_chunks(r);
     struct region_ext *e;
 
     ASSERT_WRITING(c);
