@@ -34,6 +34,11 @@
  *     cost this file avoids. The rest is unmapped.
  *     DRC_DEBUG builds keep nothing by default, so that a use after destroy
  *     faults instead of reading a later cache's memory.
+ *   - a lazy arena (drc__arena_init_lazy: the region records' second lines,
+ *     which a cache of host regions without limits never writes) is the
+ *     opposite: 4 KiB pages (MADV_NOHUGEPAGE), fresh mappings only, unmapped
+ *     at the end, nothing written but each mapping's header, so that memory
+ *     its users do not write never becomes resident.
  *
  * Nothing here may run with a cache's c->lock held (DRC_ASSERT_NO_LOCK):
  * mmap, munmap and madvise may be intercepted (drc's own host hooks turn
@@ -82,14 +87,21 @@ static struct drc__arena_map *tag_map(uintptr_t t)
     return (struct drc__arena_map *)(t & ~(uintptr_t)63);
 }
 
-/* A new mapping of @size bytes (a power of two), huge-page aligned and advised from DRC__ARENA_HUGE up. */
-static struct drc__arena_map *map_new(size_t size)
+/*
+ * A new mapping of @size bytes (a power of two), huge-page aligned and advised from DRC__ARENA_HUGE up;
+ * @lazy: advised MADV_NOHUGEPAGE instead (drc__arena_init_lazy).
+ */
+static struct drc__arena_map *map_new(size_t size, int lazy)
 {
-    size_t extra = size >= DRC__ARENA_HUGE ? DRC__ARENA_HUGE : 0;
+    size_t extra = size >= DRC__ARENA_HUGE && !lazy ? DRC__ARENA_HUGE : 0;
     char *p = mmap(NULL, size + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), *q;
 
     if (p == MAP_FAILED)
         return NULL;
+#ifdef MADV_NOHUGEPAGE
+    if (lazy)
+        (void)madvise(p, size, MADV_NOHUGEPAGE);   /* with THP `always`, one write would fault 2 MiB */
+#endif
     if (extra) {
         q = (char *)(((uintptr_t)p + DRC__ARENA_HUGE - 1) & ~(uintptr_t)(DRC__ARENA_HUGE - 1));
         if (q > p)
@@ -179,6 +191,12 @@ void drc__arena_init(struct drc__arena *a)
     a->next = FIRST;
 }
 
+void drc__arena_init_lazy(struct drc__arena *a)
+{
+    drc__arena_init(a);
+    a->lazy = 1;
+}
+
 /*
  * @size bytes from one of the two rests (a->lock held), or NULL: from the
  * one with less room that holds them, so that an older mapping's rest is
@@ -226,9 +244,9 @@ static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
     while (want < size + sizeof(*m))
         want *= 2;
     dirty = 1;
-    if (!(m = keep_take(want))) {
+    if (a->lazy || !(m = keep_take(want))) {
         dirty = 0;      /* fresh anonymous memory reads zero: not touched until used */
-        if (!(m = map_new(want)))
+        if (!(m = map_new(want, a->lazy)))
             return NULL;
         m->size = want;
     }
@@ -287,7 +305,7 @@ void *drc__arena_alloc_raw(struct drc__arena *a, size_t size)
     void *p = arena_alloc(a, size, 0);
 
 #ifdef DRC_DEBUG
-    if (p)
+    if (p && !a->lazy)
         memset(p, 0xa5, size);  /* whatever a destroyed arena left: a caller must not count on zero */
 #endif
     return p;
@@ -300,7 +318,7 @@ void drc__arena_fini(struct drc__arena *a)
     DRC_ASSERT_NO_LOCK();
     for (m = a->maps; m; m = next) {
         next = m->next;     /* before keep_put: MADV_FREE may zero it */
-        if (!keep_put(m))
+        if (a->lazy || !keep_put(m))
             munmap(m, m->size);
     }
     a->maps = NULL;

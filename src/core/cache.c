@@ -14,7 +14,10 @@
  * Region memory is never returned while the cache lives (it is type-stable,
  * as with SLAB_TYPESAFE_BY_RCU), so a lockless lookup may always read it: it
  * comes from the cache's arena (arena.c), with the hint tables, and goes
- * back only in drc_cache_destroy().
+ * back only in drc_cache_destroy(). A lockless lookup reads a region's
+ * first line only; its second line (struct region_ext, in the chunk's
+ * ext[]: the LRU links, device memory's description) is read under
+ * c->lock or with a reference held, and only where the region wrote it.
  *
  * A region's states against its fields (DETACHED_* is r->detached):
  *   state              where                  word                detached       valid  next
@@ -228,22 +231,26 @@ static inline int tryget_fast(drc_cache_t *c, struct drc_region *r)
 
 static void lru_unlink(drc_cache_t *c, struct drc_region *r)
 {
-    if (r->lru_prev)
-        r->lru_prev->lru_next = r->lru_next;
+    struct region_ext *e = region_ext(r);
+
+    if (e->lru_prev)
+        region_ext(e->lru_prev)->lru_next = e->lru_next;
     else
-        c->lru_head = r->lru_next;
-    if (r->lru_next)
-        r->lru_next->lru_prev = r->lru_prev;
+        c->lru_head = e->lru_next;
+    if (e->lru_next)
+        region_ext(e->lru_next)->lru_prev = e->lru_prev;
     else
-        c->lru_tail = r->lru_prev;
+        c->lru_tail = e->lru_prev;
 }
 
 void lru_append(drc_cache_t *c, struct drc_region *r)
 {
-    r->lru_next = NULL;
-    r->lru_prev = c->lru_tail;
+    struct region_ext *e = region_ext(r);
+
+    e->lru_next = NULL;
+    e->lru_prev = c->lru_tail;
     if (c->lru_tail)
-        c->lru_tail->lru_next = r;
+        region_ext(c->lru_tail)->lru_next = r;
     else
         c->lru_head = r;
     c->lru_tail = r;
@@ -367,7 +374,7 @@ void evict(drc_cache_t *c, struct drc_region **dead)
 
     ASSERT_WRITING(c);
     for (; r && over_limits(c); r = next) {
-        next = r->lru_next;
+        next = region_ext(r)->lru_next;
         if (try_release(c, r, dead)) {
             unlink_live(c, r, NULL);
             INC(c->evicted, 1);
@@ -575,21 +582,22 @@ static HIT_INLINE struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s
 /* DRC_F_VALIDATE: is a CUDA hit still the buffer it was registered on? */
 static __attribute__((noinline)) int stale_check(const struct drc_region *r, uintptr_t s, uintptr_t last)
 {
+    const struct region_mem *rm = region_mem(r);
     struct drc__mem m;
 
     DRC_ASSERT_NO_LOCK();
     /* the region's struct drc__mem again: constant while the hit holds its reference */
-    m = (struct drc__mem){ .type = r->mem.type, .device = r->mem.device, .lo = r->mem.lo, .hi = r->mem.hi,
-                           .buffer_id = r->mem.buffer_id, .ctx = r->mem.ctx,
-                           .nchunks = r->mem.chunks ? r->mem.chunks->n : 0 };
+    m = (struct drc__mem){ .type = rm->type, .device = rm->device, .lo = rm->lo, .hi = rm->hi,
+                           .buffer_id = rm->buffer_id, .ctx = rm->ctx,
+                           .nchunks = rm->chunks ? rm->chunks->n : 0 };
     if (m.nchunks)
-        memcpy(m.chunk, r->mem.chunks->chunk, m.nchunks * sizeof(m.chunk[0]));
+        memcpy(m.chunk, rm->chunks->chunk, m.nchunks * sizeof(m.chunk[0]));
     return !drc__mem_unchanged(&m, s, last - s + 1);
 }
 
 static HIT_INLINE int stale_hit(const drc_cache_t *c, const struct drc_region *r, uintptr_t s, uintptr_t last)
 {
-    return (c->flags & DRC_F_VALIDATE) && r->mem.type == DRC_MEM_CUDA && stale_check(r, s, last);
+    return (c->flags & DRC_F_VALIDATE) && region_type(r) == DRC_MEM_CUDA && stale_check(r, s, last);
 }
 
 /*
@@ -691,7 +699,7 @@ int put_ref(drc_cache_t *c, struct drc_region *r)
 
 int drc_put(drc_cache_t *c, drc_region_t *r)
 {
-    if (!c || !r || r->cache != c)
+    if (!c || !r || region_cache(r) != c)
         return -EINVAL;
     if (LD(c->inert))
         return 0;           /* the parent's region: nothing to do in a fork child */
@@ -710,13 +718,13 @@ int drc__get_view(drc_cache_t *c, const void *addr, size_t len, unsigned access,
     v->handle = !LD_SC(r->revoked) ? r->handle : NULL;     /* drc_region_handle()'s rule */
     v->lkey = r->lkey;
     v->rkey = r->rkey;
-    v->type = r->mem.type;
+    v->type = region_type(r);
     return 0;
 }
 
 int drc__region_put(drc_region_t *r)
 {
-    drc_cache_t *c = r->cache;
+    drc_cache_t *c = region_cache(r);
 
     if (LD(c->inert))
         return 0;           /* as drc_put */
@@ -872,7 +880,7 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
         }
         seq_end(c);
     }
-    for (r = c->detached; r; r = r->lru_next) {
+    for (r = c->detached; r; r = region_ext(r)->lru_next) {
         if (LD(r->node.start) <= last && s <= LD(r->node.last) && LD(r->valid)) {
             ST_SC(r->valid, 0);
             revoke_take(c, r, revoking);
@@ -910,6 +918,7 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     c->page_shift = (unsigned)__builtin_ctzll(c->page);
     c->lo = UINTPTR_MAX;
     drc__arena_init(&c->arena);
+    drc__arena_init_lazy(&c->ext_arena);
     c->hint = hint_new(c, HINT_MIN_BITS, NULL);
     if (c->hint) {
         c->hint->grain = c->page_shift;
@@ -950,6 +959,7 @@ err_subscribe:
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
 err_hint:
+    drc__arena_fini(&c->ext_arena);
     drc__arena_fini(&c->arena);
     mem_free(c);
     return err;
@@ -960,7 +970,7 @@ int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
     struct drc_region *dead = NULL, *revoking = NULL;
     int n = 0;
 
-    if (!c || !r || r->cache != c || !held(c, r))
+    if (!c || !r || region_cache(r) != c || !held(c, r))
         return -EINVAL;     /* the caller's reference keeps r from being released or reused below */
     if (LD(c->inert))
         return 0;
@@ -1002,6 +1012,7 @@ void drc__cache_forked(drc_cache_t *c)
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->pending_done, NULL);
     drc__arena_forked(&c->arena);
+    drc__arena_forked(&c->ext_arena);
     if (c->forked)
         c->forked(c->be.ctx);   /* the backend's own locks (a verbs cache's decision lock) */
 #ifdef DRC_DEBUG
@@ -1022,8 +1033,9 @@ void check_trees(const drc_cache_t *c)
     long live = drc__itree_check(&c->tree), det = 0;
     const struct drc_region *d;
 
-    for (d = c->detached; d; d = d->lru_next, det++)
-        DRC_ASSERT(LD(d->detached) == DETACHED_LIST && (!d->lru_next || d->lru_next->lru_prev == d));
+    for (d = c->detached; d; d = region_ext(d)->lru_next, det++)
+        DRC_ASSERT(LD(d->detached) == DETACHED_LIST &&
+                   (!region_ext(d)->lru_next || region_ext(region_ext(d)->lru_next)->lru_prev == d));
 
     DRC_ASSERT(live >= 0 && (uint64_t)live == c->regions);
     {
@@ -1097,7 +1109,8 @@ int drc_cache_destroy(drc_cache_t *c)
     }   /* else a fork child's copy: free drc's own memory only, the registrations are the parent's */
     for (ch = c->chunks; ch; ch = ch->next)
         for (i = 0; i < ch->carved; i++)
-            mem_free(ch->r[i].mem.chunks);
+            mem_free(region_chunks(&ch->r[i]));
+    drc__arena_fini(&c->ext_arena);
     drc__arena_fini(&c->arena);     /* every chunk and hint table */
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
@@ -1136,7 +1149,7 @@ void *drc_region_handle(const drc_region_t *r)
 
 enum drc_mem_type drc_region_type(const drc_region_t *r)
 {
-    return r ? r->mem.type : DRC_MEM_HOST;
+    return r ? region_type(r) : DRC_MEM_HOST;
 }
 
 unsigned drc_region_access(const drc_region_t *r)
@@ -1151,6 +1164,6 @@ const struct drc_backend *drc__cache_backend(const drc_cache_t *c)
 
 drc_cache_t *drc__region_cache(const drc_region_t *r)
 {
-    return r->cache;
+    return region_cache(r);
 }
 

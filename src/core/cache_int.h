@@ -76,7 +76,7 @@ enum {
     RACED         = 2,     /* get_slow: an invalidation raced the registration; not an errno, so
                             * that a backend's own -EAGAIN is returned, not retried */
     CHUNK_MIN     = 64,    /* regions of the first pool chunk; each next one has as many as the cache */
-    CHUNK_MAX     = 1024,  /* has already (doubling), up to this (192 KiB) */
+    CHUNK_MAX     = 1024,  /* has already (doubling), up to this (64 KiB of records, as much of ext) */
     INVQ          = 32,    /* invalidations a contended free event may hand to the lock holder */
     SPIN_CHECK    = 512,   /* lock(): pauses between looks at a taken c->lock */
     SPIN_MAX      = 4096,  /* lock(): pauses before it sleeps on it */
@@ -84,36 +84,58 @@ enum {
 
 #define KNOWN_FLAGS (DRC_F_NO_MERGE | DRC_F_VALIDATE | DRC_F_DMABUF_PCIE | DRC_F_REVOKE | DRC_F_ACCESS_SUPERSET)
 
+struct chunk;
+
+/*
+ * A region record is one cache line: all a hit reads and writes (word,
+ * access, detached, chunk, node), the keys a user reads after a hit, and all
+ * an invalidation and the release after it read or write (valid, revoked,
+ * handle, next). The tree's index is apart (itree.h): an insert or a removal
+ * writes no other region's line. What only some regions need is in their
+ * second line, struct region_ext, in a parallel array of the region's pool
+ * chunk (region_ext()), whose pages become resident only where a region
+ * writes its own: a cache of host regions without limits never does.
+ */
 struct drc_region {
-    /*
-     * First cache line: all a hit reads and writes (word, access, detached,
-     * cache, node), the keys a user reads after a hit, and all an
-     * invalidation and the release after it read or write (valid, revoked,
-     * handle, next). The tree's index is apart (itree.h): an insert or a
-     * removal writes no other region's line.
-     */
     uint64_t word;                  /* HELD | users, atomic */
     unsigned access;                /* atomic: a stale lookup may read it during reuse */
     uint8_t detached;               /* atomic, written under c->lock: LIVE, DETACHED_LIST, DETACHED_OFF */
     uint8_t valid;                  /* atomic */
     uint8_t revoked;                /* atomic, DRC_F_REVOKE: set under c->lock by revoke_take, cleared on release */
-    drc_cache_t *cache;             /* set once, when the pool chunk is carved */
+    uint8_t kind;                   /* enum drc_mem_type | KIND_EXT; set before publication, then constant
+                                     * while referenced (a lookup reads it only holding a reference) */
+    struct chunk *chunk;            /* its pool chunk (its cache, its ext[]): set when the chunk is carved */
     struct drc__itree_node node;    /* the range, in c->tree's index while live (atomic fields) */
     void *handle;                   /* set before publication (release store of word), then constant */
     uint32_t lkey, rkey;            /* likewise */
     struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
-    /*
-     * Second line: the LRU, and the memory's description (read when a
-     * region is made, merged or validated).
-     */
-    struct drc_region *lru_prev, *lru_next;     /* c->lock: live regions of a limited cache; or, while
-                                                 * DETACHED_LIST, c->detached's list */
-    struct region_mem mem;          /* set before publication, constant while referenced */
 } __attribute__((aligned(64)));
 
-_Static_assert(offsetof(struct drc_region, next) + sizeof(void *) <= 64,
-               "a hit, an invalidation and its release touch a region's first line only");
-_Static_assert(sizeof(struct drc_region) == 128, "a region is two cache lines");
+/*
+ * A region's second line. Written only by the regions that use it, read only
+ * where the first line says it was written:
+ *   lru_prev, lru_next  a limited cache's live regions (every one of them),
+ *                       and the superseded regions still held (DETACHED_LIST:
+ *                       c->detached's list): read only on those lists;
+ *   mem                 the memory's description, for memory other than host
+ *                       memory (KIND_EXT set, from the region's first
+ *                       publication of such memory on): host memory is all
+ *                       one description (host_mem, region_mem()), so a host
+ *                       region writes none. mem.chunks stays the slot's
+ *                       while the cache lives, whatever its later regions are.
+ */
+struct region_ext {
+    struct drc_region *lru_prev, *lru_next;     /* c->lock */
+    struct region_mem mem;          /* KIND_EXT: set before publication, constant while referenced */
+} __attribute__((aligned(64)));
+
+/* struct drc_region's kind: the memory's type, and whether ext->mem was ever written */
+enum { KIND_TYPE = 0x7f, KIND_EXT = 0x80 };
+
+_Static_assert(sizeof(struct drc_region) == 64,
+               "a hit, an invalidation and its release touch one line, the only one a host region writes");
+_Static_assert(sizeof(struct region_ext) == 64, "a region's second line");
+_Static_assert(DRC_MEM_HOST == 0 && (int)DRC_MEM_CUDA <= (int)KIND_TYPE, "enum drc_mem_type fits in kind");
 
 /*
  * The hint table: a lossy, direct-mapped map from a grain of address space
@@ -146,9 +168,16 @@ struct hint_tab {
     struct drc_region *slot[];      /* atomic */
 };
 
-/* Pool memory: n regions carved from the cache's arena, never returned while the cache lives. */
+/*
+ * Pool memory: n regions carved from the cache's arena, and their second
+ * lines (ext[i] is r[i]'s), never returned while the cache lives. A limited
+ * cache writes every ext (its LRU): it takes them from c->arena; an
+ * unlimited one from c->ext_arena (lazy: pages resident only where written).
+ */
 struct chunk {
     struct chunk *next;             /* set before the chunk is published in c->chunks */
+    drc_cache_t *cache;             /* set by chunk_new */
+    struct region_ext *ext;         /* likewise */
     unsigned n;
     unsigned carved;                /* atomic, written under c->lock: r[0..carved) were handed out and have
                                      * their free-region fields (pool_get); the rest are raw memory */
@@ -226,6 +255,7 @@ struct drc_cache {
     struct chunk *unused;           /* atomic: chunks carved for a pool that another thread refilled first */
     unsigned nslots;                /* atomic, written under c->lock: regions in c->chunks */
     struct drc__arena arena;        /* chunks and hint tables; its own lock, never taken under c->lock */
+    struct drc__arena ext_arena;    /* lazy: the chunks' ext[] of an unlimited cache (struct chunk) */
     size_t max_regions, max_bytes, max_len;
     void (*release)(void *ctx);
     unsigned (*export_flags)(void *ctx, int device);    /* drc__cache_opts; NULL: flags decide */
@@ -389,6 +419,44 @@ static inline void locked(drc_cache_t *c)
         invq_run(c);    /* before anything this holder looks up (see queue_invalidation) */
 }
 
+/* The cache a region belongs to (drc_put's check): through its chunk. */
+static HIT_INLINE drc_cache_t *region_cache(const struct drc_region *r)
+{
+    return r->chunk->cache;
+}
+
+/* A region's second line: the same index in its chunk's ext[]. */
+static inline struct region_ext *region_ext(const struct drc_region *r)
+{
+    const struct chunk *ch = r->chunk;
+
+    return &ch->ext[r - ch->r];
+}
+
+static inline enum drc_mem_type region_type(const struct drc_region *r)
+{
+    return (enum drc_mem_type)(r->kind & KIND_TYPE);
+}
+
+/*
+ * What every classification says of host memory (mem.h: device -1, the whole
+ * address space, no buffer id, context or chunks); publish checks it.
+ */
+#define host_mem drc__cache_host_mem
+extern const struct region_mem host_mem;
+
+/* A region's memory (its reader holds a reference, or c->lock): host_mem, or the one its ext holds. */
+static inline const struct region_mem *region_mem(const struct drc_region *r)
+{
+    return region_type(r) == DRC_MEM_HOST ? &host_mem : &region_ext(r)->mem;
+}
+
+/* The slot's VMM chunk records (struct region_chunks), NULL if it never had any. */
+static inline struct region_chunks *region_chunks(const struct drc_region *r)
+{
+    return r->kind & KIND_EXT ? region_ext(r)->mem.chunks : NULL;
+}
+
 /*
  * c->detached: the superseded regions a user still holds (DETACHED_LIST),
  * linked through the LRU's links, which a region out of the tree does not
@@ -398,21 +466,25 @@ static inline void locked(drc_cache_t *c)
  */
 static inline void detached_add(drc_cache_t *c, struct drc_region *r)
 {
-    r->lru_prev = NULL;
-    r->lru_next = c->detached;
+    struct region_ext *e = region_ext(r);
+
+    e->lru_prev = NULL;
+    e->lru_next = c->detached;
     if (c->detached)
-        c->detached->lru_prev = r;
+        region_ext(c->detached)->lru_prev = r;
     ST(c->detached, r);
 }
 
 static inline void detached_del(drc_cache_t *c, struct drc_region *r)
 {
-    if (r->lru_prev)
-        r->lru_prev->lru_next = r->lru_next;
+    struct region_ext *e = region_ext(r);
+
+    if (e->lru_prev)
+        region_ext(e->lru_prev)->lru_next = e->lru_next;
     else
-        ST(c->detached, r->lru_next);
-    if (r->lru_next)
-        r->lru_next->lru_prev = r->lru_prev;
+        ST(c->detached, e->lru_next);
+    if (e->lru_next)
+        region_ext(e->lru_next)->lru_prev = e->lru_prev;
 }
 
 static inline struct drc_region *region_of(struct drc__itree_node *n)

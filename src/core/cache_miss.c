@@ -11,6 +11,8 @@
 #include "core/cache_int.h"
 #include "core/notify.h"
 
+const struct region_mem host_mem = { .type = DRC_MEM_HOST, .device = -1, .lo = 0, .hi = UINTPTR_MAX };
+
 static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
 {
     if (start < c->lo)
@@ -58,7 +60,9 @@ static int joinable(const drc_cache_t *c, const struct drc_region *r, const stru
 {
     unsigned same = c->flags & DRC_F_ACCESS_SUPERSET ? DRC_ACCESS_REMOTE : ~0u;
 
-    return r->mem.type == m->type && r->mem.device == m->device && LD(r->node.start) >= m->lo &&
+    if (region_type(r) != m->type)
+        return 0;
+    return (m->type == DRC_MEM_HOST || region_ext(r)->mem.device == m->device) && LD(r->node.start) >= m->lo &&
            LD(r->node.last) < m->hi &&  /* hi is exclusive (mem.h) */
            (r->access & same) == (access & same);
 }
@@ -167,20 +171,32 @@ static int register_plan(drc_cache_t *c, const struct plan *p, const struct drc_
 static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, const struct drc__mem *m,
                     void *handle, uint32_t lkey, uint32_t rkey)
 {
+    /* the slot's own chunk records (get_slow attached one if m has chunks) */
+    struct region_chunks *chunks = region_chunks(r);
+    struct region_ext *e;
+
     ASSERT_WRITING(c);
-    DRC_ASSERT(LD(r->word) == 0 && r->cache == c);
+    DRC_ASSERT(LD(r->word) == 0 && region_cache(r) == c);
     ST(r->node.start, p->start);
     ST(r->node.last, p->last);
     ST(r->access, p->access);
     ST(r->valid, 1);
     ST(r->detached, 0);
-    /* r->mem.chunks is the slot's own (get_slow attached one if m has chunks) */
-    DRC_ASSERT(!m->nchunks || r->mem.chunks);
-    r->mem = (struct region_mem){ .type = m->type, .device = m->device, .lo = m->lo, .hi = m->hi,
-                                  .buffer_id = m->buffer_id, .ctx = m->ctx, .chunks = r->mem.chunks };
-    if (r->mem.chunks) {
-        r->mem.chunks->n = m->nchunks;
-        memcpy(r->mem.chunks->chunk, m->chunk, m->nchunks * sizeof(m->chunk[0]));
+    DRC_ASSERT(!m->nchunks || chunks);
+    if (m->type == DRC_MEM_HOST) {
+        /* host_mem, which region_mem() hands out: the ext is not written (cache_int.h) */
+        DRC_ASSERT(m->device == host_mem.device && m->lo == host_mem.lo && m->hi == host_mem.hi &&
+                   m->buffer_id == 0 && !m->ctx && !m->nchunks);
+        r->kind = (uint8_t)((r->kind & KIND_EXT) | DRC_MEM_HOST);
+    } else {
+        e = region_ext(r);
+        e->mem = (struct region_mem){ .type = m->type, .device = m->device, .lo = m->lo, .hi = m->hi,
+                                      .buffer_id = m->buffer_id, .ctx = m->ctx, .chunks = chunks };
+        if (chunks) {
+            chunks->n = m->nchunks;
+            memcpy(chunks->chunk, m->chunk, m->nchunks * sizeof(m->chunk[0]));
+        }
+        r->kind = (uint8_t)(KIND_EXT | m->type);
     }
     r->handle = handle;
     r->lkey = lkey;
@@ -329,8 +345,9 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
             be_dereg(c, handle);
         return err;
     }
-    if (m.nchunks && !r->mem.chunks) {
-        r->mem.chunks = ext;    /* the slot keeps it until drc_cache_destroy() */
+    if (m.nchunks && !region_chunks(r)) {
+        region_ext(r)->mem.chunks = ext;    /* the slot keeps it until drc_cache_destroy() */
+        r->kind |= KIND_EXT;
         ext = NULL;
     }
     seq_begin(c);

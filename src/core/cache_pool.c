@@ -66,8 +66,8 @@ struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
     r = &ch->r[ch->carved];     /* the lowest address first out */
     r->word = 0;
     r->revoked = 0;
-    r->mem.chunks = NULL;
-    r->cache = c;
+    r->kind = DRC_MEM_HOST;     /* no KIND_EXT: its ext is not written until it needs it */
+    r->chunk = ch;
     /* release: a chunk walk that counts r reads its word of 0, not raw memory */
     __atomic_store_n(&ch->carved, ch->carved + 1, __ATOMIC_RELEASE);
     return r;
@@ -82,6 +82,7 @@ struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
 struct chunk *chunk_new(drc_cache_t *c)
 {
     struct chunk *ch, *rest, *head;
+    struct region_ext *ext;
     unsigned n = LD(c->nslots);
 
     /* c->unused is only pushed to and emptied whole, so no pop can meet a reused head (ABA) */
@@ -97,9 +98,16 @@ struct chunk *chunk_new(drc_cache_t *c)
         return ch;
     }
     n = n < CHUNK_MIN ? CHUNK_MIN : n > CHUNK_MAX ? CHUNK_MAX : n;
+    /* the ext[] first: lost if the chunk then fails (a lazy arena's, never written, costs no memory) */
+    ext = drc__arena_alloc_raw(c->limited ? &c->arena : &c->ext_arena, n * sizeof(*ext));
+    if (!ext)
+        return NULL;
     ch = drc__arena_alloc_raw(&c->arena, sizeof(*ch) + n * sizeof(ch->r[0]));
-    if (ch)
+    if (ch) {
+        ch->cache = c;
+        ch->ext = ext;
         ch->n = n;
+    }
     return ch;
 }
 

@@ -409,7 +409,7 @@ static uint64_t held_in(const drc_cache_t *c)
     const struct drc_region *r;
     uint64_t held = 0;
 
-    for (r = c->detached; r; r = r->lru_next)
+    for (r = c->detached; r; r = region_ext(r)->lru_next)
         held += USERS(LD(r->word)) != 0;
     return held;
 }
