@@ -167,9 +167,8 @@ struct regmr_tls {
     drc_cache_t *cache;         /* e->cache */
     int exit_set;               /* slab_key's value is set: the list is returned, the counts kept, at exit */
     uint64_t n_host, n_gpu;     /* atomic, written by this thread only: caller MRs it handed out (exit_set) */
-    uint64_t n_live;            /* the same: those it handed out less those it took back (mod 2^64: an MR
-                                 * registered on one thread and deregistered on another counts +1 on the
-                                 * first and -1 on the second, which may go below 0) */
+    uint64_t n_back;            /* the same: caller MRs it took back (drc_dereg_mr), whichever thread
+                                 * handed them out */
     struct regmr_tls *next, **pprev;    /* counts_lock: on `counted` while exit_set */
 };
 static __thread struct regmr_tls tls __attribute__((tls_model("initial-exec")));
@@ -186,17 +185,17 @@ static int configured;
  * (a locked add on a shared word costs a hit as much as the rest of its
  * bookkeeping, here more than drc_get's whole hit): a thread's own counts,
  * read by drc__regmr_totals through `counted`, and folded into n_host / n_gpu
- * / n_live when the thread exits (or, for a thread of the parent, in a fork
- * child). The number held now is the sum of every thread's n_live and the
- * fold: exact whenever no registration or deregistration runs beside the
- * sum (one running beside it may be seen on one thread and not yet on
- * another). The most held at once cannot be had from per-thread counts
- * without ordering every event, so it is the slab's: slab_used, the slots
- * ever made (see drc__regmr_totals for why that is the bound it is).
+ * / n_back when the thread exits (or, for a thread of the parent, in a fork
+ * child). The number held now is those handed out less those taken back,
+ * each summed over the fold and every thread: exact whenever no registration
+ * or deregistration runs beside the sum (an MR registered on one thread and
+ * deregistered on another may be seen taken back and not yet handed out).
+ * The most held at once cannot be had from per-thread counts without
+ * ordering every event, so it is the slab's: slab_used, the slots ever made
+ * (see drc__regmr_totals for why that is the bound it is).
  */
 static uint64_t n_gpu, n_host, n_direct;    /* atomic: caller MRs handed out, ever (and threads' counts) */
-static uint64_t n_live;                     /* atomic: caller MRs held now, as the threads gone (and those
-                                             * without exit_set) left it; the rest is on `counted` */
+static uint64_t n_back;                     /* atomic: caller MRs taken back, ever (and threads' counts) */
 static uint64_t n_pds;                      /* atomic: per-PD caches made, ever */
 static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
 static struct drc_stats retired;            /* pds_lock (write): stats of the caches released */
@@ -274,7 +273,7 @@ static void fold_counts(struct regmr_tls *t)
 {
     __atomic_fetch_add(&n_host, __atomic_load_n(&t->n_host, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     __atomic_fetch_add(&n_gpu, __atomic_load_n(&t->n_gpu, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-    __atomic_fetch_add(&n_live, __atomic_load_n(&t->n_live, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&n_back, __atomic_load_n(&t->n_back, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     if (t->next)
         t->next->pprev = t->pprev;
     *t->pprev = t->next;
@@ -291,7 +290,7 @@ static void slab_thread_exit(void *arg)
     pthread_mutex_lock(&counts_lock);
     fold_counts(&tls);
     pthread_mutex_unlock(&counts_lock);
-    tls.n_host = tls.n_gpu = tls.n_live = 0;
+    tls.n_host = tls.n_gpu = tls.n_back = 0;
     tls.exit_set = 0;
     tls.room = 0;
 }
@@ -313,17 +312,16 @@ static void exit_set_up(void)
 }
 
 /*
- * @d (1, or -1 as a uint64_t) added to a count of this thread's: its own once exit_set (no locked
- * instruction: only this thread writes it), else the process's, since nothing would fold its own at
- * its exit. A thread with slots on its list, or room left on it, has exit_set (without it, room
+ * One more event for a count of this thread's: its own once exit_set (no locked instruction: only
+ * this thread writes it), else the process's, since nothing would fold its own at its exit. A thread with slots on its list, or room left on it, has exit_set (without it, room
  * stays 0 and slot_put keeps no slot): drc_reg_mr's hit and slot_release say @own_only.
  */
-static inline void count(uint64_t *own, uint64_t *shared, int own_only, uint64_t d)
+static inline void count(uint64_t *own, uint64_t *shared, int own_only)
 {
     if (own_only || tls.exit_set)
-        __atomic_store_n(own, __atomic_load_n(own, __ATOMIC_RELAXED) + d, __ATOMIC_RELAXED);
+        __atomic_store_n(own, __atomic_load_n(own, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
     else
-        __atomic_fetch_add(shared, d, __ATOMIC_RELAXED);
+        __atomic_fetch_add(shared, 1, __ATOMIC_RELAXED);
 }
 
 static void slab_reserve(void)
@@ -413,10 +411,10 @@ static void slot_put(struct caller_mr *m)
 static __attribute__((noinline)) void slot_release_slow(void)
 {
     slot_put_slow();
-    count(&tls.n_live, &n_live, 0, (uint64_t)-1);   /* after slot_put_slow, which sets exit_set if it can */
+    count(&tls.n_back, &n_back, 0);     /* after slot_put_slow, which sets exit_set if it can */
 }
 
-/* A deregistered MR's slot back on this thread's list, and one MR fewer held (this thread's count). */
+/* A deregistered MR's slot back on this thread's list, and one more MR taken back (this thread's count). */
 static inline __attribute__((always_inline)) void slot_release(struct caller_mr *m)
 {
     POISON(&m->mr, sizeof(m->mr));
@@ -424,7 +422,7 @@ static inline __attribute__((always_inline)) void slot_release(struct caller_mr 
     if (tls.room < 0)
         slot_release_slow();
     else    /* room was left on the list: exit_set (see count()) */
-        count(&tls.n_live, &n_live, 1, (uint64_t)-1);
+        count(&tls.n_back, &n_back, 1);
 }
 
 /*
@@ -666,7 +664,7 @@ static __attribute__((noinline)) void count_gpu(void)
 {
     struct pd_entry *e = tls.e;
 
-    count(&tls.n_gpu, &n_gpu, 0, 1);
+    count(&tls.n_gpu, &n_gpu, 0);
     /* a load first: the exchange is a locked instruction, and every GPU registration comes here */
     if (!__atomic_load_n(&e->gpu_seen, __ATOMIC_RELAXED) && !__atomic_exchange_n(&e->gpu_seen, 1, __ATOMIC_RELAXED)) {
         int method = drc_cache_verbs_method(e->cache, 0);
@@ -695,8 +693,7 @@ static inline struct ibv_mr *publish(struct caller_mr *m, const struct drc__regi
     if (v->type == DRC_MEM_CUDA)
         count_gpu();
     else
-        count(&tls.n_host, &n_host, hit, 1);
-    count(&tls.n_live, &n_live, hit, 1);
+        count(&tls.n_host, &n_host, hit);
     return &m->mr;
 }
 
@@ -906,23 +903,24 @@ void drc__regmr_totals(struct drc__regmr_totals *t)
     struct regmr_tls *th;
     struct pd_entry *e, *tmp;
     struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
-    uint64_t live;
+    uint64_t live, back;
 
     memset(t, 0, sizeof(*t));
     t->pds = __atomic_load_n(&n_pds, __ATOMIC_RELAXED);
     pthread_mutex_lock(&counts_lock);
     t->mrs_gpu = __atomic_load_n(&n_gpu, __ATOMIC_RELAXED);
     t->mrs_host = __atomic_load_n(&n_host, __ATOMIC_RELAXED);
-    live = __atomic_load_n(&n_live, __ATOMIC_RELAXED);
+    back = __atomic_load_n(&n_back, __ATOMIC_RELAXED);
     for (th = counted; th; th = th->next) {
         t->mrs_gpu += __atomic_load_n(&th->n_gpu, __ATOMIC_RELAXED);
         t->mrs_host += __atomic_load_n(&th->n_host, __ATOMIC_RELAXED);
-        live += __atomic_load_n(&th->n_live, __ATOMIC_RELAXED);
+        back += __atomic_load_n(&th->n_back, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&counts_lock);
     t->mrs_direct = __atomic_load_n(&n_direct, __ATOMIC_RELAXED);
     t->peak = __atomic_load_n(&slab_used, __ATOMIC_RELAXED);
     /* a sum beside registrations may see an MR's dereg and not its reg: kept within [0, peak] */
+    live = t->mrs_gpu + t->mrs_host - back;
     t->live = (int64_t)live < 0 ? 0 : live > t->peak ? t->peak : live;
     t->dmabuf = __atomic_load_n(&n_dmabuf, __ATOMIC_RELAXED);
     t->peermem = __atomic_load_n(&n_peermem, __ATOMIC_RELAXED);
