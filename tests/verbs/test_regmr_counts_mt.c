@@ -151,6 +151,7 @@ static void drop_own_fold(void)
     *tls.pprev = tls.next;
     pthread_mutex_unlock(&counts_lock);
     tls.exit_set = 0;
+    tls.room = 0;
 }
 
 static struct ibv_mr *dropped[DROPPED];
