@@ -313,8 +313,9 @@ static void exit_set_up(void)
 
 /*
  * One more event for a count of this thread's: its own once exit_set (no locked instruction: only
- * this thread writes it), else the process's, since nothing would fold its own at its exit. A thread with slots on its list, or room left on it, has exit_set (without it, room
- * stays 0 and slot_put keeps no slot): drc_reg_mr's hit and slot_release say @own_only.
+ * this thread writes it), else the process's, since nothing would fold its own at its exit. A
+ * thread with slots on its list, or room left on it, has exit_set (without it, room stays 0 and
+ * slot_put keeps no slot): drc_reg_mr's hit and slot_release say @own_only.
  */
 static inline void count(uint64_t *own, uint64_t *shared, int own_only)
 {
@@ -889,14 +890,14 @@ int drc_pd_release(struct ibv_pd *pd)
  * slot of its own, so no more were ever held at once: an upper bound. A slot
  * is made only when the registering thread's list and the shared stack are
  * both empty, that is when every slot made before is held or on another
- * thread's list (a list holds at most 2 * LOCAL_MAX + 1 slots: it is
- * counted every LOCAL_MAX pushes; a thread that exits gives its list back). So with one thread
- * registering and deregistering the bound is the most held at once, and with
- * several it is over by at most the free slots the other threads' lists held
- * when the last slot was made; also over by a slot whose registration then
- * failed, and in a fork child by the lists of the parent's other threads,
- * lost there. (A shared count of MRs held would make it exact, at two locked
- * instructions per registration and deregistration.)
+ * thread's list (a list holds at most 2 * LOCAL_MAX + 1 slots, being counted
+ * every LOCAL_MAX pushes; an exiting thread gives its list back). So with
+ * one thread registering and deregistering the bound is the most held at
+ * once, and with several it is over by at most the free slots the other
+ * threads' lists held when the last slot was made; also over by a slot whose
+ * registration then failed, and in a fork child by the lists of the parent's
+ * other threads, lost there. (A shared count of MRs held would make it
+ * exact, at two locked instructions per registration and deregistration.)
  */
 void drc__regmr_totals(struct drc__regmr_totals *t)
 {
