@@ -58,7 +58,8 @@
  * destroy never comes back to the interposer.)
  *
  * Counters over the process's life (for the interposer's exit summary) are
- * atomics; a PD's cache statistics are added to `retired` when it goes.
+ * per thread where a registration or a deregistration bumps them, atomics
+ * elsewhere; a PD's cache statistics are added to `retired` when it goes.
  */
 #include "verbs/regmr.h"
 
@@ -140,7 +141,7 @@ _Static_assert(sizeof(struct caller_mr) == SLOT, "a slot is one cache line");
 
 static char *slab;                      /* atomic (set once): the range, NULL before the first registration */
 static uintptr_t slab_ready_bytes;      /* atomic: the slab's writable part (slab_lock to grow) */
-static uint32_t slab_used;              /* slab_lock: slots handed out fresh, ever */
+static uint32_t slab_used;              /* slab_lock to write, atomic to read: slots handed out fresh, ever */
 static uint32_t slab_cap = SLAB_SLOTS;  /* slab_lock: drc__regmr_slab_cap (tests) */
 static uint64_t slab_free;              /* atomic: the shared free stack: tag << 32 | (index + 1) */
 static pthread_mutex_t slab_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -166,6 +167,8 @@ struct regmr_tls {
     drc_cache_t *cache;         /* e->cache */
     int exit_set;               /* slab_key's value is set: the list is returned, the counts kept, at exit */
     uint64_t n_host, n_gpu;     /* atomic, written by this thread only: caller MRs it handed out (exit_set) */
+    uint64_t n_back;            /* the same: caller MRs it took back (drc_dereg_mr), whichever thread
+                                 * handed them out */
     struct regmr_tls *next, **pprev;    /* counts_lock: on `counted` while exit_set */
 };
 static __thread struct regmr_tls tls __attribute__((tls_model("initial-exec")));
@@ -178,14 +181,21 @@ static struct drc_config config;        /* set before the first registration */
 static int configured;
 
 /*
- * Counts of events bumped on every registration are kept per thread (a locked
- * add on a shared word costs a hit as much as the rest of its bookkeeping):
- * a thread's own counts, read by drc__regmr_totals through `counted`, and
- * folded into n_host / n_gpu when the thread exits. The number held now (and
- * so the most held at once) is one shared count.
+ * Counts bumped on every registration or deregistration are kept per thread
+ * (a locked add on a shared word costs a hit as much as the rest of its
+ * bookkeeping, here more than drc_get's whole hit): a thread's own counts,
+ * read by drc__regmr_totals through `counted`, and folded into n_host / n_gpu
+ * / n_back when the thread exits (or, for a thread of the parent, in a fork
+ * child). The number held now is those handed out less those taken back,
+ * each summed over the fold and every thread: exact whenever no registration
+ * or deregistration runs beside the sum (an MR registered on one thread and
+ * deregistered on another may be seen taken back and not yet handed out).
+ * The most held at once cannot be had from per-thread counts without
+ * ordering every event, so it is the slab's: slab_used, the slots ever made
+ * (see drc__regmr_totals for why that is the bound it is).
  */
 static uint64_t n_gpu, n_host, n_direct;    /* atomic: caller MRs handed out, ever (and threads' counts) */
-static uint64_t n_live, n_peak;             /* atomic: caller MRs held now, and the most at once */
+static uint64_t n_back;                     /* atomic: caller MRs taken back, ever (and threads' counts) */
 static uint64_t n_pds;                      /* atomic: per-PD caches made, ever */
 static uint64_t n_dmabuf, n_peermem;        /* atomic: per-PD caches whose GPU 0 registered that way */
 static struct drc_stats retired;            /* pds_lock (write): stats of the caches released */
@@ -263,6 +273,7 @@ static void fold_counts(struct regmr_tls *t)
 {
     __atomic_fetch_add(&n_host, __atomic_load_n(&t->n_host, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     __atomic_fetch_add(&n_gpu, __atomic_load_n(&t->n_gpu, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&n_back, __atomic_load_n(&t->n_back, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     if (t->next)
         t->next->pprev = t->pprev;
     *t->pprev = t->next;
@@ -279,7 +290,7 @@ static void slab_thread_exit(void *arg)
     pthread_mutex_lock(&counts_lock);
     fold_counts(&tls);
     pthread_mutex_unlock(&counts_lock);
-    tls.n_host = tls.n_gpu = 0;
+    tls.n_host = tls.n_gpu = tls.n_back = 0;
     tls.exit_set = 0;
     tls.room = 0;
 }
@@ -301,9 +312,10 @@ static void exit_set_up(void)
 }
 
 /*
- * One more caller MR handed out by this thread (its own count once exit_set, else the process's).
- * A thread with slots on its list has exit_set (without it, slot_put keeps none): drc_reg_mr's hit
- * says @own_only.
+ * One more event for a count of this thread's: its own once exit_set (no locked instruction: only
+ * this thread writes it), else the process's, since nothing would fold its own at its exit. A
+ * thread with slots on its list, or room left on it, has exit_set (without it, room stays 0 and
+ * slot_put keeps no slot): drc_reg_mr's hit and slot_release say @own_only.
  */
 static inline void count(uint64_t *own, uint64_t *shared, int own_only)
 {
@@ -351,7 +363,7 @@ static __attribute__((noinline)) struct caller_mr *slot_get_slow(void)
     m = i < slab_cap && (uintptr_t)i * SLOT < __atomic_load_n(&slab_ready_bytes, __ATOMIC_RELAXED) ? slot_at(i + 1)
                                                                                                   : NULL;
     if (m)
-        slab_used = i + 1;
+        __atomic_store_n(&slab_used, i + 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&slab_lock);
     return m;
 }
@@ -395,6 +407,23 @@ static void slot_put(struct caller_mr *m)
     push_local(m);
     if (tls.room < 0)
         slot_put_slow();
+}
+
+static __attribute__((noinline)) void slot_release_slow(void)
+{
+    slot_put_slow();
+    count(&tls.n_back, &n_back, 0);     /* after slot_put_slow, which sets exit_set if it can */
+}
+
+/* A deregistered MR's slot back on this thread's list, and one more MR taken back (this thread's count). */
+static inline __attribute__((always_inline)) void slot_release(struct caller_mr *m)
+{
+    POISON(&m->mr, sizeof(m->mr));
+    push_local(m);
+    if (tls.room < 0)
+        slot_release_slow();
+    else    /* room was left on the list: exit_set (see count()) */
+        count(&tls.n_back, &n_back, 1);
 }
 
 /*
@@ -656,7 +685,6 @@ static __attribute__((noinline)) void count_gpu(void)
 static inline struct ibv_mr *publish(struct caller_mr *m, const struct drc__region_view *v, int hit)
 {
     struct ibv_mr *cached = v->handle;  /* the verbs backend's handle is the cached ibv_mr (drc_region_mr) */
-    uint64_t live, peak;
 
     m->mr.handle = cached ? cached->handle : 0;
     m->mr.lkey = v->lkey;
@@ -667,10 +695,6 @@ static inline struct ibv_mr *publish(struct caller_mr *m, const struct drc__regi
         count_gpu();
     else
         count(&tls.n_host, &n_host, hit);
-    live = __atomic_add_fetch(&n_live, 1, __ATOMIC_RELAXED);
-    peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
-    while (live > peak && !__atomic_compare_exchange_n(&n_peak, &peak, live, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        ;
     return &m->mr;
 }
 
@@ -767,8 +791,7 @@ static inline __attribute__((always_inline)) int dereg(struct ibv_mr *mr)
         return -EINVAL;     /* a free slot: refused, and it stays free */
     __atomic_store_n(&m->live, 0, __ATOMIC_RELAXED);
     r = m->region;
-    slot_put(m);
-    __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
+    slot_release(m);
     return drc__region_put(r);
 }
 
@@ -801,8 +824,7 @@ int drc__regmr_dereg_verbs(struct ibv_mr *mr)
         return dereg_verbs_other(mr);
     __atomic_store_n(&m->live, 0, __ATOMIC_RELAXED);
     r = m->region;
-    slot_put(m);
-    __atomic_fetch_sub(&n_live, 1, __ATOMIC_RELAXED);
+    slot_release(m);
     return -drc__region_put(r);
 }
 
@@ -863,25 +885,44 @@ int drc_pd_release(struct ibv_pd *pd)
     return err;
 }
 
+/*
+ * The peak is the slab's slots made, ever. Every caller MR held occupies a
+ * slot of its own, so no more were ever held at once: an upper bound. A slot
+ * is made only when the registering thread's list and the shared stack are
+ * both empty, that is when every slot made before is held or on another
+ * thread's list (a list holds at most 2 * LOCAL_MAX + 1 slots, being counted
+ * every LOCAL_MAX pushes; an exiting thread gives its list back). So with
+ * one thread registering and deregistering the bound is the most held at
+ * once, and with several it is over by at most the free slots the other
+ * threads' lists held when the last slot was made; also over by a slot whose
+ * registration then failed, and in a fork child by the lists of the parent's
+ * other threads, lost there. (A shared count of MRs held would make it
+ * exact, at two locked instructions per registration and deregistration.)
+ */
 void drc__regmr_totals(struct drc__regmr_totals *t)
 {
     struct regmr_tls *th;
     struct pd_entry *e, *tmp;
     struct drc_stats s = { .comp_mask = DRC_STATS_ALL };
+    uint64_t live, back;
 
     memset(t, 0, sizeof(*t));
     t->pds = __atomic_load_n(&n_pds, __ATOMIC_RELAXED);
     pthread_mutex_lock(&counts_lock);
     t->mrs_gpu = __atomic_load_n(&n_gpu, __ATOMIC_RELAXED);
     t->mrs_host = __atomic_load_n(&n_host, __ATOMIC_RELAXED);
+    back = __atomic_load_n(&n_back, __ATOMIC_RELAXED);
     for (th = counted; th; th = th->next) {
         t->mrs_gpu += __atomic_load_n(&th->n_gpu, __ATOMIC_RELAXED);
         t->mrs_host += __atomic_load_n(&th->n_host, __ATOMIC_RELAXED);
+        back += __atomic_load_n(&th->n_back, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&counts_lock);
     t->mrs_direct = __atomic_load_n(&n_direct, __ATOMIC_RELAXED);
-    t->live = __atomic_load_n(&n_live, __ATOMIC_RELAXED);
-    t->peak = __atomic_load_n(&n_peak, __ATOMIC_RELAXED);
+    t->peak = __atomic_load_n(&slab_used, __ATOMIC_RELAXED);
+    /* a sum beside registrations may see an MR's dereg and not its reg: kept within [0, peak] */
+    live = t->mrs_gpu + t->mrs_host - back;
+    t->live = (int64_t)live < 0 ? 0 : live > t->peak ? t->peak : live;
     t->dmabuf = __atomic_load_n(&n_dmabuf, __ATOMIC_RELAXED);
     t->peermem = __atomic_load_n(&n_peermem, __ATOMIC_RELAXED);
     pthread_rwlock_rdlock(&pds_lock);

@@ -52,7 +52,11 @@ struct drc__regmr_totals {
     uint64_t pds_now;        /* per-PD caches that exist now */
     uint64_t mrs_gpu, mrs_host;   /* caller MRs handed out through a cache, ever */
     uint64_t mrs_direct;     /* drc_reg_mr calls passed straight to ibv_reg_mr (access bits drc cannot cache) */
-    uint64_t live, peak;     /* caller MRs not yet deregistered, and the most held at once */
+    uint64_t live;           /* caller MRs not yet deregistered: exact when no drc_reg_mr or drc_dereg_mr
+                              * runs beside the call (a sum of per-thread counts), within [0, peak] */
+    uint64_t peak;           /* the most held at once, bounded from above: the slots drc made for caller
+                              * MRs; exact while one thread registers and deregisters (regmr.c says by
+                              * how much it may be over with several) */
     struct drc_stats cache;  /* event counts summed over every per-PD cache, released ones included;
                               * regions/bytes/in_use: the caches that exist now */
     uint64_t dmabuf, peermem;/* per-PD caches, ever, whose GPU 0 registered through dmabuf / peermem */
