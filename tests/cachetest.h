@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -29,6 +31,29 @@ static inline size_t pg(void)
 }
 
 /* The fake address @n pages (plus @off bytes) above BASE. */
+/*
+ * Resident bytes of the pages from @lo's (rounded down) to @hi (rounded up),
+ * by mincore(): what the process's resident set holds of that memory.
+ */
+static inline size_t resident_bytes(uintptr_t lo, uintptr_t hi)
+{
+    size_t page = pg(), n, i, bytes = 0;
+    unsigned char *vec;
+
+    lo &= ~(uintptr_t)(page - 1);
+    hi = (hi + page - 1) & ~(uintptr_t)(page - 1);
+    if (hi <= lo)
+        return 0;
+    n = (hi - lo) / page;
+    vec = malloc(n);
+    assert_non_null(vec);
+    assert_int_equal(mincore((void *)lo, hi - lo, vec), 0);
+    for (i = 0; i < n; i++)
+        bytes += (vec[i] & 1) ? page : 0;
+    free(vec);
+    return bytes;
+}
+
 static inline const void *at(size_t n, size_t off)
 {
     return (const void *)(BASE + n * pg() + off);

@@ -64,22 +64,14 @@ static const struct drc__mem_ops all_cuda = {
 /* Resident bytes of the pages wholly inside [lo, hi), and in *pages the bytes of those pages. */
 static size_t resident_inside(uintptr_t lo, uintptr_t hi, size_t *pages)
 {
-    size_t page = pg(), n, i, bytes = 0;
-    unsigned char *vec;
+    size_t page = pg();
 
     lo = (lo + page - 1) & ~(uintptr_t)(page - 1);
     hi &= ~(uintptr_t)(page - 1);
     if (hi <= lo)
         return 0;
-    n = (hi - lo) / page;
-    *pages += n * page;
-    vec = malloc(n);
-    assert_non_null(vec);
-    assert_int_equal(mincore((void *)lo, hi - lo, vec), 0);
-    for (i = 0; i < n; i++)
-        bytes += (vec[i] & 1) ? page : 0;
-    free(vec);
-    return bytes;
+    *pages += hi - lo;
+    return resident_bytes(lo, hi);
 }
 
 /* Resident bytes of the second lines of every region handed out; *checked: the bytes looked at. */

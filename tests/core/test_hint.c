@@ -34,30 +34,12 @@ static size_t scattered(size_t i)
     return (i * 0x9e3779b1u) & (SPREAD - 1);
 }
 
-/* Resident bytes of the pages wholly or partly in [lo, hi). */
-static size_t resident(uintptr_t lo, uintptr_t hi)
-{
-    size_t page = pg(), n, i, bytes = 0;
-    unsigned char *vec;
-
-    lo &= ~(uintptr_t)(page - 1);
-    hi = (hi + page - 1) & ~(uintptr_t)(page - 1);
-    n = (hi - lo) / page;
-    vec = malloc(n);
-    assert_non_null(vec);
-    assert_int_equal(mincore((void *)lo, hi - lo, vec), 0);
-    for (i = 0; i < n; i++)
-        bytes += (vec[i] & 1) ? page : 0;
-    free(vec);
-    return bytes;
-}
-
 /* A table's whole allocation: header, slots, filter. */
 static size_t table_resident(const struct hint_tab *t)
 {
     size_t slots = (size_t)1 << (64 - t->shift);
 
-    return resident((uintptr_t)t, (uintptr_t)&t->used[(slots >> 6) + 1]);
+    return resident_bytes((uintptr_t)t, (uintptr_t)&t->used[(slots >> 6) + 1]);
 }
 
 /* The region slots: every pool chunk. */
@@ -67,7 +49,7 @@ static size_t chunks_resident(const drc_cache_t *c, size_t *nchunks)
     size_t bytes = 0;
 
     for (ch = c->chunks; ch; ch = ch->next, ++*nchunks)
-        bytes += resident((uintptr_t)ch, (uintptr_t)&ch->r[ch->n]);
+        bytes += resident_bytes((uintptr_t)ch, (uintptr_t)&ch->r[ch->n]);
     return bytes;
 }
 
