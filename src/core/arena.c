@@ -36,9 +36,13 @@
  *     faults instead of reading a later cache's memory.
  *   - a lazy arena (drc__arena_init_lazy: the region records' second lines,
  *     which a cache of host regions without limits never writes) is the
- *     opposite: 4 KiB pages (MADV_NOHUGEPAGE), fresh mappings only, unmapped
- *     at the end, nothing written but each mapping's header, so that memory
- *     its users do not write never becomes resident.
+ *     opposite: 4 KiB pages (MADV_NOHUGEPAGE), nothing written but each
+ *     mapping's header, so that memory its users do not write never becomes
+ *     resident. Its mappings are kept only for later lazy arenas, a few at
+ *     a time, with every page but the header's given back (MADV_DONTNEED:
+ *     they read zero again) and the rest of the header's page zeroed: a
+ *     process that makes and destroys caches would otherwise map, advise,
+ *     fault and unmap one for each cache.
  *
  * Nothing here may run with a cache's c->lock held (DRC_ASSERT_NO_LOCK):
  * mmap, munmap and madvise may be intercepted (drc's own host hooks turn
@@ -52,6 +56,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/cache.h"
 
@@ -64,10 +69,12 @@ enum {
     FIRST      = 256 << 10,         /* the first mapping of an arena */
     MAX_MAP    = 32 << 20,          /* mappings double up to this (larger only for a larger request) */
     KEEP_SLOTS = 16,
+    LAZY_SLOTS = 4,
 };
 
 /* Kept mappings: address | log2(size) (mappings are page-aligned), 0 for an empty slot. Atomic. */
 static uintptr_t kept[KEEP_SLOTS];
+static uintptr_t lazy_kept[LAZY_SLOTS];    /* lazy arenas' (address space and a header page each) */
 static size_t kept_bytes;           /* atomic: reserved before a slot is filled, released after it is emptied */
 #ifdef DRC_DEBUG
 static size_t keep_max = 0;         /* atomic */
@@ -184,6 +191,56 @@ static struct drc__arena_map *keep_take(size_t size)
     return NULL;
 }
 
+/*
+ * Keep a lazy arena's mapping for a later one: its pages read zero again,
+ * but the header's, which stays resident and whose rest is zeroed here. 0 if
+ * the caller must unmap it (the slots are full, or nothing may be kept).
+ */
+static int lazy_put(struct drc__arena_map *m)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t z;
+    int i;
+
+    if (!LD(keep_max) || m->size <= page)
+        return 0;
+    memset(m + 1, 0, page - sizeof(*m));
+    if (madvise((char *)m + page, m->size - page, MADV_DONTNEED))
+        return 0;
+    for (i = 0; i < LAZY_SLOTS; i++) {
+        z = 0;
+        if (__atomic_compare_exchange_n(&lazy_kept[i], &z, (uintptr_t)m | (uintptr_t)__builtin_ctzll(m->size), 0,
+                                        __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+            return 1;
+    }
+    return 0;
+}
+
+/* A kept lazy mapping of at least @size bytes (the smallest), or NULL. It reads zero but its header. */
+static struct drc__arena_map *lazy_take(size_t size)
+{
+    uintptr_t t;
+    int i, best = -1;
+
+    for (i = 0; i < LAZY_SLOTS; i++) {
+        t = LD(lazy_kept[i]);
+        if (t && tag_size(t) >= size && (best < 0 || tag_size(t) < tag_size(LD(lazy_kept[best]))))
+            best = i;
+    }
+    if (best < 0)
+        return NULL;
+    t = __atomic_exchange_n(&lazy_kept[best], 0, __ATOMIC_ACQUIRE);
+    if (!t)
+        return NULL;        /* another arena took it: a fresh mapping then */
+    if (tag_size(t) < size) {
+        if (!__atomic_compare_exchange_n(&lazy_kept[best], &(uintptr_t){ 0 }, t, 0, __ATOMIC_RELEASE,
+                                         __ATOMIC_RELAXED))
+            munmap(tag_map(t), tag_size(t));
+        return NULL;
+    }
+    return tag_map(t);
+}
+
 void drc__arena_init(struct drc__arena *a)
 {
     memset(a, 0, sizeof(*a));
@@ -244,7 +301,9 @@ static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
     while (want < size + sizeof(*m))
         want *= 2;
     dirty = 1;
-    if (a->lazy || !(m = keep_take(want))) {
+    if (a->lazy && (m = lazy_take(want))) {
+        dirty = 0;      /* it reads zero past its header, which holds its size (lazy_put) */
+    } else if (a->lazy || !(m = keep_take(want))) {
         dirty = 0;      /* fresh anonymous memory reads zero: not touched until used */
         if (!(m = map_new(want, a->lazy)))
             return NULL;
@@ -318,7 +377,7 @@ void drc__arena_fini(struct drc__arena *a)
     DRC_ASSERT_NO_LOCK();
     for (m = a->maps; m; m = next) {
         next = m->next;     /* before keep_put: MADV_FREE may zero it */
-        if (a->lazy || !keep_put(m))
+        if (a->lazy ? !lazy_put(m) : !keep_put(m))
             munmap(m, m->size);
     }
     a->maps = NULL;
@@ -338,6 +397,9 @@ size_t drc__arena_keep(size_t max)
     int i;
 
     __atomic_store_n(&keep_max, max, __ATOMIC_RELAXED);
+    for (i = 0; !max && i < LAZY_SLOTS; i++)
+        if ((t = __atomic_exchange_n(&lazy_kept[i], 0, __ATOMIC_ACQUIRE)))
+            munmap(tag_map(t), tag_size(t));
     for (i = 0; i < KEEP_SLOTS && __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED) > max; i++)
         if ((t = __atomic_exchange_n(&kept[i], 0, __ATOMIC_ACQUIRE))) {
             __atomic_fetch_sub(&kept_bytes, tag_size(t), __ATOMIC_RELAXED);

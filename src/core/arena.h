@@ -29,10 +29,12 @@ void drc__arena_init(struct drc__arena *a);
  * An empty arena for memory that most of its users never write (the region
  * records' second lines, cache_int.h): the arena writes nothing it hands out,
  * in any build, so a page of it is resident only once its caller writes it.
- * Its mappings are fresh (never kept for, nor taken from, other arenas), so
- * what it hands out reads zero, and advised MADV_NOHUGEPAGE, so a write makes
- * 4 KiB resident, not 2 MiB. Only each mapping's first page is written (its
+ * Its mappings are never kept for, nor taken from, other arenas: fresh, or
+ * kept from an earlier lazy arena with their pages given back, so what it
+ * hands out reads zero; and advised MADV_NOHUGEPAGE, so a write makes 4 KiB
+ * resident, not 2 MiB. Only each mapping's first page is written (its
  * header). drc__arena_alloc and drc__arena_alloc_raw are then the same.
+ * drc__arena_keep(0) unmaps the kept ones too.
  */
 void drc__arena_init_lazy(struct drc__arena *a);
 

@@ -193,6 +193,48 @@ static void an_older_mappings_rest_is_used_first(void **state)
     drc__arena_fini(&a);
 }
 
+/*
+ * A lazy arena's mapping (the region records' second lines) is kept for the
+ * next lazy arena with its pages given back: still mapped, nothing resident
+ * past its header's page, and what the next one hands out reads zero, at the
+ * same address (no new mapping). A plain arena never takes it. Control:
+ * with nothing to be kept, the mapping is unmapped.
+ */
+static void a_lazy_arenas_mapping_is_kept_empty_for_the_next(void **state)
+{
+    struct drc__arena a, b;
+    size_t page = pg(), len = 200 << 10;
+    char *p, *q, *r;
+
+    (void)state;
+    drc__arena_keep(64 * MIB);
+    drc__arena_init_lazy(&a);
+    p = drc__arena_alloc(&a, len);
+    assert_non_null(p);
+    memset(p, 0x5a, len);                           /* a cache of device regions wrote its second lines */
+    drc__arena_fini(&a);
+    assert_true(mapped(p));
+    assert_int_equal(resident_bytes(((uintptr_t)p + page) & ~(uintptr_t)(page - 1), (uintptr_t)p + len), 0);
+    drc__arena_init(&b);                            /* a plain arena does not take it */
+    r = drc__arena_alloc(&b, len);
+    assert_non_null(r);
+    assert_true(r + len <= p || r >= p + len);
+    drc__arena_init_lazy(&a);
+    q = drc__arena_alloc(&a, len);
+    assert_ptr_equal(q, p);
+    assert_true(all_zero(q, len));
+    drc__arena_fini(&a);
+    drc__arena_fini(&b);
+    drc__arena_keep(0);                             /* unmaps what lazy arenas kept */
+    assert_false(mapped(p));
+
+    drc__arena_init_lazy(&a);                       /* control: nothing may be kept */
+    p = drc__arena_alloc(&a, len);
+    assert_non_null(p);
+    drc__arena_fini(&a);
+    assert_false(mapped(p));
+}
+
 /* A cache's regions live in its arena: drc_cache_destroy() gives them back (none kept: unmapped). */
 static void destroy_unmaps_a_caches_memory(void **state)
 {
@@ -221,6 +263,7 @@ int main(void)
         cmocka_unit_test_setup(without_huge_pages_it_still_works, keep_none),
         cmocka_unit_test_setup(kept_mappings_are_reused_zeroed_and_bounded, keep_none),
         cmocka_unit_test_setup(an_older_mappings_rest_is_used_first, keep_none),
+        cmocka_unit_test_setup(a_lazy_arenas_mapping_is_kept_empty_for_the_next, keep_none),
         cmocka_unit_test_setup(destroy_unmaps_a_caches_memory, keep_none),
     };
 
