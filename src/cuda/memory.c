@@ -272,9 +272,10 @@ static void host_mem(struct drc__mem *m)
     m->nchunks = 0;
 }
 
-static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
+/* cuda_classify with a driver that can export: what the driver says of [addr, addr + len). */
+static __attribute__((noinline)) int classify_driver(const struct drc__cuda_driver *d, uintptr_t addr, size_t len,
+                                                     struct drc__mem *m)
 {
-    const struct drc__cuda_driver *d = drc__cuda_driver();
     const int attrs[] = {
         DRC__CU_POINTER_ATTRIBUTE_MEMORY_TYPE, DRC__CU_POINTER_ATTRIBUTE_IS_MANAGED,
         DRC__CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, DRC__CU_POINTER_ATTRIBUTE_BUFFER_ID,
@@ -289,9 +290,6 @@ static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
     struct chunk_info chunk;
     size_t size = 0;
 
-    host_mem(m);
-    if (!drc__cuda_can_export(d))
-        return 0;
     rc = d->cuPointerGetAttributes(sizeof(attrs) / sizeof(attrs[0]), attrs, data, addr);
     if (rc)
         return driver_idle(rc) ? 0 : drc__cuda_errno(rc);
@@ -339,6 +337,21 @@ out:
     if (err)
         host_mem(m);
     return err;
+}
+
+/*
+ * Host memory unless a driver that can export says otherwise. Without one
+ * (no GPU, no libcuda) a miss pays the check only: the driver's query and
+ * its locals are apart (classify_driver).
+ */
+static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
+{
+    const struct drc__cuda_driver *d = drc__cuda_driver();
+
+    host_mem(m);
+    if (!drc__cuda_can_export(d))
+        return 0;
+    return classify_driver(d, addr, len, m);
 }
 
 /* The core's export (core/mem.h): through the process-wide table (export.c). */
