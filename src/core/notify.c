@@ -20,7 +20,11 @@
  * users[t][i] is the notifiers of thread slot t (tslot.h) inside slot i, so
  * two threads issuing free events write two lines of their own, not one
  * shared count. A row is shared only by threads beyond DRC__TSLOTS, which is
- * why every change is an atomic add, never a plain store.
+ * why every increment, and every decrement of that shared row, is an atomic
+ * add. A row of its own has one writer (a nested call on the same thread,
+ * from a hook or a signal handler, is balanced before it returns), so its
+ * decrement is a load and a release store: no locked instruction, and its
+ * value is as exact as an add's.
  *
  *   notifier (thread slot t)             drc_cache_destroy -> unsubscribe
  *   users[t][i]++        (seq_cst)       slot.cache = NULL        (seq_cst)
@@ -35,8 +39,8 @@
  * whichever row the drain reads first. A seq_cst load that follows a seq_cst
  * change of the same word in S reads that change or a later one, so each load
  * of row t reads a count that includes this notifier until its decrement (the
- * changes of a row are atomic adds: its value is exact at every point of its
- * order), and the drain stays on row t until it reads the decrement or a
+ * changes of a row are atomic adds, or its only writer's stores: its value is
+ * exact at every point of its order), and the drain stays on row t until it reads the decrement or a
  * later add, which orders the notifier's use of c before the free (every
  * later change of the row is an atomic add: the release heads a release
  * sequence that the drain's load reads from). A notifier whose
@@ -243,7 +247,7 @@ int drc__notify_active(void)
 int drc_notify_free(const void *addr, size_t len)
 {
     unsigned i, n, *mine;
-    int k, total = 0;
+    int k, t, total = 0;
     drc_cache_t *c;
 
     if (len && len - 1 > UINTPTR_MAX - (uintptr_t)addr)
@@ -258,14 +262,18 @@ int drc_notify_free(const void *addr, size_t len)
     if (!len || !__atomic_load_n(&subscribed, __ATOMIC_ACQUIRE))
         return 0;
     n = __atomic_load_n(&used, __ATOMIC_ACQUIRE);
-    mine = table.users[drc__tslot()];     /* this thread's row, the same at both ends of a nested call */
+    t = drc__tslot();
+    mine = table.users[t];      /* this thread's row, the same at both ends of a nested call */
     for (i = 0; i < n; i++) {
         if (!__atomic_load_n(&table.slot[i].cache, __ATOMIC_ACQUIRE))
             continue;
         __atomic_fetch_add(&mine[i], 1, __ATOMIC_SEQ_CST);
         c = __atomic_load_n(&table.slot[i].cache, __ATOMIC_SEQ_CST);
         k = c ? drc__cache_invalidate(c, addr, len) : 0;
-        __atomic_fetch_sub(&mine[i], 1, __ATOMIC_RELEASE);
+        if (t == DRC__TSLOTS)
+            __atomic_fetch_sub(&mine[i], 1, __ATOMIC_RELEASE);
+        else    /* the row's only writer: see "Use after free" above */
+            __atomic_store_n(&mine[i], __atomic_load_n(&mine[i], __ATOMIC_RELAXED) - 1, __ATOMIC_RELEASE);
         if (k > 0)
             total += k;
     }
