@@ -123,18 +123,37 @@ static struct drc__arena_map *map_new(size_t size, int lazy)
     return (struct drc__arena_map *)(void *)p;
 }
 
-/* Put tag @t in an empty slot (its bytes already counted in kept_bytes); 0 if every slot is full. */
-static int slot_put(uintptr_t t)
+static uintptr_t tag_of(const struct drc__arena_map *m)
+{
+    return (uintptr_t)m | (uintptr_t)__builtin_ctzll(m->size);
+}
+
+/* Put tag @t in an empty slot of @set (n slots); 0 if every slot is full. */
+static int slot_put(uintptr_t *set, int n, uintptr_t t)
 {
     uintptr_t z;
     int i;
 
-    for (i = 0; i < KEEP_SLOTS; i++) {
+    for (i = 0; i < n; i++) {
         z = 0;
-        if (__atomic_compare_exchange_n(&kept[i], &z, t, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        if (__atomic_compare_exchange_n(&set[i], &z, t, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
             return 1;
     }
     return 0;
+}
+
+/* The slot of @set (n slots) with the smallest mapping of at least @size bytes, or -1. */
+static int slot_best(const uintptr_t *set, int n, size_t size)
+{
+    uintptr_t t;
+    int i, best = -1;
+
+    for (i = 0; i < n; i++) {
+        t = LD(set[i]);
+        if (t && tag_size(t) >= size && (best < 0 || tag_size(t) < tag_size(LD(set[best]))))
+            best = i;
+    }
+    return best;
 }
 
 /* Keep @m for a later arena if the bound allows; 0 if the caller must unmap it. */
@@ -150,7 +169,7 @@ static int keep_put(struct drc__arena_map *m)
     if (size >= DRC__ARENA_HUGE)
         (void)madvise(m, size, MADV_FREE);      /* the kernel may take the pages back under pressure */
 #endif
-    if (slot_put((uintptr_t)m | (uintptr_t)__builtin_ctzll(size)))
+    if (slot_put(kept, KEEP_SLOTS, tag_of(m)))     /* its bytes already counted in kept_bytes */
         return 1;
     __atomic_fetch_sub(&kept_bytes, size, __ATOMIC_RELAXED);
     return 0;
@@ -161,23 +180,17 @@ static struct drc__arena_map *keep_take(size_t size)
 {
     struct drc__arena_map *m;
     uintptr_t t;
-    int i, best, tries;
+    int best, tries;
 
     for (tries = 0; tries < 4; tries++) {
-        best = -1;
-        for (i = 0; i < KEEP_SLOTS; i++) {
-            t = LD(kept[i]);
-            if (t && tag_size(t) >= size && (best < 0 || tag_size(t) < tag_size(LD(kept[best]))))
-                best = i;
-        }
-        if (best < 0)
+        if ((best = slot_best(kept, KEEP_SLOTS, size)) < 0)
             return NULL;
         t = __atomic_exchange_n(&kept[best], 0, __ATOMIC_ACQUIRE);
         if (!t)
             continue;   /* another arena took it */
         if (tag_size(t) < size) {
             /* another arena swapped in a smaller one meanwhile: back it goes */
-            if (!slot_put(t)) {
+            if (!slot_put(kept, KEEP_SLOTS, t)) {
                 __atomic_fetch_sub(&kept_bytes, tag_size(t), __ATOMIC_RELAXED);
                 munmap(tag_map(t), tag_size(t));
             }
@@ -199,42 +212,28 @@ static struct drc__arena_map *keep_take(size_t size)
 static int lazy_put(struct drc__arena_map *m)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t z;
-    int i;
 
     if (!LD(keep_max) || m->size <= page)
         return 0;
     memset(m + 1, 0, page - sizeof(*m));
     if (madvise((char *)m + page, m->size - page, MADV_DONTNEED))
         return 0;
-    for (i = 0; i < LAZY_SLOTS; i++) {
-        z = 0;
-        if (__atomic_compare_exchange_n(&lazy_kept[i], &z, (uintptr_t)m | (uintptr_t)__builtin_ctzll(m->size), 0,
-                                        __ATOMIC_RELEASE, __ATOMIC_RELAXED))
-            return 1;
-    }
-    return 0;
+    return slot_put(lazy_kept, LAZY_SLOTS, tag_of(m));
 }
 
 /* A kept lazy mapping of at least @size bytes (the smallest), or NULL. It reads zero but its header. */
 static struct drc__arena_map *lazy_take(size_t size)
 {
+    int best = slot_best(lazy_kept, LAZY_SLOTS, size);
     uintptr_t t;
-    int i, best = -1;
 
-    for (i = 0; i < LAZY_SLOTS; i++) {
-        t = LD(lazy_kept[i]);
-        if (t && tag_size(t) >= size && (best < 0 || tag_size(t) < tag_size(LD(lazy_kept[best]))))
-            best = i;
-    }
     if (best < 0)
         return NULL;
     t = __atomic_exchange_n(&lazy_kept[best], 0, __ATOMIC_ACQUIRE);
     if (!t)
         return NULL;        /* another arena took it: a fresh mapping then */
     if (tag_size(t) < size) {
-        if (!__atomic_compare_exchange_n(&lazy_kept[best], &(uintptr_t){ 0 }, t, 0, __ATOMIC_RELEASE,
-                                         __ATOMIC_RELAXED))
+        if (!slot_put(lazy_kept, LAZY_SLOTS, t))    /* another arena swapped in a smaller one */
             munmap(tag_map(t), tag_size(t));
         return NULL;
     }
@@ -254,6 +253,17 @@ void drc__arena_init_lazy(struct drc__arena *a)
     a->lazy = 1;
 }
 
+static size_t room(const struct drc__arena_rest *r)
+{
+    return (size_t)(r->end - r->cur);
+}
+
+/* The rest with less room (a->lock held). */
+static struct drc__arena_rest *smaller(struct drc__arena *a)
+{
+    return &a->rest[room(&a->rest[1]) < room(&a->rest[0])];
+}
+
 /*
  * @size bytes from one of the two rests (a->lock held), or NULL: from the
  * one with less room that holds them, so that an older mapping's rest is
@@ -261,27 +271,24 @@ void drc__arena_init_lazy(struct drc__arena *a)
  */
 static char *carve(struct drc__arena *a, size_t size, int *dirty)
 {
-    size_t r1 = (size_t)(a->end - a->cur), r2 = (size_t)(a->end2 - a->cur2);
+    struct drc__arena_rest *r = smaller(a);
     char *p;
 
-    if (r2 >= size && (r1 < size || r2 < r1)) {
-        p = a->cur2;
-        a->cur2 += size;
-        *dirty = a->dirty2;
-        return p;
-    }
-    if (r1 < size)
+    if (room(r) < size)
+        r = &a->rest[r == &a->rest[0]];     /* the other one */
+    if (room(r) < size)
         return NULL;
-    p = a->cur;
-    a->cur += size;
-    *dirty = a->dirty;
+    p = r->cur;
+    r->cur += size;
+    *dirty = r->dirty;
     return p;
 }
 
 static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
 {
     struct drc__arena_map *m;
-    size_t want, n, rest;
+    struct drc__arena_rest nr, *small;
+    size_t want, n;
     char *p;
     int dirty;
 
@@ -319,32 +326,10 @@ static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
      * stay; the smallest is given up (under huge pages, the one page it
      * shares with what was carved before it is resident all the same).
      */
-    rest = (size_t)((char *)m + m->size - (p + size));
-    if ((size_t)(a->end2 - a->cur2) > (size_t)(a->end - a->cur)) {
-        char *c = a->cur, *e = a->end;
-        int d = a->dirty;
-
-        a->cur = a->cur2;
-        a->end = a->end2;
-        a->dirty = a->dirty2;
-        a->cur2 = c;
-        a->end2 = e;
-        a->dirty2 = d;
-    }
-    if (rest > (size_t)(a->end2 - a->cur2)) {   /* [cur, end) is now the larger of the two kept */
-        if (rest > (size_t)(a->end - a->cur)) {
-            a->cur2 = a->cur;
-            a->end2 = a->end;
-            a->dirty2 = a->dirty;
-            a->cur = p + size;
-            a->end = (char *)m + m->size;
-            a->dirty = dirty;
-        } else {
-            a->cur2 = p + size;
-            a->end2 = (char *)m + m->size;
-            a->dirty2 = dirty;
-        }
-    }
+    nr = (struct drc__arena_rest){ p + size, (char *)m + m->size, dirty };
+    small = smaller(a);
+    if (room(&nr) > room(small))
+        *small = nr;
     n = m->size < MAX_MAP ? 2 * m->size : MAX_MAP;
     if (n > a->next)
         a->next = n;
@@ -381,7 +366,7 @@ void drc__arena_fini(struct drc__arena *a)
             munmap(m, m->size);
     }
     a->maps = NULL;
-    a->cur = a->end = a->cur2 = a->end2 = NULL;
+    memset(a->rest, 0, sizeof(a->rest));
     a->mapped = 0;
     pthread_mutex_destroy(&a->lock);
 }

@@ -13,10 +13,10 @@ struct drc__arena_map;
 struct drc__arena {
     pthread_mutex_t lock;           /* the fields below; held only for the pointer arithmetic, no call */
     struct drc__arena_map *maps;    /* every mapping of the arena, newest first */
-    char *cur, *end;                /* what is left to carve */
-    int dirty;                      /* [cur, end) is in a reused mapping: zero what is carved */
-    char *cur2, *end2;              /* and what another mapping has left (a request too large for it) */
-    int dirty2;
+    struct drc__arena_rest {        /* what is left to carve: of the newest mapping and of another, which */
+        char *cur, *end;            /* a request too large for it left behind; each [cur, end) */
+        int dirty;                  /* in a reused mapping: zero what is carved */
+    } rest[2];
     size_t next;                    /* the size of the next mapping */
     size_t mapped;                  /* bytes mapped, all mappings */
     int lazy;                       /* drc__arena_init_lazy */
