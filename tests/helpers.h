@@ -15,6 +15,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* In a fork() child: exit with status @n unless @cond holds (the parent reads which check failed). */
+#define CHILD_CHECK(n, cond)  \
+    do {                      \
+        if (!(cond))          \
+            _exit(n);         \
+    } while (0)
+
 /* The file descriptors open in this process (leak checks: a count before, the same count after). */
 static inline int fds_open(void)
 {

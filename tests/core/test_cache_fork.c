@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 
 #include "cachetest.h"
+#include "helpers.h"
 
 #define LW IBV_ACCESS_LOCAL_WRITE
 
@@ -32,12 +33,6 @@ static int wait_child(pid_t pid)
         return WTERMSIG(st) == SIGALRM ? 2 : 100 + WTERMSIG(st);
     return WEXITSTATUS(st);
 }
-
-#define CHILD_CHECK(n, cond)  \
-    do {                      \
-        if (!(cond))          \
-            _exit(n);         \
-    } while (0)
 
 static void child_makes_no_backend_call(void **state)
 {

@@ -51,6 +51,7 @@
 #include <cmocka.h>
 #include <infiniband/verbs.h>
 
+#include "../helpers.h"
 #include "rcqp.h"
 #include "loopnic.h"
 #ifdef E2E_API
@@ -303,12 +304,6 @@ enum {
 };
 enum { T_REMAP_MUNMAP = 0, T_REMAP_FIXED = 1 };
 #define MISSPELT_PARTS "cuda,verbs,hots"
-
-#define CHILD_CHECK(n, cond)  \
-    do {                      \
-        if (!(cond))          \
-            _exit(n);         \
-    } while (0)
 
 /*
  * fork() in a target that registered [buf, buf+len) (its slot @slot). The child, as a worker that

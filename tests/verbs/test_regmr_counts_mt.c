@@ -60,6 +60,7 @@
 
 #include "verbs/regmr.c"
 #include "verbs_double.h"
+#include "helpers.h"
 
 #define LW IBV_ACCESS_LOCAL_WRITE
 enum {
@@ -164,12 +165,6 @@ static void *dropping(void *arg)
     drop_own_fold();
     return NULL;
 }
-
-#define CHILD_CHECK(n, cond)  \
-    do {                      \
-        if (!(cond))          \
-            _exit(n);         \
-    } while (0)
 
 static void counts_across_threads_exits_and_fork(void **state)
 {

@@ -35,6 +35,7 @@
 #include "fake_cuda.h"
 #include "verbs_double.h"
 #include "core/mem.h"
+#include "helpers.h"
 
 #define MiB (1ul << 20)
 #define GPU 0x7f0000000000ul
@@ -109,12 +110,6 @@ static void *tracker(void *arg)
     }
     return NULL;
 }
-
-#define CHILD_CHECK(n, cond)  \
-    do {                      \
-        if (!(cond))          \
-            _exit(n);         \
-    } while (0)
 
 /* What the child does: every call returns (a hang is the alarm's SIGALRM); a wrong answer exits non-zero. */
 static void child(struct ibv_mr *parent_mr)
