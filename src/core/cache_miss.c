@@ -60,9 +60,7 @@ static int joinable(const drc_cache_t *c, const struct drc_region *r, const stru
 {
     unsigned same = c->flags & DRC_F_ACCESS_SUPERSET ? DRC_ACCESS_REMOTE : ~0u;
 
-    if (region_type(r) != m->type)
-        return 0;
-    return (m->type == DRC_MEM_HOST || region_ext(r)->mem.device == m->device) && LD(r->node.start) >= m->lo &&
+    return region_type(r) == m->type && region_mem(r)->device == m->device && LD(r->node.start) >= m->lo &&
            LD(r->node.last) < m->hi &&  /* hi is exclusive (mem.h) */
            (r->access & same) == (access & same);
 }
