@@ -172,28 +172,41 @@ static int closed_range(const void *addr, size_t len, uintptr_t *start, uintptr_
     return 0;
 }
 
-/* A region containing [s, last] that serves @access, or NULL. */
+/*
+ * A region containing [s, last] that serves @access, or NULL; in *pr, for
+ * the miss after it, whether no region overlapped the range's pages.
+ */
 static struct drc_region *find_containing(const drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access,
-                                          int *budget)
+                                          int *budget, struct probe *pr)
 {
     const struct drc__itree *t = &c->tree;
     struct drc__itree_node *n;
     struct drc_region *r;
+    uintptr_t ps = s & ~(uintptr_t)(c->page - 1), pl = last | (c->page - 1);
 
     /*
-     * Coalesced regions do not overlap, so the region starting last at or
-     * before s is the only candidate: one cache line per level. Once regions
-     * may overlap (DRC_F_NO_MERGE, merges refused by a size limit or by the
-     * remote bits), a failed floor falls through to the full overlap walk.
-     * A region that overlaps another is published inside the writer's
-     * window that sets `overlapping`, so a lookup that read it unset and
-     * kept an unchanged count saw a tree without overlaps.
+     * Coalesced regions do not overlap, so the first region overlapping the
+     * range's pages is the only candidate: regions are whole pages, so one
+     * that touches the page of s contains s. One descent, which records
+     * where an insert of those pages goes: if nothing is there, the miss
+     * that follows plans and inserts along it (get_slow), no walk again.
+     * Once regions may overlap (DRC_F_NO_MERGE, merges refused by a size
+     * limit or by the remote bits), the full overlap walk. A region that
+     * overlaps another is published inside the writer's window that sets
+     * `overlapping`, so a lookup that read it unset and kept an unchanged
+     * count saw a tree without overlaps.
      */
-    n = drc__itree_floor(t, s, budget);
-    if (n && LD(n->last) >= last && serves(c, LD(region_of(n)->access), access))
-        return region_of(n);
-    if (!LD(c->overlapping))
+    if (!LD(c->overlapping)) {
+        n = drc__itree_first_at(t, ps, pl, budget, &pr->path);
+        if (n && LD(n->start) <= s && LD(n->last) >= last && serves(c, LD(region_of(n)->access), access))
+            return region_of(n);
+        if (!n && *budget > 0) {
+            pr->none = 1;
+            pr->start = ps;
+            pr->last = pl;
+        }
         return NULL;
+    }
     for (n = drc__itree_first(t, s, last, budget); n; n = drc__itree_next(t, n, s, last, budget)) {
         if (LD(n->start) > s)
             break;      /* in start order: no later node starts early enough */
@@ -524,7 +537,7 @@ static HIT_INLINE int handed_over(const drc_cache_t *c, const struct drc_region 
 }
 
 static HIT_INLINE struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last,
-                                                    unsigned access)
+                                                    unsigned access, struct probe *pr)
 {
     struct drc_region *r, **hs;
     unsigned seq;
@@ -541,6 +554,7 @@ static HIT_INLINE struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s
      * same locked section: taking it is a lookup ordered after that insert.
      * So writers elsewhere in the cache never make a hint hit retry.
      */
+    pr->none = 0;               /* struct probe: nothing learned, unless the descent below finds nothing */
     hs = hint_slot(c, s);
     r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
     if (r && covers(c, r, s, last, access)) {
@@ -565,7 +579,7 @@ static HIT_INLINE struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s
         if (seq & 1)
             return NULL;        /* a writer is at work: wait for it on the lock */
         budget = LOOKUP_BUDGET;
-        r = find_containing(c, s, last, access, &budget);
+        r = find_containing(c, s, last, access, &budget, pr);
         if (!r || !tryget_fast(c, r))
             return NULL;
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
@@ -608,6 +622,7 @@ static HIT_INLINE int get(drc_cache_t *c, const void *addr, size_t len, unsigned
                           drc_region_t **out)
 {
     struct drc_region *r;
+    struct probe pr;
     uintptr_t s, last, rs;
     size_t rlen;
     int err, tries;
@@ -620,11 +635,12 @@ static HIT_INLINE int get(drc_cache_t *c, const void *addr, size_t len, unsigned
     if (LD(c->inert))
         return -ESTALE;
     for (tries = 0; tries < REG_RETRIES; tries++) {
-        r = lookup_lockless(c, s, last, access);
+        r = lookup_lockless(c, s, last, access, &pr);
         if (r) {
             count_hit(c);
             err = 0;
-        } else if ((err = get_slow(c, s, last, access, !((access | DRC__NO_WIDEN_EVER) & no_widen), &r)) == RACED) {
+        } else if ((err = get_slow(c, s, last, access, !((access | DRC__NO_WIDEN_EVER) & no_widen), &pr, &r)) ==
+                   RACED) {
             continue;
         } else if (err < 0) {
             return err;

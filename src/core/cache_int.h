@@ -375,8 +375,23 @@ struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare);
 struct chunk *chunk_new(drc_cache_t *c);
 void chunk_drop(drc_cache_t *c, struct chunk *ch);
 
+/*
+ * What a lockless lookup that missed learned for the miss after it: no live
+ * region overlapped [start, last] (the pages of the range asked) when its
+ * walk began, and `path` leads where their insert goes. Under the lock, if
+ * the tree has not changed since (drc__itree_unchanged), the miss's plan
+ * takes that answer instead of walking again, and its insert takes the path:
+ * a repopulating miss descends once, not three times.
+ */
+struct probe {
+    int none;                       /* 0: nothing learned (a hit, a torn walk, overlaps, or no walk) */
+    uintptr_t start, last;
+    struct drc__itree_path path;
+};
+
 /* cache_miss.c */
-int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int widen, struct drc_region **out);
+int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int widen, struct probe *pr,
+             struct drc_region **out);
 
 /*
  * A live region leaves the tree: released if idle, else detached until its

@@ -44,7 +44,8 @@ static void pending_unlink(drc_cache_t *c, struct pending *p)
 
 /* A miss: what to register, given the overlapping live regions (c->lock). */
 struct plan {
-    struct drc__itree_path path;    /* of the overlap walk: where the insert goes if nothing changed */
+    struct drc__itree_path *path;   /* of the overlap walk: where the insert goes if nothing changed */
+    struct drc__itree_path own;     /* the walk's own, or the probe's (struct probe) */
     uintptr_t start, last;
     unsigned access;
     int merging;
@@ -76,7 +77,8 @@ static int joinable(const drc_cache_t *c, const struct drc_region *r, const stru
  * re-register a growing union.
  */
 static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, uintptr_t ws, uintptr_t wlast,
-                       unsigned access, const struct drc__mem *m, struct plan *p, struct drc_region **hit)
+                       unsigned access, const struct drc__mem *m, struct probe *pr, struct plan *p,
+                       struct drc_region **hit)
 {
     struct drc__itree_node *n;
     uintptr_t start = ws & ~(uintptr_t)(c->page - 1), end = wlast | (c->page - 1);
@@ -89,9 +91,19 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, uintptr_t ws
     p->access = access;
     p->merging = 0;
     p->overlaps = 0;
-    /* no live region touches a grain of the pages (the filter is exact enough under the lock): no walk */
-    p->path.depth = 0;
-    n = used_none(c->hint, start, end) ? NULL : drc__itree_first_at(&c->tree, start, end, &budget, &p->path);
+    /*
+     * No live region touches a grain of the pages (the filter is exact
+     * enough under the lock), or the lookup before found none there and
+     * the tree has not changed since (struct probe): no walk.
+     */
+    p->path = &p->own;
+    p->own.depth = 0;
+    if (pr && pr->none && pr->start == start && pr->last == end && drc__itree_unchanged(&c->tree, &pr->path)) {
+        p->path = &pr->path;
+        n = NULL;
+    } else {
+        n = used_none(c->hint, start, end) ? NULL : drc__itree_first_at(&c->tree, start, end, &budget, p->path);
+    }
     for (; n; n = drc__itree_next(&c->tree, n, start, end, &budget)) {
         struct drc_region *r = region_of(n);
 
@@ -201,7 +213,7 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
     used_set(c->hint, p->start, p->last);       /* seq is odd: a probe that read the bits before retries */
-    drc__itree_insert_at(&c->tree, &r->node, &p->path);    /* no descent if the tree is as planned */
+    drc__itree_insert_at(&c->tree, &r->node, p->path);     /* no descent if the tree is as planned */
     if (c->limited)
         lru_append(c, r);
     INC(c->regions, 1);
@@ -246,7 +258,8 @@ static unsigned tree_batch(const drc_cache_t *c)
  * Returns 0 with a cached *out, 1 with a region registered just now, RACED
  * if an invalidation raced the registration, or an error.
  */
-int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int widen, struct drc_region **out)
+int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int widen, struct probe *pr,
+             struct drc_region **out)
 {
     struct drc_region *r, *dead = NULL;
     struct chunk *spare = NULL;
@@ -272,7 +285,7 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         widen_to(c, &m, &ws, &wlast);
     lock(c);
     for (;;) {
-        err = plan_region(c, s, last, ws, wlast, access, &m, &p, &r);
+        err = plan_region(c, s, last, ws, wlast, access, &m, pr, &p, &r);
         if (r) {
             if (!USERS(__atomic_fetch_add(&r->word, 1, __ATOMIC_SEQ_CST)))
                 tally(c, ST_USED);

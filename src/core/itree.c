@@ -478,6 +478,11 @@ static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
     return 0;
 }
 
+int drc__itree_unchanged(const struct drc__itree *t, const struct drc__itree_path *p)
+{
+    return !(p->seq & 1) && p->seq == t->seq;
+}
+
 struct drc__itree_node *drc__itree_at(const struct drc__itree *t, const struct drc__itree_path *p)
 {
     const bt *leaf;
@@ -737,6 +742,8 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
         path->seek = 1;
         path->key = start;
     }
+    int beyond = 0;                 /* the entry found is in the leaf after the path's */
+
     if (i && LD(b->last[i - 1]) >= start) {
         i--;                        /* the floor reaches start */
     } else {
@@ -746,8 +753,13 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
             if (step <= 0)
                 return step < 0 ? bt_gave_up(budget) : NULL;
             i = 0;
-            if (path)
-                path->depth = 0;    /* not where an insert goes, and not where the entry is: no path */
+            /*
+             * The path still leads where an insert of `start` goes (the
+             * end of the floor's leaf): it stays, with no entry of its
+             * leaf (drc__itree_at answers NULL), so that a miss whose
+             * floor ends its leaf inserts with no descent.
+             */
+            beyond = 1;
         }
         if (LD(b->key[i]) > last)
             return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
@@ -755,7 +767,7 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
     p = LD(b->ptr[i]);
     if (bt_moved(t, seq))
         return bt_gave_up(budget);
-    if (path && path->depth)
+    if (path && path->depth && !beyond)
         path->idx[path->depth - 1] = i;
     return p;
 }
@@ -768,8 +780,10 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
     const bt *b = bt_walk_root(t, &seq, budget);
     void *p;
 
-    if (path)
+    if (path) {
         path->depth = 0;
+        path->seq = seq;    /* an answer of none holds while the count stays (drc__itree_unchanged) */
+    }
     if (!b)
         return NULL;
     if (--*budget <= 0)

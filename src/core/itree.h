@@ -158,6 +158,13 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
 struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_t start, uintptr_t last,
                                             int *budget, struct drc__itree_path *p);
 
+/*
+ * 1 if the tree has not changed since the walk that filled @p began (owner's
+ * lock): what that walk answered, an entry or none, is still the answer.
+ * drc__itree_first_at records that point in @p whatever it answers.
+ */
+int drc__itree_unchanged(const struct drc__itree *t, const struct drc__itree_path *p);
+
 /* The node at the end of @p if the tree has not changed since the walk that recorded it, else NULL (owner's lock). */
 struct drc__itree_node *drc__itree_at(const struct drc__itree *t, const struct drc__itree_path *p);
 

@@ -24,6 +24,9 @@
  *                  deregisters what its events invalidated (bench_cache's
  *                  sentinel_get), then the sentinel is dropped and
  *                  op_refill registers the N / 8 again.
+ * After the rounds, once (bench_cache's "repopulating" row): every region
+ * invalidated by handle, then
+ *   op_again       each registered again, in address order (N of them).
  * Natively it prints ns per operation too, but bench_cache is the one to
  * time with.
  */
@@ -185,6 +188,28 @@ __attribute__((noinline)) void op_miss(uint32_t i)
     put(r);
 }
 
+/* registers region i again, the cache emptied (repopulation, in address order) */
+__attribute__((noinline)) void op_again(uint32_t i)
+{
+    void *r = get(i, 0, REGION);
+
+    must(r);
+    put(r);
+}
+
+/* invalidates region i, held, by handle (untimed: the emptying before op_again) */
+static void drop(uint32_t i)
+{
+    void *r = get(i, 0, REGION);
+
+    must(r);
+    if (cache.ucx)
+        ucx_region_invalidate(cache.u, r);
+    else
+        drc_region_invalidate(cache.d, r);
+    put(r);
+}
+
 static int run(const char *name, uint32_t n, int address)
 {
     uint32_t batch = n / 8, i, j, t, *perm, *order, next = 0;
@@ -240,16 +265,23 @@ static int run(const char *name, uint32_t n, int address)
         for (i = 0; i < batch; i++)
             op_refill(order[i]);
     }
+    for (i = 0; i < n; i++)
+        drop(i);
+    t0 = now_ns();
+    for (i = 0; i < n; i++)
+        op_again(i);
+    ns[5] = now_ns() - t0;
     if (cache.ucx)
         ucs_rcache_destroy(cache.u);
     else if (drc_cache_destroy(cache.d))
         return 1;
-    printf("%s, %u regions, free events in %s order: %u of each operation (op_drain %u, op_refill %u); "
-           "ns per op_hit %.1f, op_invalidate %.1f, op_miss %.1f, op_range %.1f, op_free with op_drain %.1f\n",
-           name, n, address ? "address" : "random", ROUNDS * batch, ROUNDS, 2 * ROUNDS * batch,
+    printf("%s, %u regions, free events in %s order: %u of each operation (op_drain %u, op_refill %u, "
+           "op_again %u); ns per op_hit %.1f, op_invalidate %.1f, op_miss %.1f, op_range %.1f, op_free with "
+           "op_drain %.1f, op_again %.1f\n",
+           name, n, address ? "address" : "random", ROUNDS * batch, ROUNDS, 2 * ROUNDS * batch, n,
            (double)ns[0] / (ROUNDS * batch), (double)ns[1] / (ROUNDS * batch), (double)ns[2] / (ROUNDS * batch),
-           (double)ns[3] / (ROUNDS * batch), (double)ns[4] / (ROUNDS * batch));
-    if (regs != deregs || regs != n + (unsigned long)ROUNDS * (3 * batch + 1)) {
+           (double)ns[3] / (ROUNDS * batch), (double)ns[4] / (ROUNDS * batch), (double)ns[5] / n);
+    if (regs != deregs || regs != 2 * (unsigned long)n + (unsigned long)ROUNDS * (3 * batch + 1)) {
         fprintf(stderr, "bench_misses: %llu registrations, %llu deregistrations\n", (unsigned long long)regs,
                 (unsigned long long)deregs);
         return 1;

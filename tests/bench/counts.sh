@@ -32,10 +32,11 @@ for order in $ORDERS; do
             { cat "$out.err" >&2; exit 1; }
         ops=$(sed -n 's/.*: \([0-9]*\) of each operation.*/\1/p' "$out.txt")
         drains=$(sed -n 's/.*(op_drain \([0-9]*\),.*/\1/p' "$out.txt")
-        refills=$(sed -n 's/.*op_refill \([0-9]*\)).*/\1/p' "$out.txt")
+        refills=$(sed -n 's/.*op_refill \([0-9]*\),.*/\1/p' "$out.txt")
+        agains=$(sed -n 's/.*op_again \([0-9]*\)).*/\1/p' "$out.txt")
         # one line per operation: instructions and L2 misses per operation, tab-separated
         callgrind_annotate --inclusive=yes --threshold=100 --show=Ir,DLmr,DLmw "$out.out" 2>/dev/null |
-            awk -v order="$order" -v ops="$ops" -v drains="$drains" -v refills="$refills" '
+            awk -v order="$order" -v ops="$ops" -v drains="$drains" -v refills="$refills" -v agains="$agains" '
                 !/=>/ && /bench_misses.c:op_[a-z]* / {
                     line = $0; gsub(/\([^)]*\)/, "", line); gsub(/,/, "", line); split(line, f, " ")
                     name = f[4]; sub(/.*:op_/, "", name); sub(/ .*/, "", name)
@@ -47,6 +48,7 @@ for order in $ORDERS; do
                         row("hit, interior slice", ir["hit"] / ops, lm["hit"] / ops)
                         row("invalidate, by handle", ir["invalidate"] / ops, lm["invalidate"] / ops)
                         row("miss (register again)", ir["miss"] / ops, lm["miss"] / ops)
+                        row("miss, repopulating in address order", ir["again"] / agains, lm["again"] / agains)
                         row("invalidate, by range", ir["range"] / ops, lm["range"] / ops)
                     }
                     row("free event, " order " order", ir["free"] / ops, lm["free"] / ops)
