@@ -36,6 +36,9 @@
  *   hit, region start   get+put of a whole region from its start, random
  *   miss+insert, fresh  get+put of every region of an empty cache, 0 -> N
  *   miss+insert, again  the same into a cache emptied by invalidation
+ *   miss+insert, random a random eighth of the regions invalidated by
+ *                       handle (untimed), then each registered again, in
+ *                       that random order (bench_misses' op_miss)
  *   invalidate held     get + invalidate by handle + put (which
  *                       deregisters): drc_region_invalidate,
  *                       ucs_rcache_region_invalidate; then registered again
@@ -258,7 +261,7 @@ static void fill(struct cache *c, uint32_t n)
 /* ---- rows ---------------------------------------------------------------- */
 
 enum kind {
-    HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, INV_HELD, INV_RANGE, FREE_REG, FREE_REG_RAND, FREE_ALL,
+    HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, MISS_RAND, INV_HELD, INV_RANGE, FREE_REG, FREE_REG_RAND, FREE_ALL,
     MEM, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS, HIT_VS_INV, KINDS
 };
 
@@ -268,6 +271,7 @@ static const char *const kind_name[KINDS] = {
     [HIT_START] = "hit, region start, full length",
     [MISS_FRESH] = "miss+insert, fresh cache 0 -> N",
     [MISS_AGAIN] = "miss+insert, repopulating",
+    [MISS_RAND] = "miss+insert, random eighth again",
     [INV_HELD] = "invalidate one held region, by handle",
     [INV_RANGE] = "invalidate one held region, by range",
     [FREE_REG] = "free event, one idle region, address order",
@@ -292,6 +296,7 @@ static const struct row rows[] = {
     { HIT_START, 1024 }, { HIT_START, 65536 },
     { MISS_FRESH, 1024 }, { MISS_FRESH, 16384 }, { MISS_FRESH, 65536 }, { MISS_FRESH, 262144 },
     { MISS_AGAIN, 1024 }, { MISS_AGAIN, 65536 },
+    { MISS_RAND, 1024 }, { MISS_RAND, 16384 }, { MISS_RAND, 65536 }, { MISS_RAND, 262144 },
     { INV_HELD, 1024 }, { INV_HELD, 16384 }, { INV_HELD, 65536 }, { INV_HELD, 262144 },
     { INV_RANGE, 1024 }, { INV_RANGE, 16384 }, { INV_RANGE, 65536 }, { INV_RANGE, 262144 },
     { FREE_REG, 1024 }, { FREE_REG, 16384 }, { FREE_REG, 65536 }, { FREE_REG, 262144 },
@@ -557,6 +562,7 @@ static void *duo_thread(void *v)
     case HIT_START:
     case MISS_FRESH:
     case MISS_AGAIN:
+    case MISS_RAND:
     case INV_HELD:
     case INV_RANGE:
     case FREE_REG:
@@ -685,6 +691,36 @@ static void shuffle(uint32_t *perm, uint32_t n)
         perm[i] = perm[j];
         perm[j] = t;
     }
+}
+
+/*
+ * Misses in random order: an eighth of the cache per round, in random
+ * order, invalidated by handle (untimed), then registered again in that
+ * order (timed). Each lookup finds a stale hint or none, and an index
+ * whose leaves are not in cache once the cache is large.
+ */
+static double miss_rand(struct cache *c, uint32_t n, uint32_t *perm)
+{
+    uint64_t total = 0, t0, r0;
+    uint32_t batch = n / 8 ? n / 8 : 1, i;
+    size_t done = 0;
+
+    for (i = 0; i < n; i++)
+        perm[i] = i;
+    while (done < FREES / 4) {
+        shuffle(perm, n);
+        for (i = 0; i < batch; i++)
+            inval_held(c, perm[i]);
+        r0 = regs;
+        t0 = now_ns();
+        for (i = 0; i < batch; i++)
+            getput(c, addr_of(perm[i], 0), REGION);
+        total += now_ns() - t0;
+        CHECK(regs - r0 == batch, "%s: %llu registrations for %u misses", c->ucx ? "ucx" : "drc",
+              (unsigned long long)(regs - r0), batch);
+        done += batch;
+    }
+    return (double)total / (double)done;
 }
 
 /* Held regions invalidated by handle (@by_range 0) or by range, an eighth of the cache per round in random order. */
@@ -944,6 +980,9 @@ static void child(int ucx, int fd)
                 break;
             case MISS_AGAIN:
                 v[run] = miss_again(&c, rw->n);
+                break;
+            case MISS_RAND:
+                v[run] = miss_rand(&c, rw->n, perm);
                 break;
             case INV_HELD:
             case INV_RANGE:
