@@ -1,0 +1,249 @@
+/*
+ * The miss's probe (struct probe, src/core/cache_int.h): a lockless lookup
+ * that walked the index and found nothing over the range's pages hands that
+ * answer to the miss after it, whose plan, under the lock, takes it without
+ * walking again only if the index has not changed since. What could go wrong
+ * is a plan that trusts an answer the index moved under, or one given for
+ * other pages than it registers: it would register a region over memory a
+ * live region already serves (two NIC registrations of the same memory, an
+ * overlap that coalescing promises never to leave), where the right answer
+ * is a hit or a merge.
+ *
+ * The window between the probe and the plan is reached without threads: the
+ * core's memory classifier (mem.h), which every miss calls after its lookup
+ * and before it takes the lock, is stood in for by one that, once armed,
+ * registers memory itself on the same cache (a nested drc_get, as another
+ * thread's miss would in that window). To make the lookup walk at all, the
+ * range was registered once and invalidated (its grains stay marked used),
+ * and its hint slot was taken by another region since (no stale hint sends
+ * it to the locked path before the walk).
+ *
+ * The controls: the first scenario with the nested registration of a range
+ * that does not touch the request (the index still moves: the plan walks,
+ * and registers the request as a region of its own); the widened one not
+ * widened (the request's page alone, beside the other region). And, by
+ * hand: a build whose plan takes the probe without drc__itree_unchanged()
+ * fails the first test (a second registration of the same pages), and one
+ * that takes it without comparing the planned range fails the widened one
+ * (no merge, a region beside another).
+ */
+#include <errno.h>
+
+#include "cachetest.h"
+#include "core/cache.h"
+#include "core/mem.h"
+
+#define LW IBV_ACCESS_LOCAL_WRITE
+
+/* pages: the request R, the region whose record takes R's hint slot H, and far away F */
+enum { R = 8, H = 40, F = 200, ALLOC = 16 };
+
+static drc_cache_t *nested_cache;
+static const void *nested_addr;
+static size_t nested_len;
+static int armed, cuda_alloc;
+static drc_region_t *nested_region;
+
+/* Host memory, or with cuda_alloc CUDA memory whose allocation is pages [0, ALLOC); armed: register once. */
+static int classify(uintptr_t addr, size_t len, struct drc__mem *m)
+{
+    (void)len;
+    if (cuda_alloc && addr < (uintptr_t)at(ALLOC, 0))
+        *m = (struct drc__mem){ .type = DRC_MEM_CUDA, .device = 0, .lo = 0, .hi = UINTPTR_MAX, .buffer_id = 1,
+                                .alloc_lo = BASE, .alloc_hi = (uintptr_t)at(ALLOC, 0) };
+    else
+        *m = (struct drc__mem){ .type = DRC_MEM_HOST, .device = -1, .lo = 0, .hi = UINTPTR_MAX };
+    if (armed) {
+        armed = 0;      /* the nested miss classifies too: it must not recurse */
+        assert_int_equal(drc_get(nested_cache, nested_addr, nested_len, LW, &nested_region), 0);
+    }
+    return 0;
+}
+
+static int no_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned *flags, int *fd,
+                     uint64_t *offset)
+{
+    (void)m, (void)start, (void)len, (void)flags, (void)fd, (void)offset;
+    return -EOPNOTSUPP;
+}
+
+static int unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)
+{
+    (void)m, (void)addr, (void)len;
+    return 1;
+}
+
+static const struct drc__mem_ops ops = { .classify = classify, .export_range = no_export, .unchanged = unchanged };
+
+static void put_ok(drc_cache_t *c, drc_region_t *r)
+{
+    assert_int_equal(drc_put(c, r), 0);
+}
+
+static struct drc_stats stats(drc_cache_t *c)
+{
+    struct drc_stats s = { .comp_mask = 0 };
+
+    drc_cache_stats(c, &s);
+    return s;
+}
+
+/*
+ * A cache where a get of page @page walks the index and finds nothing: the
+ * page was registered and invalidated (its grain stays marked used), and
+ * page H was registered after it, taking its record and with it the hint
+ * slot's pointer (a record is reused last-freed first).
+ */
+static drc_cache_t *walked(struct tb *b, size_t page)
+{
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *r;
+
+    drc__mem_set_ops(&ops);
+    r = get_ok(c, at(page, 0), pg(), LW);
+    assert_int_equal(drc_region_invalidate(c, r), 1);
+    put_ok(c, r);
+    put_ok(c, get_ok(c, at(H, 0), pg(), LW));
+    assert_int_equal(stats(c).regions, 1);
+    return c;
+}
+
+static void arm(drc_cache_t *c, size_t page, size_t pages)
+{
+    nested_cache = c;
+    nested_addr = at(page, 0);
+    nested_len = pages * pg();
+    nested_region = NULL;
+    armed = 1;
+}
+
+static void finish(struct tb *b, drc_cache_t *c)
+{
+    if (nested_region)
+        put_ok(c, nested_region);
+    nested_region = NULL;
+    done(b, c);
+    drc__mem_set_ops(NULL);
+    cuda_alloc = 0;
+}
+
+/*
+ * The same pages registered in the window: the plan walks (the index moved),
+ * finds that region, and the miss is a hit on it. One registration for both.
+ */
+static void a_probe_the_index_moved_under_is_walked_again(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = walked(b, R);
+    struct drc_stats s0 = stats(c), s1;
+    drc_region_t *r;
+
+    (void)state;
+    arm(c, R, 1);
+    r = get_ok(c, at(R, 0), pg(), LW);
+    assert_false(armed);                    /* the window was reached */
+    assert_ptr_equal(r, nested_region);     /* the nested miss's region: a hit */
+    s1 = stats(c);
+    assert_int_equal(s1.regs - s0.regs, 1);
+    assert_int_equal(s1.regions, 2);        /* H and R, once */
+    assert_int_equal(s1.hits - s0.hits, 1);
+    put_ok(c, r);
+    finish(b, c);
+}
+
+/* The control: far pages registered in the window; the request is a miss of its own, a region beside it. */
+static void control_the_window_registers_elsewhere(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = walked(b, R);
+    struct drc_stats s0 = stats(c), s1;
+    drc_region_t *r;
+    uintptr_t start;
+    size_t len;
+
+    (void)state;
+    arm(c, F, 1);
+    r = get_ok(c, at(R, 0), pg(), LW);
+    assert_false(armed);
+    assert_ptr_not_equal(r, nested_region);
+    drc_region_bounds(r, &start, &len);
+    assert_int_equal(start, (uintptr_t)at(R, 0));
+    assert_int_equal(len, pg());
+    s1 = stats(c);
+    assert_int_equal(s1.regs - s0.regs, 2);
+    assert_int_equal(s1.regions, 3);
+    put_ok(c, r);
+    finish(b, c);
+}
+
+/*
+ * A widened miss (drc__get_widened on CUDA memory: the whole allocation,
+ * pages [0, ALLOC)) registers other pages than its lookup probed. A live
+ * region inside the allocation, away from the request, is not in the pages
+ * probed, and the index does not move in between: the plan must walk its
+ * own range, find that region and merge it, not take the probe's "nothing".
+ */
+static void a_widened_miss_walks_its_own_range(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c;
+    struct drc_stats s0, s1;
+    drc_region_t *r;
+    uintptr_t start;
+    size_t len;
+
+    (void)state;
+    cuda_alloc = 1;
+    c = walked(b, R);
+    put_ok(c, get_ok(c, at(2, 0), pg(), LW));  /* page 2: in the allocation, not in R's page */
+    s0 = stats(c);
+    assert_int_equal(drc__get_widened(c, at(R, 0), pg(), LW, &r), 0);
+    drc_region_bounds(r, &start, &len);
+    assert_int_equal(start, BASE);
+    assert_int_equal(len, ALLOC * pg());
+    s1 = stats(c);
+    assert_int_equal(s1.regs - s0.regs, 1);
+    assert_int_equal(s1.merges - s0.merges, 1); /* page 2's region joined it */
+    assert_int_equal(s1.regions, 2);            /* H and the allocation: no region beside it */
+    put_ok(c, r);
+    finish(b, c);
+}
+
+/* The control: the same request not widened registers its page alone, beside page 2's region. */
+static void control_unwidened_registers_beside(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c;
+    struct drc_stats s0, s1;
+    drc_region_t *r;
+    uintptr_t start;
+    size_t len;
+
+    (void)state;
+    cuda_alloc = 1;
+    c = walked(b, R);
+    put_ok(c, get_ok(c, at(2, 0), pg(), LW));
+    s0 = stats(c);
+    r = get_ok(c, at(R, 0), pg(), LW);
+    drc_region_bounds(r, &start, &len);
+    assert_int_equal(start, (uintptr_t)at(R, 0));
+    assert_int_equal(len, pg());
+    s1 = stats(c);
+    assert_int_equal(s1.regs - s0.regs, 1);
+    assert_int_equal(s1.merges - s0.merges, 0);
+    assert_int_equal(s1.regions, 3);
+    put_ok(c, r);
+    finish(b, c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(a_probe_the_index_moved_under_is_walked_again, setup_alarm),
+        cmocka_unit_test_setup(control_the_window_registers_elsewhere, setup_alarm),
+        cmocka_unit_test_setup(a_widened_miss_walks_its_own_range, setup_alarm),
+        cmocka_unit_test_setup(control_unwidened_registers_beside, setup_alarm),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
