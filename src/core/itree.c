@@ -341,6 +341,20 @@ void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
 }
 
 /*
+ * Is entry @pos of a leaf of @n entries neither its first nor its last, in a
+ * tree of disjoint intervals? Then an insert or removal there leaves every
+ * level above as it was: the leaf's smallest start is another entry's, and
+ * so is its largest last, since of disjoint intervals in start order the
+ * last one ends last. The climb that would find each level unchanged
+ * (bt_inserted, bt_removed) reads each parent's `last` line, which the
+ * descent did not, a cache miss in a large tree: it is skipped.
+ */
+static inline int bt_inside(const struct drc__itree *t, unsigned pos, unsigned n)
+{
+    return pos > 0 && pos + 1 < n && LD(t->disjoint);
+}
+
+/*
  * Along the path of a walk from x's start (bt_first_disjoint), valid while
  * the count has not moved: each node d of it is the child of entry idx[d-1]
  * of node d - 1, the one an insert of x descends to. Bottom up, as bt_ins()
@@ -348,7 +362,7 @@ void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
  */
 void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x, const struct drc__itree_path *p)
 {
-    unsigned d;
+    unsigned d, pos;
     bt *leaf, *nb;
     int settled;
 
@@ -359,7 +373,10 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x, const
     bt_w_begin(t);
     d = p->depth - 1;
     leaf = p->node[d];
-    nb = bt_put(t, leaf, bt_upper(leaf, leaf->n, x->start), x->start, x->last, x);
+    pos = bt_upper(leaf, leaf->n, x->start);
+    nb = bt_put(t, leaf, pos, x->start, x->last, x);
+    if (!nb && bt_inside(t, pos, leaf->n))
+        d = 0;      /* the levels above are as they were: no climb (bt_inside) */
     for (; d > 0; d--) {
         nb = bt_inserted(t, p->node[d - 1], p->idx[d - 1], x, nb, &settled);
         if (!nb && settled)
@@ -514,9 +531,15 @@ static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, const
 {
     unsigned d;
     bt *leaf = p->node[p->depth - 1];
+    unsigned pos = p->idx[p->depth - 1];
     int same = 1, settled;
 
-    bt_cut(leaf, p->idx[p->depth - 1]);
+    /* inside the leaf, which keeps LOW entries or more: no level above changes (bt_inside) */
+    if (bt_inside(t, pos, leaf->n) && leaf->n - 1 >= LOW) {
+        bt_cut(leaf, pos);
+        return 1;
+    }
+    bt_cut(leaf, pos);
     for (d = p->depth - 1; d > 0; d--) {
         same &= bt_removed(t, p->node[d - 1], p->idx[d - 1], x, &settled);
         if (settled)
