@@ -694,39 +694,16 @@ static void shuffle(uint32_t *perm, uint32_t n)
 }
 
 /*
- * Misses in random order: an eighth of the cache per round, in random
- * order, invalidated by handle (untimed), then registered again in that
- * order (timed). Each lookup finds a stale hint or none, and an index
- * whose leaves are not in cache once the cache is large.
+ * An eighth of the cache per round, in random order: held regions
+ * invalidated by handle (or by range, @what INV_RANGE), then registered
+ * again in that order. Timed: the invalidations (INV_HELD, INV_RANGE), or
+ * the registrations (MISS_RAND: misses in random order, each lookup finding
+ * a stale hint or none, and an index whose leaves are not in cache once the
+ * cache is large).
  */
-static double miss_rand(struct cache *c, uint32_t n, uint32_t *perm)
+static double eighth_rounds(struct cache *c, uint32_t n, uint32_t *perm, enum kind what)
 {
-    uint64_t total = 0, t0, r0;
-    uint32_t batch = n / 8 ? n / 8 : 1, i;
-    size_t done = 0;
-
-    for (i = 0; i < n; i++)
-        perm[i] = i;
-    while (done < FREES / 4) {
-        shuffle(perm, n);
-        for (i = 0; i < batch; i++)
-            inval_held(c, perm[i]);
-        r0 = regs;
-        t0 = now_ns();
-        for (i = 0; i < batch; i++)
-            getput(c, addr_of(perm[i], 0), REGION);
-        total += now_ns() - t0;
-        CHECK(regs - r0 == batch, "%s: %llu registrations for %u misses", c->ucx ? "ucx" : "drc",
-              (unsigned long long)(regs - r0), batch);
-        done += batch;
-    }
-    return (double)total / (double)done;
-}
-
-/* Held regions invalidated by handle (@by_range 0) or by range, an eighth of the cache per round in random order. */
-static double inval_rounds(struct cache *c, uint32_t n, uint32_t *perm, int by_range)
-{
-    uint64_t total = 0, t0, d0;
+    uint64_t total = 0, t0, d0, r0;
     uint32_t batch = n / 8 ? n / 8 : 1, i;
     size_t done = 0;
 
@@ -736,17 +713,24 @@ static double inval_rounds(struct cache *c, uint32_t n, uint32_t *perm, int by_r
         shuffle(perm, n);
         d0 = deregs;
         t0 = now_ns();
-        if (by_range)
+        if (what == INV_RANGE)
             for (i = 0; i < batch; i++)
                 inval_range(c, perm[i]);
         else
             for (i = 0; i < batch; i++)
                 inval_held(c, perm[i]);
-        total += now_ns() - t0;
+        if (what != MISS_RAND)
+            total += now_ns() - t0;
         CHECK(deregs - d0 == batch, "%s: %llu deregistrations for %u invalidations", c->ucx ? "ucx" : "drc",
               (unsigned long long)(deregs - d0), batch);
+        r0 = regs;
+        t0 = now_ns();
         for (i = 0; i < batch; i++)
             getput(c, addr_of(perm[i], 0), REGION);
+        if (what == MISS_RAND)
+            total += now_ns() - t0;
+        CHECK(regs - r0 == batch, "%s: %llu registrations for %u misses", c->ucx ? "ucx" : "drc",
+              (unsigned long long)(regs - r0), batch);
         done += batch;
     }
     return (double)total / (double)done;
@@ -982,11 +966,11 @@ static void child(int ucx, int fd)
                 v[run] = miss_again(&c, rw->n);
                 break;
             case MISS_RAND:
-                v[run] = miss_rand(&c, rw->n, perm);
+                v[run] = eighth_rounds(&c, rw->n, perm, MISS_RAND);
                 break;
             case INV_HELD:
             case INV_RANGE:
-                v[run] = inval_rounds(&c, rw->n, perm, rw->kind == INV_RANGE);
+                v[run] = eighth_rounds(&c, rw->n, perm, rw->kind);
                 break;
             case FREE_REG:
             case FREE_REG_RAND:

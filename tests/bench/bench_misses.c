@@ -158,17 +158,6 @@ __attribute__((noinline)) void op_refill(uint32_t i)
     put(r);
 }
 
-static void sentinel_drop(void)
-{
-    void *r = get(sentinel, 0, REGION);
-
-    must(r);
-    if (cache.ucx)
-        ucx_region_invalidate(cache.u, r);
-    else
-        drc_region_invalidate(cache.d, r);
-    put(r);
-}
 
 /* registers region i (its first registration: the fill, not counted) */
 static void fill(uint32_t i)
@@ -197,7 +186,7 @@ __attribute__((noinline)) void op_again(uint32_t i)
     put(r);
 }
 
-/* invalidates region i, held, by handle (untimed: the emptying before op_again) */
+/* invalidates region i, held, by handle (untimed: the sentinel after op_drain, the emptying before op_again) */
 static void drop(uint32_t i)
 {
     void *r = get(i, 0, REGION);
@@ -261,7 +250,7 @@ static int run(const char *name, uint32_t n, int address)
             op_free(order[i]);
         op_drain();
         ns[4] += now_ns() - t0;
-        sentinel_drop();
+        drop(sentinel);
         for (i = 0; i < batch; i++)
             op_refill(order[i]);
     }

@@ -108,6 +108,17 @@ static drc_cache_t *walked(struct tb *b, size_t page)
     return c;
 }
 
+/* walked(R) on CUDA memory whose allocation is pages [0, ALLOC), with an idle region at page 2 */
+static drc_cache_t *walked_in_allocation(struct tb *b)
+{
+    drc_cache_t *c;
+
+    cuda_alloc = 1;
+    c = walked(b, R);
+    put_ok(c, get_ok(c, at(2, 0), pg(), LW));  /* page 2: in the allocation, not in R's page */
+    return c;
+}
+
 static void arm(drc_cache_t *c, size_t page, size_t pages)
 {
     nested_cache = c;
@@ -193,9 +204,7 @@ static void a_widened_miss_walks_its_own_range(void **state)
     size_t len;
 
     (void)state;
-    cuda_alloc = 1;
-    c = walked(b, R);
-    put_ok(c, get_ok(c, at(2, 0), pg(), LW));  /* page 2: in the allocation, not in R's page */
+    c = walked_in_allocation(b);
     s0 = stats(c);
     assert_int_equal(drc__get_widened(c, at(R, 0), pg(), LW, &r), 0);
     drc_region_bounds(r, &start, &len);
@@ -220,9 +229,7 @@ static void control_unwidened_registers_beside(void **state)
     size_t len;
 
     (void)state;
-    cuda_alloc = 1;
-    c = walked(b, R);
-    put_ok(c, get_ok(c, at(2, 0), pg(), LW));
+    c = walked_in_allocation(b);
     s0 = stats(c);
     r = get_ok(c, at(R, 0), pg(), LW);
     drc_region_bounds(r, &start, &len);
