@@ -19,13 +19,13 @@
  * device 0 and a dmabuf export that is not supported, so that the miss
  * registers with fd -1 as it does without a dmabuf.
  */
-#include <errno.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
 #include "cachetest.h"
 #include "core/cache_int.h"
 #include "core/mem.h"
+#include "memseam.h"
 
 #define LW IBV_ACCESS_LOCAL_WRITE
 
@@ -44,21 +44,8 @@ static int cuda_classify(uintptr_t addr, size_t len, struct drc__mem *m)
     return 0;
 }
 
-static int cuda_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned *flags, int *fd,
-                       uint64_t *offset)
-{
-    (void)m, (void)start, (void)len, (void)flags, (void)fd, (void)offset;
-    return -EOPNOTSUPP;
-}
-
-static int cuda_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)
-{
-    (void)m, (void)addr, (void)len;
-    return 1;
-}
-
 static const struct drc__mem_ops all_cuda = {
-    .classify = cuda_classify, .export_range = cuda_export, .unchanged = cuda_unchanged,
+    .classify = cuda_classify, .export_range = seam_no_export, .unchanged = seam_unchanged,
 };
 
 /* Resident bytes of the pages wholly inside [lo, hi), and in *pages the bytes of those pages. */

@@ -27,11 +27,11 @@
  * that takes it without comparing the planned range fails the widened one
  * (no merge, a region beside another).
  */
-#include <errno.h>
 
 #include "cachetest.h"
 #include "core/cache.h"
 #include "core/mem.h"
+#include "memseam.h"
 
 #define LW IBV_ACCESS_LOCAL_WRITE
 
@@ -60,20 +60,9 @@ static int classify(uintptr_t addr, size_t len, struct drc__mem *m)
     return 0;
 }
 
-static int no_export(const struct drc__mem *m, uintptr_t start, size_t len, unsigned *flags, int *fd,
-                     uint64_t *offset)
-{
-    (void)m, (void)start, (void)len, (void)flags, (void)fd, (void)offset;
-    return -EOPNOTSUPP;
-}
-
-static int unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)
-{
-    (void)m, (void)addr, (void)len;
-    return 1;
-}
-
-static const struct drc__mem_ops ops = { .classify = classify, .export_range = no_export, .unchanged = unchanged };
+static const struct drc__mem_ops ops = {
+    .classify = classify, .export_range = seam_no_export, .unchanged = seam_unchanged,
+};
 
 static void put_ok(drc_cache_t *c, drc_region_t *r)
 {
