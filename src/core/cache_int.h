@@ -381,7 +381,7 @@ void chunk_drop(drc_cache_t *c, struct chunk *ch);
  * walk began, and `path` leads where their insert goes. Under the lock, if
  * the tree has not changed since (drc__itree_unchanged), the miss's plan
  * takes that answer instead of walking again, and its insert takes the path:
- * a repopulating miss descends once, not three times.
+ * a miss in random order descends once, not twice (tests/core/test_cache_probe.c).
  */
 struct probe {
     int none;                       /* 0: nothing learned (a hit, a torn walk, overlaps, or no walk) */
