@@ -175,33 +175,46 @@ static int keep_put(struct drc__arena_map *m)
     return 0;
 }
 
+/*
+ * Take the smallest mapping of at least @size bytes from @set (n slots): its
+ * tag, or 0 if there is none, or if another arena took each one tried
+ * (@tries times). One that another arena swapped in meanwhile, smaller, goes
+ * back; with every slot full it is unmapped, and its bytes added to *lost.
+ */
+static uintptr_t slot_take(uintptr_t *set, int n, size_t size, int tries, size_t *lost)
+{
+    uintptr_t t;
+    int best;
+
+    for (; tries > 0; tries--) {
+        if ((best = slot_best(set, n, size)) < 0)
+            return 0;
+        t = __atomic_exchange_n(&set[best], 0, __ATOMIC_ACQUIRE);
+        if (!t)
+            continue;   /* another arena took it */
+        if (tag_size(t) >= size)
+            return t;
+        if (!slot_put(set, n, t)) {
+            *lost += tag_size(t);
+            munmap(tag_map(t), tag_size(t));
+        }
+    }
+    return 0;
+}
+
 /* The smallest kept mapping of at least @size bytes, or NULL. Its contents are stale: the caller zeroes. */
 static struct drc__arena_map *keep_take(size_t size)
 {
     struct drc__arena_map *m;
-    uintptr_t t;
-    int best, tries;
+    size_t gone = 0;
+    uintptr_t t = slot_take(kept, KEEP_SLOTS, size, 4, &gone);
 
-    for (tries = 0; tries < 4; tries++) {
-        if ((best = slot_best(kept, KEEP_SLOTS, size)) < 0)
-            return NULL;
-        t = __atomic_exchange_n(&kept[best], 0, __ATOMIC_ACQUIRE);
-        if (!t)
-            continue;   /* another arena took it */
-        if (tag_size(t) < size) {
-            /* another arena swapped in a smaller one meanwhile: back it goes */
-            if (!slot_put(kept, KEEP_SLOTS, t)) {
-                __atomic_fetch_sub(&kept_bytes, tag_size(t), __ATOMIC_RELAXED);
-                munmap(tag_map(t), tag_size(t));
-            }
-            continue;
-        }
-        __atomic_fetch_sub(&kept_bytes, tag_size(t), __ATOMIC_RELAXED);
-        m = tag_map(t);
-        m->size = tag_size(t);  /* MADV_FREE may have taken the header's page: it reads zero then */
-        return m;
-    }
-    return NULL;
+    __atomic_fetch_sub(&kept_bytes, gone + (t ? tag_size(t) : 0), __ATOMIC_RELAXED);
+    if (!t)
+        return NULL;
+    m = tag_map(t);
+    m->size = tag_size(t);  /* MADV_FREE may have taken the header's page: it reads zero then */
+    return m;
 }
 
 /*
@@ -224,20 +237,10 @@ static int lazy_put(struct drc__arena_map *m)
 /* A kept lazy mapping of at least @size bytes (the smallest), or NULL. It reads zero but its header. */
 static struct drc__arena_map *lazy_take(size_t size)
 {
-    int best = slot_best(lazy_kept, LAZY_SLOTS, size);
-    uintptr_t t;
+    size_t gone = 0;    /* lazy mappings are not counted in kept_bytes */
+    uintptr_t t = slot_take(lazy_kept, LAZY_SLOTS, size, 1, &gone);
 
-    if (best < 0)
-        return NULL;
-    t = __atomic_exchange_n(&lazy_kept[best], 0, __ATOMIC_ACQUIRE);
-    if (!t)
-        return NULL;        /* another arena took it: a fresh mapping then */
-    if (tag_size(t) < size) {
-        if (!slot_put(lazy_kept, LAZY_SLOTS, t))    /* another arena swapped in a smaller one */
-            munmap(tag_map(t), tag_size(t));
-        return NULL;
-    }
-    return tag_map(t);
+    return t ? tag_map(t) : NULL;   /* none, or another arena took it: a fresh mapping then */
 }
 
 void drc__arena_init(struct drc__arena *a)
