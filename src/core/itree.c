@@ -529,18 +529,13 @@ static struct drc__itree_node *bt_last_entry(const struct drc__itree *t)
  */
 static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, const struct drc__itree_path *p)
 {
-    unsigned d;
     bt *leaf = p->node[p->depth - 1];
-    unsigned pos = p->idx[p->depth - 1];
-    int same = 1, settled;
-
+    unsigned d, pos = p->idx[p->depth - 1];
     /* inside the leaf, which keeps LOW entries or more: no level above changes (bt_inside) */
-    if (bt_inside(t, pos, leaf->n) && leaf->n - 1 >= LOW) {
-        bt_cut(leaf, pos);
-        return 1;
-    }
+    int same = 1, settled, inside = bt_inside(t, pos, leaf->n) && leaf->n - 1 >= LOW;
+
     bt_cut(leaf, pos);
-    for (d = p->depth - 1; d > 0; d--) {
+    for (d = inside ? 0 : p->depth - 1; d > 0; d--) {
         same &= bt_removed(t, p->node[d - 1], p->idx[d - 1], x, &settled);
         if (settled)
             break;
