@@ -401,29 +401,22 @@ static __attribute__((noinline)) void slot_put_slow(void)
     tls.room = LOCAL_MAX;
 }
 
-static void slot_put(struct caller_mr *m)
+/* A slot back on this thread's list; 1 if that took the slow path (which sets exit_set if it can). */
+static inline __attribute__((always_inline)) int slot_put(struct caller_mr *m)
 {
     POISON(&m->mr, sizeof(m->mr));
     push_local(m);
-    if (tls.room < 0)
-        slot_put_slow();
-}
-
-static __attribute__((noinline)) void slot_release_slow(void)
-{
+    if (tls.room >= 0)
+        return 0;
     slot_put_slow();
-    count(&tls.n_back, &n_back, 0);     /* after slot_put_slow, which sets exit_set if it can */
+    return 1;
 }
 
 /* A deregistered MR's slot back on this thread's list, and one more MR taken back (this thread's count). */
 static inline __attribute__((always_inline)) void slot_release(struct caller_mr *m)
 {
-    POISON(&m->mr, sizeof(m->mr));
-    push_local(m);
-    if (tls.room < 0)
-        slot_release_slow();
-    else    /* room was left on the list: exit_set (see count()) */
-        count(&tls.n_back, &n_back, 1);
+    /* room was left on the list: exit_set (see count()); else ask after the slow path */
+    count(&tls.n_back, &n_back, !slot_put(m));
 }
 
 /*
