@@ -33,17 +33,18 @@
  *   users[t][i]--        (release)       free the cache
  *
  * The increment, the load of the slot after it, the store of NULL and the
- * drain's loads are sequentially consistent; the decrement is a release. Take a notifier that read c, not NULL. Its load precedes
- * the store of NULL in the single order S of seq_cst operations, so its
- * increment does too, and so it precedes every load of the drain in S,
- * whichever row the drain reads first. A seq_cst load that follows a seq_cst
- * change of the same word in S reads that change or a later one, so each load
- * of row t reads a count that includes this notifier until its decrement (the
- * changes of a row are atomic adds, or its only writer's stores: its value is
- * exact at every point of its order), and the drain stays on row t until it reads the decrement or a
- * later add, which orders the notifier's use of c before the free (every
- * later change of the row is an atomic add: the release heads a release
- * sequence that the drain's load reads from). A notifier whose
+ * drain's loads are sequentially consistent; the decrement is a release.
+ * Take a notifier that read c, not NULL. Its load precedes the store of NULL
+ * in the single order S of seq_cst operations, so its increment does too,
+ * and so it precedes every load of the drain in S, whichever row the drain
+ * reads first. A seq_cst load that follows a seq_cst change of the same word
+ * in S reads that change or a later one, so each load of row t reads a count
+ * that includes this notifier until its decrement (the changes of a row are
+ * atomic adds, or its only writer's stores: its value is exact at every point
+ * of its order), and the drain stays on row t until it reads the decrement or
+ * a later change, which orders the notifier's use of c before the free: a
+ * later add continues the release sequence the decrement heads, and a later
+ * decrement is a release of its own. A notifier whose
  * increment follows the store of NULL in S reads NULL (or a cache subscribed
  * since). So, as with one count per slot, no notifier uses a cache that
  * drc_cache_destroy frees: each row is an exact count of its own, and the
