@@ -3,12 +3,16 @@
  * naive array. The input is a program of insert / remove / overlap query /
  * floor query on a small key space (many overlaps and equal starts). After
  * every step drc__itree_check() must accept the tree and count its nodes,
- * and every answer must equal the array's. 160 intervals make a tree of
+ * and every answer must equal the array's. Removals go along a walk's path,
+ * by a descent, or given the leaf the node's insert answered, which the
+ * steps since may have split, merged or given back. 160 intervals make a tree of
  * three levels of 16 (splits, merges and borrows of inner nodes);
  * tests/core/test_itree.c reaches more levels with a smaller fan. An odd
  * first byte starts the tree with the owner's promise that its intervals
  * are disjoint, which the program takes back, as the cache does, just
- * before it inserts the first interval that overlaps another.
+ * before it inserts the first interval that overlaps another; with its
+ * second bit also set, the promise is kept and such inserts are skipped,
+ * so that a whole program runs the disjoint paths.
  */
 #include <string.h>
 
@@ -23,14 +27,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct drc__itree t;
     struct drc__itree_path path;
     struct drc__itree_node n[NODES];
+    struct drc__itree_bt *leaf[NODES];      /* where each insert put its node: a hint, stale or not */
     int in_tree[NODES] = { 0 }, seen[NODES];
     long count = 0;
-    int steps = 0;
+    int steps = 0, strict = 0, mode;
 
     memset(n, 0, sizeof(n));
     drc__itree_init(&t, 0);
-    if (fuzz_more(&in) && fuzz_u8(&in) & 1)
+    mode = fuzz_more(&in) ? fuzz_u8(&in) : 0;
+    if (mode & 1)
         drc__itree_set_disjoint(&t, 1);     /* taken back, as the cache does, before the first overlap */
+    strict = (mode & 3) == 3;               /* or kept: an insert that would overlap is skipped */
     while (fuzz_more(&in) && steps++ < 4096) {
         uint8_t op = fuzz_u8(&in) % 4;
         int i = (int)fuzz_range(&in, 0, NODES - 1), j, got, want, budget = DRC__ITREE_UNBOUNDED;
@@ -54,21 +61,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 in_tree[i] = 0;
                 count--;
             } else if (in_tree[i]) {
-                drc__itree_remove(&t, &n[i]);
+                if (s & 1)      /* given where its insert put it, as a removal by handle does */
+                    drc__itree_remove_in(&t, &n[i], leaf[i]);
+                else
+                    drc__itree_remove(&t, &n[i]);
                 in_tree[i] = 0;
                 count--;
             } else {
-                n[i].start = s;
-                n[i].last = l;
                 for (j = 0; j < NODES && t.disjoint; j++)
                     if (in_tree[j] && n[j].start <= l && s <= n[j].last)
-                        drc__itree_set_disjoint(&t, 0);
+                        break;
+                if (j < NODES && t.disjoint && strict)
+                    break;                  /* it would overlap: the promise stays, the insert is skipped */
+                if (j < NODES && t.disjoint)
+                    drc__itree_set_disjoint(&t, 0);
+                n[i].start = s;
+                n[i].last = l;
                 if (op == 1) {      /* along the path of the overlap walk before it, as a miss does */
                     budget = DRC__ITREE_UNBOUNDED;
                     drc__itree_first_at(&t, s, l, &budget, &path);
-                    drc__itree_insert_at(&t, &n[i], &path);
+                    leaf[i] = drc__itree_insert_at(&t, &n[i], &path);
                 } else {
-                    drc__itree_insert(&t, &n[i]);
+                    leaf[i] = drc__itree_insert(&t, &n[i]);
                 }
                 in_tree[i] = 1;
                 count++;

@@ -271,12 +271,18 @@ void lru_append(drc_cache_t *c, struct drc_region *r)
 
 /*
  * Take a live region out of the tree and the LRU (c->lock, seq odd); @path:
- * where a walk found it, or NULL (drc__itree_remove_at checks that it holds).
+ * where a walk found it (drc__itree_remove_at checks that it holds, and
+ * leaves it at r's successor), or NULL: then @leaf, region_leaf(r) read
+ * before anything linked r on a list (drc__itree_remove_in checks it).
  */
-static void unlink_live(drc_cache_t *c, struct drc_region *r, struct drc__itree_path *path)
+static void unlink_live(drc_cache_t *c, struct drc_region *r, struct drc__itree_path *path,
+                        struct drc__itree_bt *leaf)
 {
     ASSERT_WRITING(c);
-    drc__itree_remove_at(&c->tree, &r->node, path);
+    if (path)
+        drc__itree_remove_at(&c->tree, &r->node, path);
+    else
+        drc__itree_remove_in(&c->tree, &r->node, leaf);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
     INC(c->regions, -1);
@@ -322,11 +328,11 @@ int is_live(const struct drc_region *r)
 }
 
 static void retire_at(drc_cache_t *c, struct drc_region *r, struct drc_region **dead,
-                      struct drc__itree_path *path)
+                      struct drc__itree_path *path, struct drc__itree_bt *leaf)
 {
     uint64_t w, moved;
 
-    unlink_live(c, r, path);
+    unlink_live(c, r, path, leaf);
     if (LD(r->valid)) {
         ST_SC(r->detached, DETACHED_LIST);
         if (!try_release(c, r, dead))
@@ -358,7 +364,7 @@ static void retire_at(drc_cache_t *c, struct drc_region *r, struct drc_region **
 
 void retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead)
 {
-    retire_at(c, r, dead, NULL);
+    retire_at(c, r, dead, NULL, region_leaf(r));
 }
 
 /*
@@ -384,12 +390,14 @@ static int over_limits(const drc_cache_t *c)
 void evict(drc_cache_t *c, struct drc_region **dead)
 {
     struct drc_region *r = c->lru_head, *next;
+    struct drc__itree_bt *leaf;
 
     ASSERT_WRITING(c);
     for (; r && over_limits(c); r = next) {
         next = region_ext(r)->lru_next;
+        leaf = region_leaf(r);          /* before try_release links r on *dead */
         if (try_release(c, r, dead)) {
-            unlink_live(c, r, NULL);
+            unlink_live(c, r, NULL, leaf);
             INC(c->evicted, 1);
         }
     }
@@ -848,6 +856,7 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
                       struct drc_region **revoking, struct drc__itree_path *path)
 {
     struct drc__itree_path own;
+    struct drc__itree_bt *leaf;
     struct drc_region *r;
     struct drc__itree_node *n;
     struct pending *p;
@@ -876,8 +885,9 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
             more = LD(c->overlapping) || LD(n->last) < last;
             r = region_of(n);
             ST_SC(r->valid, 0);
+            leaf = region_leaf(r);          /* before revoke_take links r on its list */
             revoke_take(c, r, revoking);    /* DRC_F_REVOKE: before retire, while r is live */
-            retire_at(c, r, dead, path);
+            retire_at(c, r, dead, path, leaf);
             count++;
             if (!more)
                 break;
@@ -984,6 +994,7 @@ err_hint:
 int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
 {
     struct drc_region *dead = NULL, *revoking = NULL;
+    struct drc__itree_bt *leaf;
     int n = 0;
 
     if (!c || !r || region_cache(r) != c || !held(c, r))
@@ -995,8 +1006,9 @@ int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
         seq_begin(c);
         /* a release store: drc_region_valid() readers need no order beyond it, and the word's RMWs follow */
         __atomic_store_n(&r->valid, 0, __ATOMIC_RELEASE);
+        leaf = region_leaf(r);      /* before revoke_take links r on its list */
         revoke_take(c, r, &revoking);
-        retire(c, r, &dead);
+        retire_at(c, r, &dead, NULL, leaf);
         seq_end(c);
         n = 1;
     } else if (LD(r->valid)) {

@@ -108,7 +108,10 @@ struct drc_region {
     struct drc__itree_node node;    /* the range, in c->tree's index while live (atomic fields) */
     void *handle;                   /* set before publication (release store of word), then constant */
     uint32_t lkey, rkey;            /* likewise */
-    struct drc_region *next;        /* c->lock: pool link; or a release list, then c->freed */
+    union {                         /* c->lock */
+        struct drc_region *next;    /* pool link; or a release or revoking list, then c->freed */
+        struct drc__itree_bt *leaf; /* live: the index leaf its insert answered (region_leaf) */
+    };
 } __attribute__((aligned(64)));
 
 /*
@@ -432,6 +435,16 @@ static inline void locked(drc_cache_t *c)
 #endif
     if (LD_SC(c->ninvq))
         invq_run(c);    /* before anything this holder looks up (see queue_invalidation) */
+}
+
+/*
+ * A live region's index leaf, as its insert answered (c->lock): a hint that
+ * drc__itree_remove_in checks. Read before r goes on any list (a release
+ * list, a revoking list): those links reuse the word.
+ */
+static inline struct drc__itree_bt *region_leaf(const struct drc_region *r)
+{
+    return r->leaf;
 }
 
 /* The cache a region belongs to (drc_put's check): through its chunk. */

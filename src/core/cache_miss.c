@@ -213,7 +213,7 @@ static void publish(drc_cache_t *c, struct drc_region *r, const struct plan *p, 
     r->rkey = rkey;
     __atomic_store_n(&r->word, HELD + 1, __ATOMIC_RELEASE);   /* the fields above, then the count */
     used_set(c->hint, p->start, p->last);       /* seq is odd: a probe that read the bits before retries */
-    drc__itree_insert_at(&c->tree, &r->node, p->path);     /* no descent if the tree is as planned */
+    r->leaf = drc__itree_insert_at(&c->tree, &r->node, p->path);     /* no descent if the tree is as planned */
     if (c->limited)
         lru_append(c, r);
     INC(c->regions, 1);

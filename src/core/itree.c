@@ -303,22 +303,31 @@ static inline __attribute__((always_inline)) bt *bt_inserted(struct drc__itree *
     return bt_put(t, b, i + 1, nb->key[0], bt_max_last(nb), nb);
 }
 
+/* x at position i of leaf b (bt_put); *at: the leaf it is in, b or, if b split, maybe its new sibling */
+static inline bt *bt_put_leaf(struct drc__itree *t, bt *b, unsigned i, struct drc__itree_node *x, bt **at)
+{
+    bt *nb = bt_put(t, b, i, x->start, x->last, x);
+
+    *at = !nb || (i < F && i <= F / 2) ? b : nb;    /* bt_put's choice of half */
+    return nb;
+}
+
 /* @append: x starts at or after every start in the tree: it goes at the end of each node, no search. */
-static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int append)
+static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int append, bt **at)
 {
     unsigned i = append ? b->n : bt_upper(b, b->n, x->start);
     bt *nb;
 
     if (!b->level)
-        return bt_put(t, b, i, x->start, x->last, x);
+        return bt_put_leaf(t, b, i, x, at);
     int settled;
 
     i = i ? i - 1 : 0;     /* the last child whose smallest start is <= x's, or the first */
-    nb = bt_ins(t, b->ptr[i], x, append);
+    nb = bt_ins(t, b->ptr[i], x, append, at);
     return bt_inserted(t, b, i, x, nb, &settled);
 }
 
-void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
+struct drc__itree_bt *drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
 {
     bt *b, *nb;
 
@@ -330,7 +339,7 @@ void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
         ST(t->height, 1u);
         ST(t->root, b);
     } else {
-        nb = bt_ins(t, t->root, x, x->start >= t->max->start);
+        nb = bt_ins(t, t->root, x, x->start >= t->max->start, &b);
         if (nb)
             bt_grow(t, nb);
     }
@@ -338,6 +347,7 @@ void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *x)
         ST(t->max, x);
     t->count++;
     bt_w_end(t);
+    return b;
 }
 
 /*
@@ -360,21 +370,20 @@ static inline int bt_inside(const struct drc__itree *t, unsigned pos, unsigned n
  * of node d - 1, the one an insert of x descends to. Bottom up, as bt_ins()
  * unwinds.
  */
-void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x, const struct drc__itree_path *p)
+struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x,
+                                           const struct drc__itree_path *p)
 {
     unsigned d, pos;
-    bt *leaf, *nb;
+    bt *leaf, *nb, *at;
     int settled;
 
-    if (!p || !p->seek || !p->depth || p->seq != t->seq || p->depth != t->height || p->key != x->start) {
-        drc__itree_insert(t, x);
-        return;
-    }
+    if (!p || !p->seek || !p->depth || p->seq != t->seq || p->depth != t->height || p->key != x->start)
+        return drc__itree_insert(t, x);
     bt_w_begin(t);
     d = p->depth - 1;
     leaf = p->node[d];
     pos = bt_upper(leaf, leaf->n, x->start);
-    nb = bt_put(t, leaf, pos, x->start, x->last, x);
+    nb = bt_put_leaf(t, leaf, pos, x, &at);
     if (!nb && bt_inside(t, pos, leaf->n))
         d = 0;      /* the levels above are as they were: no climb (bt_inside) */
     for (; d > 0; d--) {
@@ -388,6 +397,7 @@ void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x, const
         ST(t->max, x);
     t->count++;
     bt_w_end(t);
+    return at;
 }
 
 /* ---- remove ------------------------------------------------------------------ */
@@ -576,6 +586,33 @@ static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, 
 
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
 {
+    drc__itree_remove_at(t, x, NULL);
+}
+
+/*
+ * Where a leaf answered by drc__itree_insert_at still holds x inside it (not
+ * its first or last entry, in a tree of disjoint intervals), and keeps LOW
+ * entries without it, x is cut from it with no descent and no climb
+ * (bt_inside). Since then the leaf may have split, merged or borrowed, or
+ * gone back to the spare nodes and come out again at another level: the
+ * hint is a node's memory all the same (nodes are never freed while the
+ * tree lives), and it holds x only if x is among its entries. A spare node
+ * has none, and x is in one leaf only, so finding it there is enough.
+ */
+void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_bt *leaf)
+{
+    unsigned n, pos;
+
+    if (leaf && !leaf->level && (n = leaf->n) > LOW && n <= F && t->disjoint && t->max != x) {
+        pos = bt_upper(leaf, n, x->start);      /* starts are unique: x is the last at or before its own */
+        if (pos && leaf->ptr[pos - 1] == x && bt_inside(t, pos - 1, n)) {
+            bt_w_begin(t);
+            bt_cut(leaf, pos - 1);
+            t->count--;
+            bt_w_end(t);
+            return;
+        }
+    }
     drc__itree_remove_at(t, x, NULL);
 }
 

@@ -120,18 +120,30 @@ void drc__itree_give(struct drc__itree *t, void *mem, size_t size);
 /*
  * Insert @n (start and last set by the caller). Equal starts are allowed,
  * and overlaps. A tree of given nodes must have had drc__itree_need() met.
+ * Returns the leaf @n was put in, for drc__itree_remove_in.
  */
-void drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
+struct drc__itree_bt *drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
 
 /*
  * The same, given the path of a walk from @n's start (drc__itree_first_at
  * of disjoint intervals): with no descent if the tree has not changed
- * since, else as drc__itree_insert().
+ * since, else as drc__itree_insert(). Returns the leaf @n was put in.
  */
-void drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n, const struct drc__itree_path *p);
+struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n,
+                                           const struct drc__itree_path *p);
 
 /* Remove @n, which must be in @t. */
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
+
+/*
+ * The same, given the leaf drc__itree_insert_at answered when it put @n in
+ * (or NULL): with no descent if @n is still inside that leaf (neither its
+ * first nor its last entry) in a tree of disjoint intervals, else as
+ * drc__itree_remove(). The leaf may have changed since in any way: the
+ * answer is checked, never trusted. A removal of a region its owner holds
+ * by handle, whose lookup never walked the index, pays no descent.
+ */
+void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_bt *leaf);
 
 /*
  * The same, given where drc__itree_first_at() found @n: with no descent if

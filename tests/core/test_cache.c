@@ -847,6 +847,79 @@ static void getput(drc_cache_t *c, size_t page, size_t pages)
     assert_int_equal(drc_put(c, r), 0);
 }
 
+/*
+ * Invalidations by handle in an index of many leaves (itree.c), between
+ * registrations that split those leaves: a live region keeps the leaf its
+ * insert answered, and a removal by handle starts there when the region is
+ * still inside it, else it descends (drc__itree_remove_in). Each must take
+ * out its own region and no other: it reads invalid and is deregistered,
+ * the regions beside it still hit, and the cache counts what is left. The
+ * same with DRC_F_REVOKE, whose revoking list reuses the word that holds a
+ * live region's leaf, and with a limit, whose evictions take regions out
+ * the same way. Regions at every other page; the gaps are registered as
+ * the invalidations go.
+ */
+static void invalidate_by_handle_in_a_large_index(void **state)
+{
+    enum { N = 300 };
+    const struct drc_config cfgs[3] = { { .flags = 0 }, { .flags = DRC_F_REVOKE }, { .max_regions = 2 * N / 3 } };
+    struct drc_stats st;
+    drc_region_t *r, *nb;
+    size_t i, j, k, gaps;
+    unsigned long id;
+    unsigned long ids[N];
+    char gap[N], out[N];
+
+    (void)state;
+    for (k = 0; k < 3; k++) {
+        struct tb *b = tb_new();
+        drc_cache_t *c = mk(b, &cfgs[k]);
+
+        memset(gap, 0, sizeof(gap));
+        memset(out, 0, sizeof(out));
+        for (i = 0; i < N; i++) {
+            r = get_ok(c, at(2 * i, 0), pg(), LW);
+            ids[i] = rid(r);
+            assert_int_equal(drc_put(c, r), 0);
+        }
+        for (j = 0, gaps = 0; j < N; j++) {
+            i = (j * 7) % N;                        /* 7 and N share no factor: each once */
+            r = get_ok(c, at(2 * i, 0), pg(), LW);  /* a hit (or, under the limit, a miss) */
+            id = rid(r);
+            if (j % 3 == 0) {
+                getput(c, 2 * ((i * 11) % N) + 1, 1);   /* a gap between two regions: a leaf may split */
+                gaps += !gap[(i * 11) % N];
+                gap[(i * 11) % N] = 1;
+            }
+            assert_int_equal(drc_region_invalidate(c, r), 1);
+            assert_int_equal(drc_region_valid(r), 0);
+            assert_int_equal(tb_is_live(b, id), k == 1 ? 0 : 1);   /* revoked: deregistered already */
+            assert_int_equal(drc_put(c, r), 0);
+            assert_int_equal(tb_is_live(b, id), 0);
+            out[i] = 1;
+            if (i + 1 < N && !out[i + 1]) {         /* the next region still hits, valid */
+                nb = get_ok(c, at(2 * (i + 1), 0), pg(), LW);
+                assert_int_equal(drc_region_valid(nb), 1);
+                assert_bounds(nb, at(2 * (i + 1), 0), pg());
+                if (k < 2)
+                    assert_int_equal(rid(nb), ids[i + 1]);  /* the same registration (without limits) */
+                assert_int_equal(drc_put(c, nb), 0);
+            }
+            r = get_ok(c, at(2 * i, 0), pg(), LW);  /* registered again: a miss */
+            assert_int_not_equal(rid(r), id);
+            assert_int_equal(drc_put(c, r), 0);
+            assert_int_equal(drc_invalidate(c, at(2 * i, 0), pg()), 1);
+        }
+        drc_cache_stats(c, &st);
+        assert_int_equal(st.invalidated, 2 * N);
+        if (k < 2)
+            assert_int_equal(st.regions, gaps);     /* the gap regions, each once */
+        else
+            assert_true(st.regions <= 2 * N / 3 && st.evicted > 0);
+        done(b, c);
+    }
+}
+
 static void max_regions_evicts_least_recently_idle(void **state)
 {
     struct drc_config cfg = { .max_regions = 3 };
@@ -1298,6 +1371,7 @@ int main(void)
         cmocka_unit_test(registration_always_raced_fails_with_nothing_cached),
         cmocka_unit_test(invalidation_of_other_range_in_reg_keeps_registration),
         cmocka_unit_test(invalidation_racing_a_merge),
+        cmocka_unit_test(invalidate_by_handle_in_a_large_index),
         cmocka_unit_test(max_regions_evicts_least_recently_idle),
         cmocka_unit_test(busy_regions_are_never_evicted),
         cmocka_unit_test(max_bytes_evicts_least_recently_idle),

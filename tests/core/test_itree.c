@@ -547,6 +547,130 @@ static void a_run_goes_out_along_the_path(void **state)
     free(m);
 }
 
+/* Is x among the entries of leaf b, and where (-1: not there)? */
+static int leaf_pos(const bt *b, const struct drc__itree_node *x)
+{
+    unsigned i;
+
+    if (!b || b->level)
+        return -1;
+    for (i = 0; i < b->n; i++)
+        if (b->ptr[i] == x)
+            return (int)i;
+    return -1;
+}
+
+/*
+ * An insert answers the leaf it put its interval in, by a descent or along
+ * a path, when the leaf split or not, in address order (splits at the very
+ * end) and in random order (splits in the middle). Removals by a handle's
+ * leaf (drc__itree_remove_in) count on it.
+ */
+static void an_insert_answers_its_leaf(void **state)
+{
+    struct model *m = model_new(31);
+    struct drc__itree_path path;
+    struct drc__itree_bt *leaf;
+    int budget, i, j, k;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (k = 0; k < 2; k++) {
+        for (j = 0; j < 256; j++) {
+            i = k ? (int)(256 + (j * 97) % 256) : j;     /* address order, then a permutation */
+            m->n[i].start = (uintptr_t)i * 16;
+            m->n[i].last = (uintptr_t)i * 16 + 7;
+            budget = DRC__ITREE_UNBOUNDED;
+            if (j & 1) {
+                drc__itree_first_at(&m->t, m->n[i].start, m->n[i].last, &budget, &path);
+                leaf = drc__itree_insert_at(&m->t, &m->n[i], &path);
+            } else {
+                leaf = drc__itree_insert(&m->t, &m->n[i]);
+            }
+            m->in[i] = 1;
+            m->count++;
+            assert_int_equal(drc__itree_check(&m->t), m->count);
+            assert_true(leaf_pos(leaf, &m->n[i]) >= 0);
+        }
+    }
+    assert_true(m->t.height >= 3);
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
+/*
+ * drc__itree_remove_in takes out an interval given the leaf its insert
+ * answered, which the steps since may have left as it was, split (the
+ * interval moved to the new sibling), merged away into the spare nodes,
+ * or handed out again at another level; or given no leaf, or another
+ * interval's. Every removal must leave the tree whole and answering like
+ * the list. The scenario must give many removals a leaf that still holds
+ * its interval inside it (the case that skips the descent), and many one
+ * that does not. Control: a removal that trusted its leaf without finding
+ * the interval in it cut another interval (the mutant of the change that
+ * brought this in, run once).
+ */
+static void a_removal_checks_the_leaf_it_is_given(void **state)
+{
+    struct model *m = model_new(37);
+    struct drc__itree_bt *leaf[MAXN] = { 0 };
+    int i, j, pos, inside = 0, elsewhere = 0, steps;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (i = 0; i < 400; i += 2) {      /* every other slot: room for inserts between them later */
+        m->n[i].start = (uintptr_t)i * 16;
+        m->n[i].last = (uintptr_t)i * 16 + 7;
+        leaf[i] = drc__itree_insert(&m->t, &m->n[i]);
+        m->in[i] = 1;
+        m->count++;
+    }
+    for (steps = 0; steps < 3000; steps++) {
+        i = (int)(rnd(m) % 400);
+        if (!m->in[i]) {
+            m->n[i].start = (uintptr_t)i * 16;
+            m->n[i].last = (uintptr_t)i * 16 + 7;
+            leaf[i] = drc__itree_insert(&m->t, &m->n[i]);
+            m->in[i] = 1;
+            m->count++;
+        } else {
+            j = (int)(rnd(m) % 8);
+            if (j == 0)
+                leaf[i] = NULL;                         /* no hint */
+            else if (j == 1)
+                leaf[i] = leaf[(i + 2) % 400];          /* another interval's (maybe stale too) */
+            else if (j == 2)
+                leaf[i] = m->t.root;                    /* an inner node, once the tree has levels */
+            pos = leaf_pos(leaf[i], &m->n[i]);
+            if (pos > 0 && (unsigned)pos + 1 < leaf[i]->n && leaf[i]->n > LOW)
+                inside++;
+            else
+                elsewhere++;
+            drc__itree_remove_in(&m->t, &m->n[i], leaf[i]);
+            m->in[i] = 0;
+            m->count--;
+        }
+        assert_int_equal(drc__itree_check(&m->t), m->count);
+        if (!(steps % 64))
+            query(m, 0, UINTPTR_MAX);
+    }
+    query(m, 0, UINTPTR_MAX);
+    assert_true(inside > 300 && elsewhere > 300);
+
+    /* a tree without the disjoint promise: every removal by its leaf falls back, and is right */
+    drc__itree_set_disjoint(&m->t, 0);
+    for (i = 0; i < 400; i++)
+        if (m->in[i] && leaf_pos(leaf[i], &m->n[i]) > 0) {
+            drc__itree_remove_in(&m->t, &m->n[i], leaf[i]);
+            m->in[i] = 0;
+            m->count--;
+            assert_int_equal(drc__itree_check(&m->t), m->count);
+        }
+    query(m, 0, UINTPTR_MAX);
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
 /*
  * The path of an insert of `key`, searched level by level as bt_ins()
  * descends (the reference for the walk's right-edge shortcut).
@@ -715,6 +839,8 @@ int main(void)
         cmocka_unit_test(disjoint_promise_answers_like_the_list),
         cmocka_unit_test(a_path_goes_stale_when_the_tree_changes),
         cmocka_unit_test(a_run_goes_out_along_the_path),
+        cmocka_unit_test(an_insert_answers_its_leaf),
+        cmocka_unit_test(a_removal_checks_the_leaf_it_is_given),
         cmocka_unit_test(the_right_edge_is_walked_without_search),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
