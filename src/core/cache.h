@@ -35,7 +35,10 @@ struct drc__cache_opts {
  */
 int drc__get_widened(drc_cache_t *c, const void *addr, size_t len, unsigned access, drc_region_t **out);
 
-/* drc_invalidate() without releasing the device layer's exports (drc_notify_free() does that once). */
+/*
+ * drc_invalidate() without releasing the device layer's exports (drc_notify_free() does that once),
+ * and with no look at the hint slot first (a free event's slot is cold: cache.c, cache_invalidate).
+ */
 int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len);
 
 /* drc_cache_create with backend limits; @o may be NULL. */

@@ -338,7 +338,7 @@ void evict(drc_cache_t *c, struct drc_region **dead);
 int put_ref(drc_cache_t *c, struct drc_region *r);
 int release_list(drc_cache_t *c, struct drc_region *dead);
 int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_region **dead,
-                      struct drc_region **revoking, struct drc__itree_path *path);
+                      struct drc_region **revoking, struct drc__itree_path *path, struct drc_region *hr);
 #ifdef DRC_DEBUG
 /* The expensive level: every invariant of both trees, and the live count. */
 void check_trees(const drc_cache_t *c);

@@ -179,7 +179,7 @@ void invq_run(drc_cache_t *c)
     for (i = 0; i < INVQ; i++) {
         if (__atomic_load_n(&c->invq[i].state, __ATOMIC_ACQUIRE) != Q_READY)
             continue;
-        invalidate_locked(c, LD(c->invq[i].start), LD(c->invq[i].last), &c->qdead, NULL, NULL);
+        invalidate_locked(c, LD(c->invq[i].start), LD(c->invq[i].last), &c->qdead, NULL, NULL, NULL);
         __atomic_store_n(&c->invq[i].state, Q_EMPTY, __ATOMIC_RELEASE);
         __atomic_fetch_sub(&c->ninvq, 1, __ATOMIC_SEQ_CST);   /* after the regions left: see above */
     }

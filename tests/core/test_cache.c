@@ -920,6 +920,68 @@ static void invalidate_by_handle_in_a_large_index(void **state)
     }
 }
 
+/*
+ * drc_invalidate right after a lookup of the range: the lockless probe finds
+ * the region in the hint slot, and the lock takes it as the range's only
+ * region when it is live and holds the whole range, while regions are
+ * disjoint (cache.c, range_holder). Each case checks what the user sees:
+ * how many regions went, and that no lookup returns them. Where regions
+ * overlap (DRC_F_NO_MERGE, a second registration over the slot's region's
+ * pages) the slot's region is not the only one: both must go. Control: a
+ * range wider than the slot's region, and a range that only touches it,
+ * take the walk and find the same. Mutant seen to fail: range_holder
+ * without its "regions are disjoint" check (1 region out of 2).
+ */
+static void invalidate_range_from_the_hint_slot(void **state)
+{
+    struct drc_config cfg = { .flags = DRC_F_NO_MERGE };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL), *o = mk(b, &cfg);
+    drc_region_t *a, *n, *h;
+    unsigned long ida, idn;
+
+    (void)state;
+    /* disjoint: the slot's region, alone */
+    a = get_ok(c, at(0, 0), 4 * pg(), LW);
+    n = get_ok(c, at(8, 0), pg(), LW);
+    ida = rid(a);
+    assert_int_equal(drc_put(c, a), 0);
+    assert_int_equal(drc_put(c, n), 0);
+    getput(c, 1, 1);                                        /* the slot of page 1 names a */
+    assert_int_equal(drc_invalidate(c, at(1, 0), pg()), 1);
+    assert_int_equal(tb_is_live(b, ida), 0);
+    h = get_ok(c, at(1, 0), pg(), LW);                      /* registered anew */
+    assert_int_not_equal(rid(h), ida);
+    assert_int_equal(drc_put(c, h), 0);
+    h = get_ok(c, at(8, 0), pg(), LW);                      /* the other region untouched */
+    assert_ptr_equal(h, n);
+    assert_int_equal(drc_put(c, h), 0);
+    /* control: a range past the slot's region (from page 1 to page 9): both, by the walk */
+    assert_int_equal(drc_invalidate(c, at(1, 0), 8 * pg()), 2);
+    EXPECT_STATS(c, .hits = 2, .misses = 3, .invalidated = 3, .regs = 3, .deregs = 3);
+
+    /* overlapping regions: the slot's region holds the range, and another overlaps it */
+    a = get_ok(o, at(0, 0), 4 * pg(), LW);
+    n = get_ok(o, at(2, 0), 4 * pg(), RR);                  /* over a's pages 2-3: no merging */
+    ida = rid(a);
+    idn = rid(n);
+    assert_int_equal(drc_put(o, n), 0);
+    assert_int_equal(drc_put(o, a), 0);
+    h = get_ok(o, at(2, 0), 1, LW);                         /* the slot of page 2 names a */
+    assert_ptr_equal(h, a);
+    assert_int_equal(drc_put(o, h), 0);
+    assert_int_equal(drc_invalidate(o, at(2, 0), pg()), 2);
+    assert_int_equal(tb_is_live(b, ida), 0);
+    assert_int_equal(tb_is_live(b, idn), 0);
+    h = get_ok(o, at(2, 0), 1, RR);
+    assert_int_not_equal(rid(h), idn);
+    assert_int_equal(drc_put(o, h), 0);
+    /* control: a range that only touches the region (its last byte and the next page) walks */
+    assert_int_equal(drc_invalidate(o, (const char *)at(3, 0) - 1, 2), 1);
+    assert_int_equal(drc_cache_destroy(o), 0);
+    done(b, c);
+}
+
 static void max_regions_evicts_least_recently_idle(void **state)
 {
     struct drc_config cfg = { .max_regions = 3 };
@@ -1372,6 +1434,7 @@ int main(void)
         cmocka_unit_test(invalidation_of_other_range_in_reg_keeps_registration),
         cmocka_unit_test(invalidation_racing_a_merge),
         cmocka_unit_test(invalidate_by_handle_in_a_large_index),
+        cmocka_unit_test(invalidate_range_from_the_hint_slot),
         cmocka_unit_test(max_regions_evicts_least_recently_idle),
         cmocka_unit_test(busy_regions_are_never_evicted),
         cmocka_unit_test(max_bytes_evicts_least_recently_idle),
