@@ -590,8 +590,8 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
 }
 
 /*
- * Where a leaf answered by drc__itree_insert_at still holds x inside it (not
- * its first or last entry, in a tree of disjoint intervals), and keeps LOW
+ * Where the leaf x's insert answered still holds x inside it (not its
+ * first or last entry, in a tree of disjoint intervals), and keeps LOW
  * entries without it, x is cut from it with no descent and no climb
  * (bt_inside). Since then the leaf may have split, merged or borrowed, or
  * gone back to the spare nodes and come out again at another level: the

@@ -136,8 +136,8 @@ struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itr
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
 
 /*
- * The same, given the leaf drc__itree_insert_at answered when it put @n in
- * (or NULL): with no descent if @n is still inside that leaf (neither its
+ * The same, given the leaf @n's insert answered (drc__itree_insert or
+ * drc__itree_insert_at), or NULL: with no descent if @n is still inside that leaf (neither its
  * first nor its last entry) in a tree of disjoint intervals, else as
  * drc__itree_remove(). The leaf may have changed since in any way: the
  * answer is checked, never trusted. A removal of a region its owner holds
