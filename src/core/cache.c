@@ -838,11 +838,11 @@ int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
  * @by_hint: the lockless probe asks the hint slot of the range's start
  * before it walks (nothing_there). drc_invalidate() does: a caller that
  * invalidates a range has most often just used it, and its lookup left the
- * slot and the region in cache, where the walk's lower levels are not (a
- * fifth to a third less time per invalidation by range, 1k to 256k
- * regions). A free event does not: it comes long after the memory's last
- * lookup, the slot is a cache miss of its own, and in a table of 2^20
- * slots it cost more than the walk it saved (tests/bench/RESULTS.md).
+ * slot and the region in cache, where the walk's lower levels are not. A
+ * free event does not: it comes long after the memory's last lookup, its
+ * slot is a cache miss of its own, and in a large table that miss costs
+ * more than the walk's upper levels, which stay in cache
+ * (tests/bench/RESULTS.md has the measurements).
  */
 static inline __attribute__((always_inline)) int cache_invalidate(drc_cache_t *c, const void *addr, size_t len,
                                                                  int by_hint)
