@@ -59,6 +59,17 @@ static inline const void *at(size_t n, size_t off)
     return (const void *)(BASE + n * pg() + off);
 }
 
+/* @r covers exactly [start, start + len). */
+static inline void assert_bounds(const drc_region_t *r, const void *start, size_t len)
+{
+    uintptr_t s;
+    size_t l;
+
+    drc_region_bounds(r, &s, &l);
+    assert_int_equal(s, (uintptr_t)start);
+    assert_int_equal(l, len);
+}
+
 /* A cache over the recording backend @b; @cfg may be NULL. */
 static inline drc_cache_t *mk(struct tb *b, const struct drc_config *cfg)
 {

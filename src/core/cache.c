@@ -272,14 +272,15 @@ void lru_append(drc_cache_t *c, struct drc_region *r)
 /*
  * Take a live region out of the tree and the LRU (c->lock, seq odd); @path:
  * where a walk found it (drc__itree_remove_at checks that it holds, and
- * leaves it at r's successor), or NULL: then @leaf, region_leaf(r) read
- * before anything linked r on a list (drc__itree_remove_in checks it).
+ * leaves it at r's successor), or NULL or empty (no walk found it): then
+ * @leaf, region_leaf(r) read before anything linked r on a list
+ * (drc__itree_remove_in checks it).
  */
 static void unlink_live(drc_cache_t *c, struct drc_region *r, struct drc__itree_path *path,
                         struct drc__itree_bt *leaf)
 {
     ASSERT_WRITING(c);
-    if (path)
+    if (path && path->depth)
         drc__itree_remove_at(&c->tree, &r->node, path);
     else
         drc__itree_remove_in(&c->tree, &r->node, leaf);
@@ -473,6 +474,20 @@ static void revoke_take(drc_cache_t *c, struct drc_region *r, struct drc_region 
     ST_SC(r->revoked, 1);
     r->next = *revoking;    /* r->next is free: r is on no pool or release list while HELD */
     *revoking = r;
+}
+
+/*
+ * Invalidate live region r (c->lock, seq odd, r->valid already 0): revoke_take
+ * (DRC_F_REVOKE: before retire, while r is live), then retire_at. r's leaf is
+ * read first: revoke_take's list link reuses its word.
+ */
+static void revoke_retire(drc_cache_t *c, struct drc_region *r, struct drc_region **dead,
+                          struct drc_region **revoking, struct drc__itree_path *path)
+{
+    struct drc__itree_bt *leaf = region_leaf(r);
+
+    revoke_take(c, r, revoking);
+    retire_at(c, r, dead, path, leaf);
 }
 
 /* Deregister each region revoke_take took (no lock held), then drop the reference it took. */
@@ -797,18 +812,16 @@ static inline __attribute__((always_inline)) int nothing_there(drc_cache_t *c, u
      * "something there" in *hr, and the locked path checks it (range_holder)
      * before it takes it as the range's only region.
      */
-    if (used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last))
-        goto none;
-    r = hr ? __atomic_load_n(hint_slot(c, s), __ATOMIC_ACQUIRE) : NULL;
-    if (r && LD(r->node.start) <= s && LD(r->node.last) >= last && (LD(r->word) & HELD) &&
-        LD(r->detached) == LIVE) {
-        *hr = r;
-        return 0;
-    }
-    if (drc__itree_first_at(&c->tree, s, last, &budget, path) || budget <= 0)
-        return 0;               /* something there (or a torn walk): the locked path decides, from
+    if (!used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last)) {
+        r = hr ? __atomic_load_n(hint_slot(c, s), __ATOMIC_ACQUIRE) : NULL;
+        if (r && LD(r->node.start) <= s && LD(r->node.last) >= last && is_live(r)) {
+            *hr = r;
+            return 0;
+        }
+        if (drc__itree_first_at(&c->tree, s, last, &budget, path) || budget <= 0)
+            return 0;           /* something there (or a torn walk): the locked path decides, from
                                  * where the walk found it if the tree has not changed since */
-none:
+    }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
     return LD(c->seq) == seq;
 }
@@ -819,21 +832,6 @@ none:
  * cache's regions. drc_notify_free() releases once and calls
  * drc__cache_invalidate() for each cache.
  */
-static inline __attribute__((always_inline)) int cache_invalidate(drc_cache_t *c, const void *addr, size_t len,
-                                                                 int by_hint);
-
-int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
-{
-    if (c && len && (uintptr_t)addr + (len - 1) >= (uintptr_t)addr && !LD(c->inert))
-        drc__mem_released((uintptr_t)addr, len);
-    return cache_invalidate(c, addr, len, 1);
-}
-
-int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
-{
-    return cache_invalidate(c, addr, len, 0);
-}
-
 /*
  * @by_hint: the lockless probe asks the hint slot of the range's start
  * before it walks (nothing_there). drc_invalidate() does: a caller that
@@ -881,6 +879,18 @@ static inline __attribute__((always_inline)) int cache_invalidate(drc_cache_t *c
     return count;
 }
 
+int drc_invalidate(drc_cache_t *c, const void *addr, size_t len)
+{
+    if (c && len && (uintptr_t)addr + (len - 1) >= (uintptr_t)addr && !LD(c->inert))
+        drc__mem_released((uintptr_t)addr, len);
+    return cache_invalidate(c, addr, len, 1);
+}
+
+int drc__cache_invalidate(drc_cache_t *c, const void *addr, size_t len)
+{
+    return cache_invalidate(c, addr, len, 0);
+}
+
 /*
  * Is @r (a hint slot's region, read without the lock) live in the tree,
  * holding all of [s, last], while regions are disjoint (c->lock)? Then no
@@ -904,7 +914,6 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
                       struct drc_region **revoking, struct drc__itree_path *path, struct drc_region *hr)
 {
     struct drc__itree_path own;
-    struct drc__itree_bt *leaf;
     struct drc_region *r;
     struct drc__itree_node *n;
     struct pending *p;
@@ -924,15 +933,7 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
      * the path at its successor, where the next region of the range is.
      */
     if (range_holder(c, hr, s, last)) {
-        /* the range's only region, found by its hint slot: out from the leaf its insert answered */
-        seq_begin(c);
-        ST_SC(hr->valid, 0);
-        leaf = region_leaf(hr);
-        revoke_take(c, hr, revoking);
-        retire_at(c, hr, dead, NULL, leaf);
-        seq_end(c);
-        count++;
-        n = NULL;
+        n = &hr->node;      /* the range's only region; no walk found it: out from its leaf (unlink_live) */
     } else {
         n = drc__itree_at(&c->tree, path);
         if (!n)
@@ -945,9 +946,7 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
             more = LD(c->overlapping) || LD(n->last) < last;
             r = region_of(n);
             ST_SC(r->valid, 0);
-            leaf = region_leaf(r);          /* before revoke_take links r on its list */
-            revoke_take(c, r, revoking);    /* DRC_F_REVOKE: before retire, while r is live */
-            retire_at(c, r, dead, path, leaf);
+            revoke_retire(c, r, dead, revoking, path);
             count++;
             if (!more)
                 break;
@@ -1054,7 +1053,6 @@ err_hint:
 int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
 {
     struct drc_region *dead = NULL, *revoking = NULL;
-    struct drc__itree_bt *leaf;
     int n = 0;
 
     if (!c || !r || region_cache(r) != c || !held(c, r))
@@ -1066,9 +1064,7 @@ int drc_region_invalidate(drc_cache_t *c, drc_region_t *r)
         seq_begin(c);
         /* a release store: drc_region_valid() readers need no order beyond it, and the word's RMWs follow */
         __atomic_store_n(&r->valid, 0, __ATOMIC_RELEASE);
-        leaf = region_leaf(r);      /* before revoke_take links r on its list */
-        revoke_take(c, r, &revoking);
-        retire_at(c, r, &dead, NULL, leaf);
+        revoke_retire(c, r, &dead, &revoking, NULL);
         seq_end(c);
         n = 1;
     } else if (LD(r->valid)) {

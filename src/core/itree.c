@@ -364,6 +364,12 @@ static inline int bt_inside(const struct drc__itree *t, unsigned pos, unsigned n
     return pos > 0 && pos + 1 < n && LD(t->disjoint);
 }
 
+/* The same for a removal from a leaf of @n entries, which must also keep LOW without it (no underflow). */
+static inline int bt_cut_inside(const struct drc__itree *t, unsigned pos, unsigned n)
+{
+    return bt_inside(t, pos, n) && n - 1 >= LOW;
+}
+
 /*
  * Along the path of a walk from x's start (bt_first_disjoint), valid while
  * the count has not moved: each node d of it is the child of entry idx[d-1]
@@ -541,8 +547,7 @@ static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, const
 {
     bt *leaf = p->node[p->depth - 1];
     unsigned d, pos = p->idx[p->depth - 1];
-    /* inside the leaf, which keeps LOW entries or more: no level above changes (bt_inside) */
-    int same = 1, settled, inside = bt_inside(t, pos, leaf->n) && leaf->n - 1 >= LOW;
+    int same = 1, settled, inside = bt_cut_inside(t, pos, leaf->n);     /* no level above changes */
 
     bt_cut(leaf, pos);
     for (d = inside ? 0 : p->depth - 1; d > 0; d--) {
@@ -592,20 +597,21 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
 /*
  * Where the leaf x's insert answered still holds x inside it (not its
  * first or last entry, in a tree of disjoint intervals), and keeps LOW
- * entries without it, x is cut from it with no descent and no climb
- * (bt_inside). Since then the leaf may have split, merged or borrowed, or
- * gone back to the spare nodes and come out again at another level: the
- * hint is a node's memory all the same (nodes are never freed while the
- * tree lives), and it holds x only if x is among its entries. A spare node
- * has none, and x is in one leaf only, so finding it there is enough.
+ * entries without it (bt_cut_inside), x is cut from it with no descent and
+ * no climb. Not its last entry, x is not the tree's largest (t->max) either.
+ * Since then the leaf may have split, merged or borrowed, or gone back to
+ * the spare nodes and come out again at another level: the hint is a
+ * node's memory all the same (nodes are never freed while the tree lives),
+ * and it holds x only if x is among its entries. A spare node has none, and
+ * x is in one leaf only, so finding it there is enough.
  */
 void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_bt *leaf)
 {
-    unsigned n, pos;
+    unsigned pos;
 
-    if (leaf && !leaf->level && (n = leaf->n) > LOW && n <= F && t->disjoint && t->max != x) {
-        pos = bt_upper(leaf, n, x->start);      /* starts are unique: x is the last at or before its own */
-        if (pos && leaf->ptr[pos - 1] == x && bt_inside(t, pos - 1, n)) {
+    if (leaf && !leaf->level) {
+        pos = bt_upper(leaf, leaf->n, x->start);    /* starts are unique: x is the last at or before its own */
+        if (pos && leaf->ptr[pos - 1] == x && bt_cut_inside(t, pos - 1, leaf->n)) {
             bt_w_begin(t);
             bt_cut(leaf, pos - 1);
             t->count--;

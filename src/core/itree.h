@@ -137,11 +137,12 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
 
 /*
  * The same, given the leaf @n's insert answered (drc__itree_insert or
- * drc__itree_insert_at), or NULL: with no descent if @n is still inside that leaf (neither its
- * first nor its last entry) in a tree of disjoint intervals, else as
- * drc__itree_remove(). The leaf may have changed since in any way: the
- * answer is checked, never trusted. A removal of a region its owner holds
- * by handle, whose lookup never walked the index, pays no descent.
+ * drc__itree_insert_at), or NULL: with no descent if @n is still inside
+ * that leaf (neither its first nor its last entry) in a tree of disjoint
+ * intervals, else as drc__itree_remove(). The leaf may have changed since
+ * in any way: the answer is checked, never trusted. A removal of a region
+ * its owner holds by handle, whose lookup never walked the index, pays no
+ * descent.
  */
 void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_bt *leaf);
 

@@ -158,17 +158,13 @@ static void control_the_window_registers_elsewhere(void **state)
     drc_cache_t *c = walked(b, R);
     struct drc_stats s0 = stats(c), s1;
     drc_region_t *r;
-    uintptr_t start;
-    size_t len;
 
     (void)state;
     arm(c, F, 1);
     r = get_ok(c, at(R, 0), pg(), LW);
     assert_false(armed);
     assert_ptr_not_equal(r, nested_region);
-    drc_region_bounds(r, &start, &len);
-    assert_int_equal(start, (uintptr_t)at(R, 0));
-    assert_int_equal(len, pg());
+    assert_bounds(r, at(R, 0), pg());
     s1 = stats(c);
     assert_int_equal(s1.regs - s0.regs, 2);
     assert_int_equal(s1.regions, 3);
@@ -189,16 +185,12 @@ static void a_widened_miss_walks_its_own_range(void **state)
     drc_cache_t *c;
     struct drc_stats s0, s1;
     drc_region_t *r;
-    uintptr_t start;
-    size_t len;
 
     (void)state;
     c = walked_in_allocation(b);
     s0 = stats(c);
     assert_int_equal(drc__get_widened(c, at(R, 0), pg(), LW, &r), 0);
-    drc_region_bounds(r, &start, &len);
-    assert_int_equal(start, BASE);
-    assert_int_equal(len, ALLOC * pg());
+    assert_bounds(r, (const void *)BASE, ALLOC * pg());
     s1 = stats(c);
     assert_int_equal(s1.regs - s0.regs, 1);
     assert_int_equal(s1.merges - s0.merges, 1); /* page 2's region joined it */
@@ -214,16 +206,12 @@ static void control_unwidened_registers_beside(void **state)
     drc_cache_t *c;
     struct drc_stats s0, s1;
     drc_region_t *r;
-    uintptr_t start;
-    size_t len;
 
     (void)state;
     c = walked_in_allocation(b);
     s0 = stats(c);
     r = get_ok(c, at(R, 0), pg(), LW);
-    drc_region_bounds(r, &start, &len);
-    assert_int_equal(start, (uintptr_t)at(R, 0));
-    assert_int_equal(len, pg());
+    assert_bounds(r, at(R, 0), pg());
     s1 = stats(c);
     assert_int_equal(s1.regs - s0.regs, 1);
     assert_int_equal(s1.merges - s0.merges, 0);
