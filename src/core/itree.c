@@ -154,21 +154,42 @@ static bt *bt_node_new(struct drc__itree *t, unsigned level)
 
 /*
  * The first entry whose key is >= k (lower), or > k (upper); n if none.
- * Halving without branches: a search over random keys takes a
- * mispredicted branch at every other step, four steps a level. The keys
- * past n are UINTPTR_MAX (bt_setn), so the halving runs over all F; the
- * answer is clamped to n, for a key of UINTPTR_MAX and for a lockless walk
- * that reads a node in change.
+ * A count of the keys at or below k, not a halving: the keys are sorted,
+ * so the count is the answer, and its F loads do not depend on each other.
+ * A halving (branchless, or it mispredicts at every other step over random
+ * keys) chains four loads a level, each waiting for the one before: in a
+ * node that is not in cache, two or three of its lines missed one after
+ * the other, where the count misses them all at once. The keys past n
+ * are UINTPTR_MAX (bt_setn), so the count runs over all F; the answer is
+ * clamped to n, for a key of UINTPTR_MAX and for a lockless walk that
+ * reads a node in change.
  */
 static inline unsigned bt_upper(const bt *b, unsigned n, uintptr_t k)
 {
-    unsigned i = 0, step;
+    unsigned i = 0, j;
+
+#pragma GCC unroll 16
+    for (j = 0; j < F; j++)
+        i += LD(b->key[j]) <= k;
+    return i < n ? i : n;
+}
+
+/*
+ * Ask for every line of a node a descent has just reached. The walk reads
+ * its keys, then one entry's last or pointer, which entry the keys decide:
+ * in a node that is not in cache, those are two misses one after the
+ * other. Asked for together on arrival, they cost one wait. A prefetch
+ * never faults, and nodes are never unmapped (the arena), so a lockless
+ * walk may ask for a node that a writer has just given back.
+ */
+static inline void bt_prefetch(const bt *b)
+{
+    const char *p = (const char *)b;
+    size_t o;
 
 #pragma GCC unroll 8
-    for (step = F / 2; step; step /= 2)
-        i += step & (0u - (LD(b->key[i + step - 1]) <= k));
-    i += LD(b->key[i]) <= k;
-    return i < n ? i : n;
+    for (o = 64; o < sizeof(bt); o += 64)
+        __builtin_prefetch(p + o);
 }
 
 /* Keys are integers: those below k are those at or below k - 1. */
@@ -323,6 +344,7 @@ static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int ap
     int settled;
 
     i = i ? i - 1 : 0;     /* the last child whose smallest start is <= x's, or the first */
+    bt_prefetch(b->ptr[i]);
     nb = bt_ins(t, b->ptr[i], x, append, at);
     return bt_inserted(t, b, i, x, nb, &settled);
 }
@@ -573,6 +595,7 @@ static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, 
         p->node[d] = b;
         p->idx[d] = i ? i - 1 : 0;
         b = b->ptr[p->idx[d]];
+        bt_prefetch(b);
     }
     i = bt_upper(b, b->n, x->start);
     if (i && b->ptr[i - 1] == x)
@@ -714,6 +737,7 @@ static inline int bt_next_leaf(const struct drc__itree *t, unsigned seq, const b
         return -1;
     if (!p)
         return 0;
+    bt_prefetch(p);
     if (!bt_count_of(p))
         return -1;
     *b = p;
@@ -743,6 +767,7 @@ struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t k
         if (!level)
             return p;
         b = p;
+        bt_prefetch(b);
     }
     return NULL;
 }
@@ -794,6 +819,7 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
         if (++depth >= MAXH || --*budget <= 0)
             return bt_gave_up(budget);
         b = p;
+        bt_prefetch(b);
     }
     if (path) {
         path->node[depth] = (bt *)b;
@@ -897,6 +923,7 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
         up[depth].i = i;
         depth++;
         b = p;
+        bt_prefetch(b);
         i = 0;
     }
 }
@@ -918,6 +945,7 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
         if (bt_moved(t, seq))
             return bt_gave_up(budget);
         b = p;
+        bt_prefetch(b);
     }
     if (!b)
         return NULL;
