@@ -50,6 +50,15 @@ struct drc_region *pool_get(drc_cache_t *c, struct chunk **spare)
     if (c->pool) {
         r = c->pool;
         c->pool = r->next;
+        /*
+         * The next miss takes the next region: ask for its line now. The
+         * list is in the order regions were freed, the most recent first, so
+         * past the first few it runs into lines long out of cache, and each
+         * one's link is read only when it is taken: a miss that waits on
+         * memory under the lock, one region at a time, unless asked for ahead.
+         */
+        if (c->pool)
+            __builtin_prefetch(c->pool);
         return r;
     }
     ch = c->chunks;
