@@ -626,14 +626,29 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
  * the spare nodes and come out again at another level: the hint is a
  * node's memory all the same (nodes are never freed while the tree lives),
  * and it holds x only if x is among its entries. A spare node has none, and
- * x is in one leaf only, so finding it there is enough.
+ * x is in one leaf only, so finding it there is enough. A split moves the
+ * upper entries to a new leaf on the right, which none of their regions
+ * hears of: past the leaf's last entry, x is looked for in the next leaf
+ * too, once (in a random-order workload at 262,144 regions, a fifth of the
+ * removals found their region there).
  */
 void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_bt *leaf)
 {
     unsigned pos;
 
-    if (leaf && !leaf->level) {
+    if (leaf && !leaf->level && leaf->n) {
         pos = bt_upper(leaf, leaf->n, x->start);    /* starts are unique: x is the last at or before its own */
+        if (pos == leaf->n && leaf->ptr[pos - 1] != x && leaf->next) {
+            /*
+             * x starts after every entry here: a split since moved it right,
+             * most likely to the leaf that split made, this one's next. A
+             * leaf with entries is in the tree (a spare has none), and so is
+             * the leaf after it; x is among that one's entries or not.
+             */
+            leaf = leaf->next;
+            bt_prefetch(leaf);
+            pos = bt_upper(leaf, leaf->n, x->start);
+        }
         if (pos && leaf->ptr[pos - 1] == x && bt_cut_inside(t, pos - 1, leaf->n)) {
             bt_w_begin(t);
             bt_cut(leaf, pos - 1);

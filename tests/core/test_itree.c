@@ -614,7 +614,7 @@ static void a_removal_checks_the_leaf_it_is_given(void **state)
 {
     struct model *m = model_new(37);
     struct drc__itree_bt *leaf[MAXN] = { 0 };
-    int i, j, pos, inside = 0, elsewhere = 0, steps;
+    int i, j, pos, inside = 0, beside = 0, elsewhere = 0, steps;
 
     (void)state;
     drc__itree_set_disjoint(&m->t, 1);
@@ -641,9 +641,14 @@ static void a_removal_checks_the_leaf_it_is_given(void **state)
                 leaf[i] = leaf[(i + 2) % 400];          /* another interval's (maybe stale too) */
             else if (j == 2)
                 leaf[i] = m->t.root;                    /* an inner node, once the tree has levels */
+            else if (j == 3)
+                leaf[i] = leaf[(i + 360) % 400];        /* one well to the left: past it and its next */
             pos = leaf_pos(leaf[i], &m->n[i]);
             if (pos > 0 && (unsigned)pos + 1 < leaf[i]->n && leaf[i]->n > LOW)
                 inside++;
+            else if (leaf[i] && !leaf[i]->level && leaf[i]->n && leaf[i]->next &&
+                     leaf[i]->key[leaf[i]->n - 1] < m->n[i].start && leaf_pos(leaf[i]->next, &m->n[i]) >= 0)
+                beside++;                               /* split since: moved to the next leaf */
             else
                 elsewhere++;
             drc__itree_remove_in(&m->t, &m->n[i], leaf[i]);
@@ -655,7 +660,7 @@ static void a_removal_checks_the_leaf_it_is_given(void **state)
             query(m, 0, UINTPTR_MAX);
     }
     query(m, 0, UINTPTR_MAX);
-    assert_true(inside > 300 && elsewhere > 300);
+    assert_true(inside > 300 && beside > 50 && elsewhere > 300);
 
     /* a tree without the disjoint promise: every removal by its leaf falls back, and is right */
     drc__itree_set_disjoint(&m->t, 0);
