@@ -270,6 +270,31 @@ void lru_append(drc_cache_t *c, struct drc_region *r)
 }
 
 /*
+ * The hint slots of a region leaving the tree that still name it (c->lock):
+ * emptied, so that the next lookup there does not read the region's line
+ * only to find it released or reused (a miss after an invalidation paid
+ * that line before its walk). Up to four grains, as hint_grow fills them.
+ * Slots are guesses that every lookup checks: a lookup that stores the
+ * region again after this leaves it as stale as it was, and a slot that
+ * names another region is left alone.
+ */
+static inline void hint_forget(const drc_cache_t *c, const struct drc_region *r)
+{
+    const struct hint_tab *t = c->hint;
+    uintptr_t g = r->node.start >> t->grain, end = r->node.last >> t->grain, mask = ~(uintptr_t)0 >> t->shift;
+    struct drc_region **slot;
+    unsigned n;
+
+    for (n = 0; n < 4; n++, g++) {
+        slot = (struct drc_region **)&t->slot[g & mask];
+        if (__atomic_load_n(slot, __ATOMIC_RELAXED) == r)
+            __atomic_store_n(slot, NULL, __ATOMIC_RELAXED);
+        if (g == end)
+            break;
+    }
+}
+
+/*
  * Take a live region out of the tree and the LRU (c->lock, seq odd); @path:
  * where a walk found it (drc__itree_remove_at checks that it holds, and
  * leaves it at r's successor), or NULL or empty (no walk found it): then
@@ -284,6 +309,7 @@ static void unlink_live(drc_cache_t *c, struct drc_region *r, struct drc__itree_
         drc__itree_remove_at(&c->tree, &r->node, path);
     else
         drc__itree_remove_in(&c->tree, &r->node, leaf);
+    hint_forget(c, r);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
     INC(c->regions, -1);
@@ -813,6 +839,8 @@ static inline __attribute__((always_inline)) int nothing_there(drc_cache_t *c, u
      * before it takes it as the range's only region.
      */
     if (!used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last)) {
+        if (!hr)
+            __builtin_prefetch(hint_slot(c, s), 1);     /* for hint_forget, should a region go: during the walk */
         r = hr ? __atomic_load_n(hint_slot(c, s), __ATOMIC_ACQUIRE) : NULL;
         if (r && LD(r->node.start) <= s && LD(r->node.last) >= last && is_live(r)) {
             *hr = r;

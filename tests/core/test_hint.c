@@ -151,11 +151,64 @@ static void replaced_tables_keep_their_filter(void **state)
     done(b, c);
 }
 
+/* The current table's slot for a lookup at @a (cache_int.h's hint_slot, read as the test's own). */
+static const struct drc_region *slot_of(const drc_cache_t *c, const void *a)
+{
+    const struct hint_tab *t = c->hint;
+
+    return t->slot[((uintptr_t)a >> t->grain) & (~(uintptr_t)0 >> t->shift)];
+}
+
+/*
+ * A region that leaves the tree empties the hint slots that still name it
+ * (hint_forget), so that the next lookup there does not read a released
+ * region's line: invalidated by handle, by range, and by a free event. A
+ * neighbour's slot keeps its region. The control: before each invalidation
+ * every slot of the region named it (the lookups left it there), so an
+ * invalidation that left them as they were fails the check after it.
+ */
+static void a_leaving_region_empties_its_slots(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    drc_region_t *r, *nb, *h;
+    size_t how, k, p;
+
+    (void)state;
+    for (how = 0; how < 3; how++) {
+        p = 16 * how;
+        r = get_ok(c, at(p, 0), 4 * pg(), LW);          /* four pages: four grains of a new table */
+        assert_int_equal(drc_put(c, r), 0);
+        nb = get_ok(c, at(p + 8, 0), pg(), LW);
+        assert_int_equal(drc_put(c, nb), 0);
+        for (k = 0; k < 4; k++) {
+            h = get_ok(c, at(p, k * pg() + 64), 64, LW);
+            assert_ptr_equal(h, r);
+            assert_int_equal(drc_put(c, h), 0);
+            assert_ptr_equal(slot_of(c, at(p, k * pg())), r);      /* the control */
+        }
+        if (how == 0) {
+            h = get_ok(c, at(p, 0), 64, LW);
+            assert_int_equal(drc_region_invalidate(c, h), 1);
+            assert_int_equal(drc_put(c, h), 0);
+        } else if (how == 1) {
+            assert_int_equal(drc_invalidate(c, at(p, 0), 4 * pg()), 1);
+        } else {
+            drc_notify_free(at(p, 0), 4 * pg());
+        }
+        for (k = 0; k < 4; k++)
+            assert_null(slot_of(c, at(p, k * pg())));
+        assert_ptr_equal(slot_of(c, at(p + 8, 0)), nb);
+    }
+    done(b, c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(replaced_tables_give_their_pages_back, setup_alarm),
         cmocka_unit_test_setup(replaced_tables_keep_their_filter, setup_alarm),
+        cmocka_unit_test_setup(a_leaving_region_empties_its_slots, setup_alarm),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
