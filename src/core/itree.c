@@ -1018,7 +1018,7 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
         return;
     }
     for (i = b->n; i < F; i++)
-        if (b->key[i] != UINTPTR_MAX) {     /* the halving's padding (bt_setn) */
+        if (b->key[i] != UINTPTR_MAX) {     /* the count's padding (bt_setn) */
             s->bad = 1;
             return;
         }

@@ -98,7 +98,7 @@ void drc__itree_init(struct drc__itree *t, int given);
  * The owner promises (1) that no two intervals in @t overlap, or takes the
  * promise back (0, the default), under its lock, before it inserts an
  * interval that overlaps another. While it holds, an overlap query starts
- * at the floor of its start, found by halving, instead of scanning each
+ * at the floor of its start, found by counting keys, instead of scanning each
  * node from its first entry; a lockless walk that read the promise and
  * met the overlapping insert sees the count move.
  */
