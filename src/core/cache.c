@@ -280,13 +280,13 @@ void lru_append(drc_cache_t *c, struct drc_region *r)
  */
 static inline void hint_forget(const drc_cache_t *c, const struct drc_region *r)
 {
-    const struct hint_tab *t = c->hint;
+    struct hint_tab *t = c->hint;
     uintptr_t g = r->node.start >> t->grain, end = r->node.last >> t->grain, mask = ~(uintptr_t)0 >> t->shift;
     struct drc_region **slot;
     unsigned n;
 
     for (n = 0; n < 4; n++, g++) {
-        slot = (struct drc_region **)&t->slot[g & mask];
+        slot = &t->slot[g & mask];
         if (__atomic_load_n(slot, __ATOMIC_RELAXED) == r)
             __atomic_store_n(slot, NULL, __ATOMIC_RELAXED);
         if (g == end)
