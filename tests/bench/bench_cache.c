@@ -86,6 +86,13 @@
  *   hit vs invalidate   one thread hits its half while the other
  *                       invalidates held regions of its half and registers
  *                       them again (the hitter's ns)
+ *   hit vs register     the same, each registration taking 10 us of the
+ *                       registering thread (spun, as a thread spends
+ *                       ibv_reg_mr in the kernel): the hitter's ns, which
+ *                       tells whether hits wait for a registration (UCX
+ *                       registers under its page table's write lock, which
+ *                       every lookup takes to read; drc registers with no
+ *                       lock held, and its hits take none)
  *
  * Each row checks that it measured what it claims: hits register nothing,
  * misses register every time, each invalidation deregisters its region,
@@ -119,6 +126,7 @@ enum {
     STRIDE = 128 << 10,
     SLICE  = 32 << 10,
     HITS   = 400000,    /* lookups per hit measurement */
+    REG_WORK_NS = 10000, /* a registration's own time in "hit while a thread registers" */
     FREES  = 400000,
     RUNS   = 3,         /* measurements per process: its median is reported */
     REPS   = 3,         /* processes per column, unless BENCH_REPS says */
@@ -262,7 +270,7 @@ static void fill(struct cache *c, uint32_t n)
 
 enum kind {
     HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, MISS_RAND, INV_HELD, INV_RANGE, FREE_REG, FREE_REG_RAND, FREE_ALL,
-    MEM, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS, HIT_VS_INV, KINDS
+    MEM, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS, HIT_VS_INV, HIT_VS_REG, KINDS
 };
 
 static const char *const kind_name[KINDS] = {
@@ -283,6 +291,7 @@ static const char *const kind_name[KINDS] = {
     [PAIR_FREE] = "2 threads: free event on a region + get",
     [PAIR_MISS] = "2 threads missing (per miss)",
     [HIT_VS_INV] = "hit while a thread invalidates others",
+    [HIT_VS_REG] = "hit while a thread registers (10 us each)",
 };
 
 struct row {
@@ -306,6 +315,7 @@ static const struct row rows[] = {
     { FREE_GAP, 1024 }, { FREE_GAP, 65536 },
     { PAIR_HIT, 1024 }, { PAIR_HIT, 65536 },
     { PAIR_FREE, 1024 }, { PAIR_MISS, 1024 }, { PAIR_MISS, 65536 }, { HIT_VS_INV, 1024 }, { HIT_VS_INV, 65536 },
+    { HIT_VS_REG, 1024 }, { HIT_VS_REG, 65536 },
 };
 
 enum { ROWS = sizeof(rows) / sizeof(rows[0]) };
@@ -540,6 +550,7 @@ static void *duo_thread(void *v)
             getput(d->c, addr_of(i, 0), REGION);
         break;
     case HIT_VS_INV:
+    case HIT_VS_REG:
         if (a->id == 0) {
             for (k = 0; k < HITS; k++, ops++) {
                 x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -593,7 +604,7 @@ static double duo_run(struct cache *c, enum kind kind, uint32_t n)
         pthread_join(t[i], NULL);
     pthread_barrier_destroy(&d.go);
     pin(1);
-    if (kind == HIT_VS_INV)
+    if (kind == HIT_VS_INV || kind == HIT_VS_REG)
         return d.ns[0];
     return d.ns[0] > d.ns[1] ? d.ns[0] : d.ns[1];
 }
@@ -627,10 +638,14 @@ static double pair_miss(int ucx, uint32_t n)
     return total / (double)(done / 2);
 }
 
-static double hit_vs_inv(struct cache *c, uint32_t n)
+static double hit_vs_inv(struct cache *c, uint32_t n, enum kind kind)
 {
     uint64_t r0 = regs, d0 = deregs;
-    double ns = duo_run(c, HIT_VS_INV, n);
+    double ns;
+
+    __atomic_store_n(&reg_ns, kind == HIT_VS_REG ? REG_WORK_NS : 0, __ATOMIC_RELAXED);
+    ns = duo_run(c, kind, n);
+    __atomic_store_n(&reg_ns, 0, __ATOMIC_RELAXED);
 
     CHECK(regs - r0 == deregs - d0, "%s: %llu registrations against %llu invalidations", c->ucx ? "ucx" : "drc",
           (unsigned long long)(regs - r0), (unsigned long long)(deregs - d0));
@@ -992,7 +1007,8 @@ static void child(int ucx, int fd)
                 v[run] = pair_free(&c, rw->n);
                 break;
             case HIT_VS_INV:
-                v[run] = hit_vs_inv(&c, rw->n);
+            case HIT_VS_REG:
+                v[run] = hit_vs_inv(&c, rw->n, rw->kind);
                 break;
             case MEM:
             case PAIR_MISS:
