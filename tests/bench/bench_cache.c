@@ -82,7 +82,9 @@
  *   2 threads free      each thread, on its own half: a free event over a
  *                       region (invalidated, deregistered), then a get
  *                       that registers it again (ns per pair per thread)
- *   2 threads missing   a fresh cache filled by two threads, each its half
+ *   2 threads missing   a fresh cache filled by two threads, each its half;
+ *                       and the same with 10 us a registration (spun, as
+ *                       below): whether two threads' registrations overlap
  *   hit vs invalidate   one thread hits its half while the other
  *                       invalidates held regions of its half and registers
  *                       them again (the hitter's ns)
@@ -270,7 +272,7 @@ static void fill(struct cache *c, uint32_t n)
 
 enum kind {
     HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, MISS_RAND, INV_HELD, INV_RANGE, FREE_REG, FREE_REG_RAND, FREE_ALL,
-    MEM, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS, HIT_VS_INV, HIT_VS_REG, KINDS
+    MEM, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS, PAIR_MISS_REG, HIT_VS_INV, HIT_VS_REG, KINDS
 };
 
 static const char *const kind_name[KINDS] = {
@@ -290,6 +292,7 @@ static const char *const kind_name[KINDS] = {
     [PAIR_HIT] = "2 threads hit same regions (per op)",
     [PAIR_FREE] = "2 threads: free event on a region + get",
     [PAIR_MISS] = "2 threads missing (per miss)",
+    [PAIR_MISS_REG] = "2 threads missing, 10 us a registration",
     [HIT_VS_INV] = "hit while a thread invalidates others",
     [HIT_VS_REG] = "hit while a thread registers (10 us each)",
 };
@@ -314,7 +317,7 @@ static const struct row rows[] = {
     { MEM, 1024 }, { MEM, 16384 }, { MEM, 65536 }, { MEM, 262144 },
     { FREE_GAP, 1024 }, { FREE_GAP, 65536 },
     { PAIR_HIT, 1024 }, { PAIR_HIT, 65536 },
-    { PAIR_FREE, 1024 }, { PAIR_MISS, 1024 }, { PAIR_MISS, 65536 }, { HIT_VS_INV, 1024 }, { HIT_VS_INV, 65536 },
+    { PAIR_FREE, 1024 }, { PAIR_MISS, 1024 }, { PAIR_MISS, 65536 }, { PAIR_MISS_REG, 1024 }, { HIT_VS_INV, 1024 }, { HIT_VS_INV, 65536 },
     { HIT_VS_REG, 1024 }, { HIT_VS_REG, 65536 },
 };
 
@@ -508,7 +511,8 @@ static double ceiling(uint32_t n)
  * Two threads at once, each on its own half of the regions (@kind):
  *   PAIR_FREE   a free event over one of its regions (which invalidates and
  *               deregisters it), then a get that registers it again
- *   PAIR_MISS   a fresh cache filled, each thread its half (ns per miss)
+ *   PAIR_MISS   a fresh cache filled, each thread its half (ns per miss);
+ *               PAIR_MISS_REG the same, each registration spinning 10 us
  *   HIT_VS_INV  thread 0 hits its half; thread 1 invalidates held regions of
  *               its half by handle and registers them again (thread 0's ns)
  */
@@ -546,6 +550,7 @@ static void *duo_thread(void *v)
         }
         break;
     case PAIR_MISS:
+    case PAIR_MISS_REG:
         for (i = base; i < base + half; i++, ops++)
             getput(d->c, addr_of(i, 0), REGION);
         break;
@@ -620,19 +625,21 @@ static double pair_free(struct cache *c, uint32_t n)
     return ns;
 }
 
-static double pair_miss(int ucx, uint32_t n)
+static double pair_miss(int ucx, uint32_t n, enum kind kind)
 {
     uint64_t r0 = regs;
     double total = 0;
-    size_t done = 0;
+    size_t done = 0, want = kind == PAIR_MISS_REG ? 4 * (size_t)n : MAXN;  /* 10 us each: fewer */
 
-    while (done < MAXN) {
+    __atomic_store_n(&reg_ns, kind == PAIR_MISS_REG ? REG_WORK_NS : 0, __ATOMIC_RELAXED);
+    while (done < want) {
         struct cache c = cache_new(ucx);
 
-        total += duo_run(&c, PAIR_MISS, n) * (n / 2);
+        total += duo_run(&c, kind, n) * (n / 2);
         cache_free(&c);
         done += n;
     }
+    __atomic_store_n(&reg_ns, 0, __ATOMIC_RELAXED);
     CHECK(regs - r0 == done, "%s: %llu registrations for %zu misses in two threads", ucx ? "ucx" : "drc",
           (unsigned long long)(regs - r0), done);
     return total / (double)(done / 2);
@@ -960,9 +967,9 @@ static void child(int ucx, int fd)
         if (rw->kind == MEM || !wanted(kind_name[rw->kind]))
             continue;
         draw(rw->n, rw->kind == HIT_SEQ);
-        if (rw->kind == MISS_FRESH || rw->kind == PAIR_MISS) {
+        if (rw->kind == MISS_FRESH || rw->kind == PAIR_MISS || rw->kind == PAIR_MISS_REG) {
             for (run = 0; run < RUNS; run++)
-                v[run] = rw->kind == MISS_FRESH ? miss_fresh(ucx, rw->n) : pair_miss(ucx, rw->n);
+                v[run] = rw->kind == MISS_FRESH ? miss_fresh(ucx, rw->n) : pair_miss(ucx, rw->n, rw->kind);
             rep.v[0][k] = median(v, RUNS);
             continue;
         }
@@ -1012,6 +1019,7 @@ static void child(int ucx, int fd)
                 break;
             case MEM:
             case PAIR_MISS:
+            case PAIR_MISS_REG:
             case MISS_FRESH:
             case KINDS:
                 break;
