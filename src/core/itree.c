@@ -242,9 +242,10 @@ static inline void bt_refresh(bt *b, unsigned i)
 
 /*
  * Put (key, last, p) at position i of b. If b is full, split it and return
- * the new right sibling (its level and leaf link set), else NULL.
+ * the new right sibling (its level and leaf link set), else NULL. *at, if
+ * @at is given: the node the entry went into, b or the sibling.
  */
-static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
+static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p, bt **at)
 {
     unsigned n = b->n, j, h;
     bt *r;
@@ -254,6 +255,8 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
             bt_copy(b, j, b, j - 1);
         bt_set(b, i, key, last, p);
         bt_setn(b, n + 1);
+        if (at)
+            *at = b;
         return NULL;
     }
     r = bt_node_new(t, b->level);
@@ -268,9 +271,9 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
     bt_setn(r, F - h);
     bt_setn(b, h);
     if (i <= h && i < F)
-        bt_put(t, b, i, key, last, p);
+        bt_put(t, b, i, key, last, p, at);
     else
-        bt_put(t, r, i - h, key, last, p);
+        bt_put(t, r, i - h, key, last, p, at);
     if (!b->level) {
         ST(r->next, b->next);
         ST(b->next, r);
@@ -321,16 +324,7 @@ static inline __attribute__((always_inline)) bt *bt_inserted(struct drc__itree *
         return NULL;
     }
     bt_refresh(b, i);      /* the largest last may have moved to the new sibling */
-    return bt_put(t, b, i + 1, nb->key[0], bt_max_last(nb), nb);
-}
-
-/* x at position i of leaf b (bt_put); *at: the leaf it is in, b or, if b split, maybe its new sibling */
-static inline bt *bt_put_leaf(struct drc__itree *t, bt *b, unsigned i, struct drc__itree_node *x, bt **at)
-{
-    bt *nb = bt_put(t, b, i, x->start, x->last, x);
-
-    *at = !nb || (i < F && i <= F / 2) ? b : nb;    /* bt_put's choice of half */
-    return nb;
+    return bt_put(t, b, i + 1, nb->key[0], bt_max_last(nb), nb, NULL);
 }
 
 /* @append: x starts at or after every start in the tree: it goes at the end of each node, no search. */
@@ -340,7 +334,7 @@ static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int ap
     bt *nb;
 
     if (!b->level)
-        return bt_put_leaf(t, b, i, x, at);
+        return bt_put(t, b, i, x->start, x->last, x, at);
     int settled;
 
     i = i ? i - 1 : 0;     /* the last child whose smallest start is <= x's, or the first */
@@ -411,7 +405,7 @@ struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itr
     d = p->depth - 1;
     leaf = p->node[d];
     pos = bt_upper(leaf, leaf->n, x->start);
-    nb = bt_put_leaf(t, leaf, pos, x, &at);
+    nb = bt_put(t, leaf, pos, x->start, x->last, x, &at);
     if (!nb && bt_inside(t, pos, leaf->n))
         d = 0;      /* the levels above are as they were: no climb (bt_inside) */
     for (; d > 0; d--) {
