@@ -273,24 +273,22 @@ void lru_append(drc_cache_t *c, struct drc_region *r)
  * The hint slots of a region leaving the tree that still name it (c->lock):
  * emptied, so that the next lookup there does not read the region's line
  * only to find it released or reused (a miss after an invalidation paid
- * that line before its walk). Up to four grains, as hint_grow fills them.
- * Slots are guesses that every lookup checks: a lookup that stores the
- * region again after this leaves it as stale as it was, and a slot that
- * names another region is left alone.
+ * that line before its walk): the slots hint_grow's fill gives it
+ * (region_grains). Slots are guesses that every lookup checks: a lookup
+ * that stores the region again after this leaves it as stale as it was,
+ * and a slot that names another region is left alone.
  */
 static inline void hint_forget(const drc_cache_t *c, const struct drc_region *r)
 {
     struct hint_tab *t = c->hint;
-    uintptr_t g = r->node.start >> t->grain, end = r->node.last >> t->grain, mask = ~(uintptr_t)0 >> t->shift;
     struct drc_region **slot;
-    unsigned n;
+    uintptr_t g;
+    unsigned k;
 
-    for (n = 0; n < 4; n++, g++) {
-        slot = &t->slot[g & mask];
+    for (k = region_grains(t, r->node.start, r->node.last, &g); k--; g++) {
+        slot = grain_slot(t, g);
         if (__atomic_load_n(slot, __ATOMIC_RELAXED) == r)
             __atomic_store_n(slot, NULL, __ATOMIC_RELAXED);
-        if (g == end)
-            break;
     }
 }
 
@@ -824,7 +822,7 @@ static inline __attribute__((always_inline)) int nothing_there(drc_cache_t *c, u
 {
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
     int budget = LOOKUP_BUDGET;
-    struct drc_region *r;
+    struct drc_region *r, **hs;
 
     if ((seq & 1) || LD_SC(c->npending) || LD(c->detached))
         return 0;
@@ -839,9 +837,10 @@ static inline __attribute__((always_inline)) int nothing_there(drc_cache_t *c, u
      * before it takes it as the range's only region.
      */
     if (!used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last)) {
+        hs = hint_slot(c, s);
         if (!hr)
-            __builtin_prefetch(hint_slot(c, s), 1);     /* for hint_forget, should a region go: during the walk */
-        r = hr ? __atomic_load_n(hint_slot(c, s), __ATOMIC_ACQUIRE) : NULL;
+            __builtin_prefetch(hs, 1);      /* for hint_forget, should a region go: during the walk */
+        r = hr ? __atomic_load_n(hs, __ATOMIC_ACQUIRE) : NULL;
         if (r && LD(r->node.start) <= s && LD(r->node.last) >= last && is_live(r)) {
             *hr = r;
             return 0;

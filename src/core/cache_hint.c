@@ -156,9 +156,9 @@ void hint_grow(drc_cache_t *c, unsigned bits)
     uint64_t regions = LD(c->regions), bytes = LD(c->bytes);
     struct chunk *ch;
     struct drc_region *r;
-    uintptr_t g, start, last, mask = ((uintptr_t)1 << bits) - 1;
+    uintptr_t g, start, last;
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);     /* before the fill's loads */
-    unsigned i, carved;
+    unsigned i, k, carved;
 
     if (!t)
         return;     /* without memory, hits only get slower */
@@ -188,8 +188,8 @@ void hint_grow(drc_cache_t *c, unsigned bits)
             start = LD(r->node.start);
             last = LD(r->node.last);
             used_set(t, start, last);
-            for (g = start >> t->grain; g <= last >> t->grain && g - (start >> t->grain) < 4; g++)
-                __atomic_store_n(&t->slot[g & mask], r, __ATOMIC_RELEASE);
+            for (k = region_grains(t, start, last, &g); k--; g++)
+                __atomic_store_n(grain_slot(t, g), r, __ATOMIC_RELEASE);
         }
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the fill's loads before the count's re-read */

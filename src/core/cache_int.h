@@ -71,6 +71,7 @@ struct region_mem {
 enum {
     HINT_MIN_BITS = 8,     /* the first table: 256 slots */
     HINT_MAX_BITS = 20,    /* the largest: 1 Mi slots (8 MiB) */
+    HINT_GRAINS   = 4,     /* a region's slots: those of its first grains (region_grains) */
     LOOKUP_BUDGET = 256,   /* nodes a lockless walk may visit (depth of 2^64 nodes is < 128) */
     REG_RETRIES   = 8,     /* registrations raced by an invalidation before -EAGAIN */
     RACED         = 2,     /* get_slow: an invalidation raced the registration; not an errno, so
@@ -558,11 +559,31 @@ static inline size_t region_len(const struct drc_region *r)
     return LD(r->node.last) - LD(r->node.start) + 1;
 }
 
+/* The slot of grain number @g in @t: grains are taken modulo the table's size. */
+static inline struct drc_region **grain_slot(struct hint_tab *t, uintptr_t g)
+{
+    return &t->slot[g & (~(uintptr_t)0 >> t->shift)];
+}
+
+/* The slot of a lookup at @s in the current table. */
 static inline struct drc_region **hint_slot(const drc_cache_t *c, uintptr_t s)
 {
     struct hint_tab *t = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
 
-    return &t->slot[(s >> t->grain) & (~(uintptr_t)0 >> t->shift)];
+    return grain_slot(t, s >> t->grain);
+}
+
+/*
+ * The grains of [start, last] whose slots are a region's own: its first
+ * HINT_GRAINS (or fewer), the first in *g; returns how many. hint_grow's
+ * fill leaves the region there, and hint_forget empties them as it leaves.
+ */
+static inline unsigned region_grains(const struct hint_tab *t, uintptr_t start, uintptr_t last, uintptr_t *g)
+{
+    uintptr_t more = (last >> t->grain) - (start >> t->grain);
+
+    *g = start >> t->grain;
+    return more < HINT_GRAINS ? (unsigned)more + 1 : HINT_GRAINS;
 }
 
 /* A locked counter (c->lock held): stats reads it without the lock. */

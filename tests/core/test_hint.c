@@ -151,12 +151,10 @@ static void replaced_tables_keep_their_filter(void **state)
     done(b, c);
 }
 
-/* The current table's slot for a lookup at @a (cache_int.h's hint_slot, read as the test's own). */
+/* The current table's slot for a lookup at @a. */
 static const struct drc_region *slot_of(const drc_cache_t *c, const void *a)
 {
-    const struct hint_tab *t = c->hint;
-
-    return t->slot[((uintptr_t)a >> t->grain) & (~(uintptr_t)0 >> t->shift)];
+    return *hint_slot(c, (uintptr_t)a);
 }
 
 /*
