@@ -514,7 +514,8 @@ static double ceiling(uint32_t n)
  *   PAIR_MISS   a fresh cache filled, each thread its half (ns per miss);
  *               PAIR_MISS_REG the same, each registration spinning 10 us
  *   HIT_VS_INV  thread 0 hits its half; thread 1 invalidates held regions of
- *               its half by handle and registers them again (thread 0's ns)
+ *               its half by handle and registers them again (thread 0's ns);
+ *               HIT_VS_REG the same, each registration spinning 10 us
  */
 struct duo {
     struct cache *c;
@@ -602,12 +603,14 @@ static double duo_run(struct cache *c, enum kind kind, uint32_t n)
     int i;
 
     pin(0);
+    __atomic_store_n(&reg_ns, kind == PAIR_MISS_REG || kind == HIT_VS_REG ? REG_WORK_NS : 0, __ATOMIC_RELAXED);
     pthread_barrier_init(&d.go, NULL, 2);
     for (i = 0; i < 2; i++)
         pthread_create(&t[i], NULL, duo_thread, &a[i]);
     for (i = 0; i < 2; i++)
         pthread_join(t[i], NULL);
     pthread_barrier_destroy(&d.go);
+    __atomic_store_n(&reg_ns, 0, __ATOMIC_RELAXED);
     pin(1);
     if (kind == HIT_VS_INV || kind == HIT_VS_REG)
         return d.ns[0];
@@ -631,7 +634,6 @@ static double pair_miss(int ucx, uint32_t n, enum kind kind)
     double total = 0;
     size_t done = 0, want = kind == PAIR_MISS_REG ? 4 * (size_t)n : MAXN;  /* 10 us each: fewer */
 
-    __atomic_store_n(&reg_ns, kind == PAIR_MISS_REG ? REG_WORK_NS : 0, __ATOMIC_RELAXED);
     while (done < want) {
         struct cache c = cache_new(ucx);
 
@@ -639,7 +641,6 @@ static double pair_miss(int ucx, uint32_t n, enum kind kind)
         cache_free(&c);
         done += n;
     }
-    __atomic_store_n(&reg_ns, 0, __ATOMIC_RELAXED);
     CHECK(regs - r0 == done, "%s: %llu registrations for %zu misses in two threads", ucx ? "ucx" : "drc",
           (unsigned long long)(regs - r0), done);
     return total / (double)(done / 2);
@@ -648,11 +649,7 @@ static double pair_miss(int ucx, uint32_t n, enum kind kind)
 static double hit_vs_inv(struct cache *c, uint32_t n, enum kind kind)
 {
     uint64_t r0 = regs, d0 = deregs;
-    double ns;
-
-    __atomic_store_n(&reg_ns, kind == HIT_VS_REG ? REG_WORK_NS : 0, __ATOMIC_RELAXED);
-    ns = duo_run(c, kind, n);
-    __atomic_store_n(&reg_ns, 0, __ATOMIC_RELAXED);
+    double ns = duo_run(c, kind, n);
 
     CHECK(regs - r0 == deregs - d0, "%s: %llu registrations against %llu invalidations", c->ucx ? "ucx" : "drc",
           (unsigned long long)(regs - r0), (unsigned long long)(deregs - d0));
