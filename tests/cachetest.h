@@ -30,7 +30,6 @@ static inline size_t pg(void)
     return (size_t)sysconf(_SC_PAGESIZE);
 }
 
-/* The fake address @n pages (plus @off bytes) above BASE. */
 /*
  * Resident bytes of the pages from @lo's (rounded down) to @hi (rounded up),
  * by mincore(): what the process's resident set holds of that memory.
@@ -54,6 +53,7 @@ static inline size_t resident_bytes(uintptr_t lo, uintptr_t hi)
     return bytes;
 }
 
+/* The fake address @n pages (plus @off bytes) above BASE. */
 static inline const void *at(size_t n, size_t off)
 {
     return (const void *)(BASE + n * pg() + off);

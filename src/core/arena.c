@@ -1,6 +1,7 @@
 /*
- * A cache's own memory: region chunks and hint tables (cache.c), carved from
- * anonymous mappings that the arena owns until drc_cache_destroy().
+ * A cache's own memory: region chunks, index nodes and hint table headers
+ * (cache.c), carved from anonymous mappings that the arena owns until
+ * drc_cache_destroy(), and the hint slots' address space (drc__arena_table).
  *
  * Why not malloc: a cache's memory is never returned while the cache lives
  * (regions are type-stable, hint tables are read by lockless lookups), and
@@ -34,6 +35,14 @@
  *     cost this file avoids. The rest is unmapped.
  *     DRC_DEBUG builds keep nothing by default, so that a use after destroy
  *     faults instead of reading a later cache's memory.
+ *   - a table that grows in place (drc__arena_table: the hint slots, which
+ *     lockless lookups read through whichever table header they loaded, so
+ *     that a larger table must keep the smaller one's slots where they are)
+ *     is address space for the largest table, resident only where written:
+ *     its first 2 MiB in 4 KiB pages (a small cache's table stays small),
+ *     the rest advised MADV_HUGEPAGE. A destroyed cache's is kept for the
+ *     next one, a few at a time, its written bytes counted in the bound
+ *     above; the next owner zeroes what it reaches of them.
  *   - a lazy arena (drc__arena_init_lazy: the region records' second lines,
  *     which a cache of host regions without limits never writes) is the
  *     opposite: 4 KiB pages (MADV_NOHUGEPAGE), nothing written but each
@@ -70,11 +79,13 @@ enum {
     MAX_MAP    = 32 << 20,          /* mappings double up to this (larger only for a larger request) */
     KEEP_SLOTS = 16,
     LAZY_SLOTS = 4,
+    TABLE_SLOTS = 4,
 };
 
 /* Kept mappings: address | log2(size) (mappings are page-aligned), 0 for an empty slot. Atomic. */
 static uintptr_t kept[KEEP_SLOTS];
 static uintptr_t lazy_kept[LAZY_SLOTS];    /* lazy arenas' (address space and a header page each) */
+static uintptr_t tables_kept[TABLE_SLOTS]; /* drc__arena_table's: address | table_tag() */
 static size_t kept_bytes;           /* atomic: reserved before a slot is filled, released after it is emptied */
 #ifdef DRC_DEBUG
 static size_t keep_max = 0;         /* atomic */
@@ -243,6 +254,98 @@ static struct drc__arena_map *lazy_take(size_t size)
     return t ? tag_map(t) : NULL;   /* none, or another arena took it: a fresh mapping then */
 }
 
+/*
+ * Tables (drc__arena_table): the address is DRC__ARENA_HUGE-aligned, so the
+ * low bits hold log2 of the size (bits 6-11) and of the dirty bytes rounded
+ * up to a power of two, plus one (bits 0-5; 0: none dirty).
+ */
+static uintptr_t table_tag(void *p, size_t size, size_t dirty)
+{
+    uintptr_t d = dirty ? (uintptr_t)(64 - __builtin_clzll(((unsigned long long)dirty - 1) | 1)) + 1 : 0;
+
+    return (uintptr_t)p | (uintptr_t)__builtin_ctzll(size) << 6 | d;
+}
+
+static size_t table_dirty(uintptr_t t)
+{
+    return t & 63 ? (size_t)1 << ((t & 63) - 1) : 0;
+}
+
+static size_t table_size(uintptr_t t)
+{
+    return (size_t)1 << (t >> 6 & 63);
+}
+
+static void *table_addr(uintptr_t t)
+{
+    return (void *)(t & ~(uintptr_t)(DRC__ARENA_HUGE - 1));
+}
+
+void *drc__arena_table(size_t size, size_t *dirty)
+{
+    uintptr_t t;
+    char *p, *q;
+    int i;
+
+    DRC_ASSERT_NO_LOCK();
+    for (i = 0; i < TABLE_SLOTS; i++) {
+        t = LD(tables_kept[i]);
+        if (!t || table_size(t) != size || !(t = __atomic_exchange_n(&tables_kept[i], 0, __ATOMIC_ACQUIRE)))
+            continue;
+        if (table_size(t) == size) {
+            __atomic_fetch_sub(&kept_bytes, table_dirty(t), __ATOMIC_RELAXED);
+            *dirty = table_dirty(t);
+            return table_addr(t);
+        }
+        if (!slot_put(tables_kept, TABLE_SLOTS, t)) {   /* another size, swapped in meanwhile */
+            __atomic_fetch_sub(&kept_bytes, table_dirty(t), __ATOMIC_RELAXED);
+            munmap(table_addr(t), table_size(t));
+        }
+    }
+    p = mmap(NULL, size + DRC__ARENA_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    q = (char *)(((uintptr_t)p + DRC__ARENA_HUGE - 1) & ~(uintptr_t)(DRC__ARENA_HUGE - 1));
+    if (q > p)
+        munmap(p, (size_t)(q - p));
+    if (p + DRC__ARENA_HUGE > q)
+        munmap(q + size, (size_t)(p + DRC__ARENA_HUGE - q));
+#ifdef MADV_NOHUGEPAGE
+    (void)madvise(q, DRC__ARENA_HUGE, MADV_NOHUGEPAGE);     /* with THP `always`, one write would fault 2 MiB */
+#endif
+#ifdef MADV_HUGEPAGE
+    if (size > DRC__ARENA_HUGE)
+        (void)madvise(q + DRC__ARENA_HUGE, size - DRC__ARENA_HUGE, MADV_HUGEPAGE);
+#endif
+    *dirty = 0;
+    return q;
+}
+
+void drc__arena_table_fini(void *p, size_t size, size_t dirty)
+{
+    size_t b = __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED);
+    uintptr_t t = table_tag(p, size, dirty);
+
+    DRC_ASSERT_NO_LOCK();
+    if (!p)
+        return;
+    dirty = table_dirty(t);
+    do {
+        if (!LD(keep_max) || dirty > LD(keep_max) || b > LD(keep_max) - dirty)
+            goto unmap;
+    } while (!__atomic_compare_exchange_n(&kept_bytes, &b, b + dirty, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+#if defined(MADV_FREE) && !defined(NO_MADV_FREE)
+    if (dirty > DRC__ARENA_HUGE)    /* its huge pages, as keep_put's (the next owner zeroes them anyway) */
+        (void)madvise((char *)p + DRC__ARENA_HUGE, dirty - DRC__ARENA_HUGE, MADV_FREE);
+#endif
+    if (slot_put(tables_kept, TABLE_SLOTS, t))
+        return;
+    __atomic_fetch_sub(&kept_bytes, dirty, __ATOMIC_RELAXED);
+unmap:
+    munmap(p, size);
+}
+
 void drc__arena_init(struct drc__arena *a)
 {
     memset(a, 0, sizeof(*a));
@@ -392,6 +495,11 @@ size_t drc__arena_keep(size_t max)
         if ((t = __atomic_exchange_n(&kept[i], 0, __ATOMIC_ACQUIRE))) {
             __atomic_fetch_sub(&kept_bytes, tag_size(t), __ATOMIC_RELAXED);
             munmap(tag_map(t), tag_size(t));
+        }
+    for (i = 0; i < TABLE_SLOTS && (!max || __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED) > max); i++)
+        if ((t = __atomic_exchange_n(&tables_kept[i], 0, __ATOMIC_ACQUIRE))) {
+            __atomic_fetch_sub(&kept_bytes, table_dirty(t), __ATOMIC_RELAXED);
+            munmap(table_addr(t), table_size(t));
         }
     return __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED);
 }

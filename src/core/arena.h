@@ -1,6 +1,7 @@
 /*
- * A cache's own memory: region chunks and hint tables, carved from large
- * anonymous mappings (see arena.c).
+ * A cache's own memory: region chunks, index nodes and hint table headers,
+ * carved from large anonymous mappings, and the hint slots' address space
+ * (see arena.c).
  */
 #ifndef DRC_ARENA_H
 #define DRC_ARENA_H
@@ -54,6 +55,25 @@ void *drc__arena_alloc(struct drc__arena *a, size_t size);
  */
 void *drc__arena_alloc_raw(struct drc__arena *a, size_t size);
 
+/*
+ * Address space for a table that grows in place (the hint table's slots,
+ * cache_hint.c): @size bytes (a power of two, at least DRC__ARENA_HUGE),
+ * DRC__ARENA_HUGE-aligned, resident only where written. Its first
+ * DRC__ARENA_HUGE bytes are advised MADV_NOHUGEPAGE, so that the table of a
+ * small cache stays small; the rest MADV_HUGEPAGE. *dirty: how many of its
+ * first bytes may not read zero, which the caller zeroes before it uses
+ * them: 0 for a fresh mapping, what its last owner wrote for a kept one.
+ * NULL without memory. Never with a cache lock held (it may map memory).
+ */
+void *drc__arena_table(size_t size, size_t *dirty);
+
+/*
+ * Give back a table from drc__arena_table() of which the first @dirty bytes
+ * may have been written: kept for a later one (DRC__ARENA_KEEP counts
+ * @dirty), or unmapped. Never with a cache lock held.
+ */
+void drc__arena_table_fini(void *p, size_t size, size_t dirty);
+
 /* Give every mapping back: kept for the next arena (within the process-wide bound) or unmapped. */
 void drc__arena_fini(struct drc__arena *a);
 
@@ -63,7 +83,8 @@ void drc__arena_forked(struct drc__arena *a);
 /*
  * The bound on bytes kept for later arenas, process-wide (default
  * DRC__ARENA_KEEP; DRC_DEBUG builds keep none, so that memory used after
- * drc_cache_destroy() faults). Lowering it unmaps what is kept beyond it.
+ * drc_cache_destroy() faults). Lowering it unmaps what is kept beyond it
+ * (tables last); 0 unmaps every kept mapping and table.
  * Returns the bytes kept now.
  */
 size_t drc__arena_keep(size_t max);

@@ -1031,15 +1031,8 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     c->lo = UINTPTR_MAX;
     drc__arena_init(&c->arena);
     drc__arena_init_lazy(&c->ext_arena);
-    c->hint = hint_new(c, HINT_MIN_BITS, NULL);
-    if (c->hint) {
-        c->hint->grain = c->page_shift;
-        c->hint->complete = 1;      /* no region yet: no bit to set */
-    }
-    if (!c->hint) {
-        err = -ENOMEM;
+    if ((err = hint_init(c)))
         goto err_hint;
-    }
     if (cfg) {
         c->flags = cfg->flags;
         c->max_regions = cfg->max_regions;
@@ -1071,6 +1064,7 @@ err_subscribe:
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
 err_hint:
+    hint_fini(c);
     drc__arena_fini(&c->ext_arena);
     drc__arena_fini(&c->arena);
     mem_free(c);
@@ -1221,8 +1215,9 @@ int drc_cache_destroy(drc_cache_t *c)
     for (ch = c->chunks; ch; ch = ch->next)
         for (i = 0; i < ch->carved; i++)
             mem_free(region_chunks(&ch->r[i]));
+    hint_fini(c);
     drc__arena_fini(&c->ext_arena);
-    drc__arena_fini(&c->arena);     /* every chunk and hint table */
+    drc__arena_fini(&c->arena);     /* every chunk, hint table header and filter */
     pthread_cond_destroy(&c->pending_done);
     pthread_mutex_destroy(&c->lock);
     mem_free(c);

@@ -3,11 +3,12 @@
  * lookup last found there) and its used-grain filter: the filter's bits, the
  * table's allocation, and its growth with the cache. The lookups that read
  * them are in cache.c (lookup_lockless, nothing_there) and cache_miss.c
- * (plan_region). A replaced table gives its slot pages back (hint_drop).
+ * (plan_region). Every table of a cache keeps its slots in one range of
+ * address space, which the table grows over in place (hint_grow).
  */
 #include "core/cache_int.h"
 
-#include <sys/mman.h>
+#include <errno.h>
 
 /*
  * The used-grain filter: beside its slots, a hint table keeps one bit per
@@ -63,19 +64,60 @@ int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
     }
 }
 
-/* A zeroed table of 2^bits slots from the cache's arena (no lock held), or NULL. */
-struct hint_tab *hint_new(drc_cache_t *c, unsigned bits, struct hint_tab *older)
+/*
+ * A table of 2^bits slots (no lock held), or NULL: a header and a zeroed
+ * filter from the cache's arena, and the cache's slots, of which the caller
+ * zeroes any that a cache before this one left (c->slots_stale).
+ */
+struct hint_tab *hint_new(drc_cache_t *c, unsigned bits)
 {
-    size_t slots = sizeof(struct drc_region *) << bits, used = ((((size_t)1 << bits) >> 6) + 1) * sizeof(uint64_t);
-    struct hint_tab *t = drc__arena_alloc(&c->arena, sizeof(*t) + slots + used);
+    size_t used = ((((size_t)1 << bits) >> 6) + 1) * sizeof(uint64_t);
+    struct hint_tab *t = drc__arena_alloc(&c->arena, sizeof(*t) + used);
 
     if (t) {
         t->shift = 64 - bits;
         t->grain = 12;
-        t->older = older;
-        t->used = (uint64_t *)(void *)&t->slot[(size_t)1 << bits];     /* after the slots: 8-aligned */
+        t->used = (uint64_t *)(void *)(t + 1);
+        t->slot = c->slots;
     }
     return t;
+}
+
+/*
+ * The slots' address space and the first table (drc_cache_create, no lock):
+ * room for the largest table, resident where written. The space may be a
+ * destroyed cache's, kept (drc__arena_table): its slots name that cache's
+ * regions, whose memory this cache's arena may reuse for anything, so no
+ * table may show a lookup one of them. The first table's are zeroed here,
+ * and hint_grow zeroes the ones each larger table adds before it installs
+ * it. 0 or -ENOMEM.
+ */
+int hint_init(drc_cache_t *c)
+{
+    size_t i;
+
+    c->slots = drc__arena_table(sizeof(*c->slots) << HINT_MAX_BITS, &c->slots_stale);
+    if (!c->slots)
+        return -ENOMEM;
+    for (i = 0; i < (size_t)1 << HINT_MIN_BITS && i * sizeof(*c->slots) < c->slots_stale; i++)
+        c->slots[i] = NULL;     /* no lookup yet */
+    c->hint = hint_new(c, HINT_MIN_BITS);
+    if (!c->hint)
+        return -ENOMEM;
+    c->hint->grain = c->page_shift;
+    c->hint->complete = 1;      /* no region yet: no bit to set */
+    return 0;
+}
+
+/* drc_cache_destroy, or a failed create (no lock): the slots' space goes back, kept or unmapped. */
+void hint_fini(drc_cache_t *c)
+{
+    size_t written = c->hint ? sizeof(*c->slots) << (64 - c->hint->shift) : 0;
+
+    if (c->slots)
+        drc__arena_table_fini(c->slots, sizeof(*c->slots) << HINT_MAX_BITS,
+                              written > c->slots_stale ? written : c->slots_stale);
+    c->slots = NULL;
 }
 
 /*
@@ -99,69 +141,44 @@ unsigned hint_want(const drc_cache_t *c)
 }
 
 /*
- * Give a table's slot pages back (no lock held): a replaced one, or one
- * that lost the race to be installed (no reader ever saw it). A lockless
- * lookup or free-event probe may still hold a pointer to a replaced table,
- * so the table stays mapped, and only the pages wholly inside its slot
- * array are dropped: MADV_DONTNEED, after which private anonymous pages read
- * as zero. Its header (shift, grain, complete, used) and its used-grain
- * filter (1/64 of the table) stay as they were. What a reader that loaded
- * the old pointer may then see:
+ * Grow the hint table to 2^bits slots: made and filled without the lock,
+ * installed under it. In place: the new table's first slots are the old
+ * one's, with what lookups left in them, and its others are slots no table
+ * of this cache had yet. What the old table's lookups see meanwhile:
  *
- *   grower (hint_grow)                      lookup / free-event probe
- *                                           t = c->hint (the old table)
+ *   grower                                   lookup that read the old header
+ *   zero the added slots a cache before
+ *     this one left (c->slots_stale)         (reads only the old, first slots)
+ *   fill: r into the slots of its grains
+ *     under the new mask (a first slot: a
+ *     guess for the old mask as good as any)  slot[i] = r, after its walk
  *   lock; c->hint = new (release); unlock
- *   madvise(t's slot pages, DONTNEED)
- *                                           r = t->slot[i]: the old value, or 0
- *                                           used_none(t, ...): the old bits
- *                                           t->slot[i] = r (a lookup, after its walk)
+ *                                            a lookup of the new header: its
+ *                                            slots hold NULL or regions of
+ *                                            this cache, guesses it checks
  *
- * A slot is a guess that every lookup checks (bounds, tryget, bounds,
- * detached: lookup_lockless): 0 is NULL, a miss that walks the tree, and the
- * old value is as stale as it could have been before the drop. The filter,
- * whose clear bit would tell a probe "nothing there" (nothing_there), is
- * never dropped: a zeroed filter would send a free event past a live region
- * whose registration must go, and a probe that read the old pointer reads
- * the bits it would have read had the table been kept whole, validated by
- * the sequence count (the filter's comment above). A lookup that stores into a dropped page
- * faults one zeroed page back in: memory, not correctness, and at most a
- * page per lookup that was in flight across the install. madvise may be
- * intercepted (drc's hooks make it a free event over memory nobody
- * registered): called, as the arena calls it, with no cache lock held. If
- * it fails (mlocked memory), the pages simply stay.
+ * Two threads may grow at once (both saw hint_want ask, under the lock):
+ * each zeroes and fills the same added slots, and only a table larger than
+ * the one installed is installed; a zeroing that comes after the other's
+ * install only empties slots, which makes lookups walk.
  */
-static void hint_drop(struct hint_tab *t)
-{
-    /*
-     * Whole huge pages only: the arena's large mappings are advised
-     * MADV_HUGEPAGE, and dropping part of a huge page splits it, so that the
-     * rest of it (regions, index nodes, the next table, or the next cache's
-     * memory once the arena keeps the mapping) faults back a small page at
-     * a time: a fresh cache's fill took twice as long. A table under two
-     * huge pages keeps its memory until drc_cache_destroy.
-     */
-    uintptr_t huge = (uintptr_t)DRC__ARENA_HUGE;
-    uintptr_t lo = ((uintptr_t)&t->slot[0] + huge - 1) & ~(huge - 1);
-    uintptr_t hi = (uintptr_t)t->used & ~(huge - 1);     /* the huge page the filter starts in stays */
-
-    DRC_ASSERT_NO_LOCK();
-    if (hi > lo)
-        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
-/* Grow the hint table to 2^bits slots: allocated without the lock, installed under it. */
 void hint_grow(drc_cache_t *c, unsigned bits)
 {
-    struct hint_tab *t = hint_new(c, bits, NULL), *old = NULL;
+    struct hint_tab *t, *cur = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
     uint64_t regions = LD(c->regions), bytes = LD(c->bytes);
     struct chunk *ch;
     struct drc_region *r;
     uintptr_t g, start, last;
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);     /* before the fill's loads */
     unsigned i, k, carved;
+    size_t j, end;
 
-    if (!t)
-        return;     /* without memory, hits only get slower */
+    if (64 - cur->shift >= bits || !(t = hint_new(c, bits)))
+        return;     /* grown already; or without memory, where hits only get slower */
+    end = ((size_t)1 << bits) * sizeof(*c->slots) < c->slots_stale ? (size_t)1 << bits
+                                                                    : c->slots_stale / sizeof(*c->slots);
+    for (j = (size_t)1 << (64 - cur->shift); j < end; j++)
+        __atomic_store_n(&c->slots[j], NULL, __ATOMIC_RELAXED);
     /* the mean region size, rounded down to a power of two, at least a page */
     t->grain = regions ? 63 - (unsigned)__builtin_clzll(bytes / regions | 1) : c->page_shift;
     if (t->grain < c->page_shift)
@@ -203,11 +220,7 @@ void hint_grow(drc_cache_t *c, unsigned bits)
      */
     if (!(seq & 1) && LD(c->seq) == seq)
         ST(t->complete, 1);
-    if (64 - c->hint->shift < bits) {
-        old = t->older = c->hint;
+    if (64 - c->hint->shift < bits)
         __atomic_store_n(&c->hint, t, __ATOMIC_RELEASE);
-        t = NULL;
-    }
-    unlock(c);
-    hint_drop(old ? old : t);    /* t: another thread grew it first; unused, its slots given back */
+    unlock(c);      /* if another thread grew it first, t's header and filter stay unused in the arena */
 }

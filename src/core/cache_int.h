@@ -158,18 +158,22 @@ _Static_assert(DRC_MEM_HOST == 0 && (int)DRC_MEM_CUDA <= (int)KIND_TYPE, "enum d
  * nothing else writes it, and nothing clears it: a slot may point to a
  * region that has since been detached, released or reused,
  * so a lookup checks what it finds: bounds, tryget, bounds again (now they
- * cannot change), then !detached (lookup_lockless). Tables are replaced by
- * larger ones under c->lock as the cache grows; a replaced table stays
- * mapped in the arena (a lockless lookup may still read it) until
- * drc_cache_destroy, its slot pages given back (hint_drop, cache_hint.c).
+ * cannot change), then !detached (lookup_lockless).
+ * The table grows in place as the cache grows (hint_grow, cache_hint.c):
+ * the slots of every table a cache has are the first ones of one range of
+ * address space (c->slots), and a larger table is a new header, with a
+ * filter of its own, installed under c->lock. A lookup that still reads an
+ * older header reads the slots that header knows, a prefix of the new ones.
+ * Slot memory only ever holds NULL or a region of this cache, so whichever
+ * header a lookup read, what it finds is a guess that it checks. Headers
+ * and filters stay in the arena until drc_cache_destroy.
  */
 struct hint_tab {
-    struct hint_tab *older;         /* the table this one replaced */
     unsigned shift;                 /* 64 - log2(slots) */
     unsigned grain;                 /* log2 of the bytes one slot covers */
     int complete;                   /* atomic: `used` has a bit for every grain of every live region */
     uint64_t *used;                 /* atomic words: one bit per slot (the used-grain filter, cache_hint.c) */
-    struct drc_region *slot[];      /* atomic */
+    struct drc_region **slot;       /* c->slots: every table of a cache has the same (atomic slots) */
 };
 
 /*
@@ -234,6 +238,8 @@ struct drc_cache {
     struct drc_backend be;
     uintptr_t lo, hi;               /* atomic: hull of every range registered or being registered */
     struct hint_tab *hint;          /* atomic: replaced under c->lock (release store) */
+    struct drc_region **slots;      /* the hint slots: room for HINT_MAX_BITS (drc__arena_table) */
+    size_t slots_stale;             /* bytes of c->slots that a destroyed cache may have written (hint_init) */
     unsigned page_shift;
     int inert;                      /* atomic: inherited by a fork() child (drc__cache_forked) */
     uint64_t refmask;               /* atomic, set under c->lock: bit i (63: 63 and up) once thread slot i
@@ -317,6 +323,8 @@ struct drc_cache {
 #define used_set(...) drc__cache_used_set(__VA_ARGS__)
 #define used_none(...) drc__cache_used_none(__VA_ARGS__)
 #define hint_new(...) drc__cache_hint_new(__VA_ARGS__)
+#define hint_init(...) drc__cache_hint_init(__VA_ARGS__)
+#define hint_fini(...) drc__cache_hint_fini(__VA_ARGS__)
 #define hint_want(...) drc__cache_hint_want(__VA_ARGS__)
 #define hint_grow(...) drc__cache_hint_grow(__VA_ARGS__)
 #define mem_alloc(...) drc__cache_mem_alloc(__VA_ARGS__)
@@ -368,7 +376,9 @@ uint64_t tally_sum(const drc_cache_t *c, int what);
 /* cache_hint.c */
 void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last);
 int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last);
-struct hint_tab *hint_new(drc_cache_t *c, unsigned bits, struct hint_tab *older);
+struct hint_tab *hint_new(drc_cache_t *c, unsigned bits);
+int hint_init(drc_cache_t *c);
+void hint_fini(drc_cache_t *c);
 unsigned hint_want(const drc_cache_t *c);
 void hint_grow(drc_cache_t *c, unsigned bits);
 

@@ -1,16 +1,18 @@
 /*
  * The hint table's memory (src/core/cache_hint.c): what a user sees in the
  * process's resident set. The table keeps two to four slots per cached
- * region, and a table replaced as the cache grows gives its slot pages back
- * (its filter and header stay), so the cache's own resident memory stays
- * near the region slots themselves.
+ * region, and grows in place: every table of a cache keeps its slots in one
+ * range of address space, so the slots of the tables it outgrew are the
+ * first ones of the current table, not memory of their own, and the cache's
+ * own resident memory stays near the region slots themselves. A destroyed
+ * cache's range may serve the next cache: none of its regions may show
+ * through.
  *
  * Resident bytes are read with mincore() over the cache's pool chunks and
- * each hint table (the structs of cache_int.h, reached only here to
- * find those addresses). The regions are fake addresses scattered over a
- * large space (the recording backend of backend.h registers nothing), so
- * that every page of every table is written by the fill and the lookups:
- * without the drop, each replaced table would stay resident in full.
+ * its slots (the structs of cache_int.h, reached only here to find those
+ * addresses). The regions are fake addresses scattered over a large space
+ * (the recording backend of backend.h registers nothing), so that every
+ * page of the table is written by the fill and the lookups.
  */
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -34,12 +36,10 @@ static size_t scattered(size_t i)
     return (i * 0x9e3779b1u) & (SPREAD - 1);
 }
 
-/* A table's whole allocation: header, slots, filter. */
-static size_t table_resident(const struct hint_tab *t)
+/* The slots' address space: every table's slots, and room for the largest. */
+static size_t slots_resident(const drc_cache_t *c)
 {
-    size_t slots = (size_t)1 << (64 - t->shift);
-
-    return resident_bytes((uintptr_t)t, (uintptr_t)&t->used[(slots >> 6) + 1]);
+    return resident_bytes((uintptr_t)c->slots, (uintptr_t)(c->slots + ((size_t)1 << HINT_MAX_BITS)));
 }
 
 /* The region slots: every pool chunk. */
@@ -53,67 +53,128 @@ static size_t chunks_resident(const drc_cache_t *c, size_t *nchunks)
     return bytes;
 }
 
+/* Is @p one of @c's regions (a pool slot, live or not)? */
+static int own_region(const drc_cache_t *c, const struct drc_region *p)
+{
+    const struct chunk *ch;
+
+    for (ch = c->chunks; ch; ch = ch->next)
+        if (p >= &ch->r[0] && p < &ch->r[ch->n])
+            return 1;
+    return 0;
+}
+
 /*
- * 65,536 regions of one page (4,096 in DRC_DEBUG builds), scattered: the current table is resident (the
- * control: the measurement sees a table the fill wrote everywhere), at most
- * 32 bytes of slots per region, and the tables it replaced hold no more than
- * their header and filter pages (before, all of each stayed: 170 bytes per
- * region here; the regression check is this plain build's, where the
- * tables are large). In all, the cache's chunks and tables stay within the
- * region slots, the table, and a page or two per allocation.
+ * 65,536 regions of one page (4,096 in DRC_DEBUG builds), scattered: of the
+ * slots' space, exactly the current table is resident, at most 32 bytes of
+ * slots per region; the tables it outgrew take no memory of their own (each
+ * was a prefix of it, and every header names the same slots). The control:
+ * the same measurement sees the current table, written all over, resident.
+ * In all, the cache's chunks and slots stay within the region slots, the
+ * table, and a page or two per allocation (with a table of its own per
+ * size, they were 170 bytes per region here).
  */
-static void replaced_tables_give_their_pages_back(void **state)
+static void the_table_grows_in_place(void **state)
 {
     struct tb *b = tb_new();
     drc_cache_t *c = mk(b, NULL);
-    const struct hint_tab *t, *cur;
-    size_t i, cur_bytes, old_bytes = 0, tables = 0, cur_slots, region_bytes, nchunks = 0;
+    const struct hint_tab *first = c->hint, *cur;
+    size_t i, cur_bytes, all_bytes, cur_slots, region_bytes, nchunks = 0, grows = 0;
     drc_region_t *r;
 
     (void)state;
     for (i = 0; i < N; i++) {
+        cur = c->hint;
         r = get_ok(c, at(scattered(i), 0), pg(), LW);
         assert_int_equal(drc_put(c, r), 0);
+        grows += c->hint != cur;
+        assert_ptr_equal(c->hint->slot, c->slots);      /* every table: the same slots */
     }
     for (i = 0; i < N; i++) {   /* hits: every lookup leaves its region in the current table */
         r = get_ok(c, at(scattered(i), 8), 64, LW);
         assert_int_equal(drc_put(c, r), 0);
     }
     cur = c->hint;
+    assert_ptr_equal(first->slot, cur->slot);
     cur_slots = (size_t)1 << (64 - cur->shift);
-    cur_bytes = table_resident(cur);
-    for (t = cur->older; t; t = t->older, tables++)
-        old_bytes += table_resident(t);
+    cur_bytes = resident_bytes((uintptr_t)c->slots, (uintptr_t)(c->slots + cur_slots));
+    all_bytes = slots_resident(c);
     region_bytes = chunks_resident(c, &nchunks);
-    print_message("%zu slots for %d regions: table %zu KiB resident, %zu replaced tables %zu KiB, "
-                  "%zu region chunks %zu KiB; %zu bytes per region in all\n", cur_slots, N, cur_bytes >> 10,
-                  tables, old_bytes >> 10, nchunks, region_bytes >> 10, (cur_bytes + old_bytes + region_bytes) / N);
-    /* the control: the same measurement sees the current table, written all over, resident */
-    assert_true(cur_bytes >= cur_slots * sizeof(void *) / 4 * 3);
-    /*
-     * Replaced: a page of header and slots, a page of slots and filter, and the filter (1/64 of the
-     * slots); and one huge page, in case khugepaged collapses a range that had dropped pages in it
-     * while the test runs (seen once on a loaded machine with THP on).
-     */
-    assert_true(old_bytes <= tables * 2 * pg() + cur_slots * sizeof(void *) / 64 + HUGE);
-    /* in all: the region slots, 32 bytes of slots per region, and a page or two per chunk and table */
-    assert_true(cur_bytes + old_bytes + region_bytes <= N * (sizeof(struct drc_region) + 4 * sizeof(void *)) +
-                                                            cur_slots / 8 + (nchunks + tables + 1) * 2 * pg() + HUGE);
+    print_message("%zu slots for %d regions after %zu grows: table %zu KiB resident, slot space %zu KiB, "
+                  "%zu region chunks %zu KiB; %zu bytes per region in all\n", cur_slots, N, grows,
+                  cur_bytes >> 10, all_bytes >> 10, nchunks, region_bytes >> 10, (all_bytes + region_bytes) / N);
+    assert_true(cur_bytes >= cur_slots * sizeof(void *) / 4 * 3);      /* the control */
+    assert_int_equal(all_bytes, cur_bytes);     /* nothing past the current table */
+    assert_true(all_bytes + region_bytes <= N * (sizeof(struct drc_region) + 4 * sizeof(void *)) +
+                                                 (nchunks + 1) * 2 * pg());
     /* two to four slots per region, after as many grows from 256 slots */
     assert_true(cur_slots >= 2 * (size_t)N && cur_slots <= 4 * (size_t)N);
-    assert_true(tables >= 5);
+    assert_true(grows >= 5);
     done(b, c);
 }
 
 /*
- * What makes the drop safe: a probe that loaded a replaced table's pointer
- * before the install reads its used-grain filter after the drop, and must
- * still find a bit for every region that was live when the table was
- * replaced (a clear bit tells a free event "nothing there", and the event
- * would return with the registration still cached). Every replaced table is
- * complete and keeps the bit of each region registered before it was
- * replaced (one thread: those registered up to the get that grew it); the control: the
- * filter does say "nothing" for grains no region touches.
+ * A destroyed cache's slot space, kept (drc__arena_table), serves the next
+ * cache: the regions the old cache left in its slots must not show through
+ * any table of the new one, since the new cache's arena may reuse their
+ * memory for anything. The new cache grows over every slot the old one
+ * wrote, at other addresses, so that its own fill and lookups leave most of
+ * them alone: each slot of its table must be empty or one of its own
+ * regions. The control: the space is the same one, and the old cache left
+ * regions in it at the destroy.
+ */
+static void a_reused_slot_space_shows_no_old_region(void **state)
+{
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    struct drc_region **space, *p;
+    size_t i, n = N / 4, old_slots, left = 0, foreign = 0, own = 0;
+    drc_region_t *r;
+
+    (void)state;
+    for (i = 0; i < n; i++) {
+        r = get_ok(c, at(scattered(i), 0), pg(), LW);
+        assert_int_equal(drc_put(c, r), 0);
+    }
+    space = c->slots;
+    old_slots = (size_t)1 << (64 - c->hint->shift);
+    drc__arena_keep(0);                     /* nothing kept from earlier tests: this cache's space is */
+    drc__arena_keep(DRC__ARENA_KEEP);       /* the one kept (DRC_DEBUG builds keep nothing by default) */
+    done(b, c);     /* its regions idle in the tree: the destroy deregisters them */
+    for (i = 0; i < old_slots; i++)
+        left += __atomic_load_n(&space[i], __ATOMIC_RELAXED) != NULL;
+
+    b = tb_new();
+    c = mk(b, NULL);
+    assert_ptr_equal(c->slots, space);      /* the control: the same space */
+    for (i = 0; i < n; i++) {
+        r = get_ok(c, at(scattered(i) ^ 1, 0), pg(), LW);    /* other pages than the old cache's */
+        assert_int_equal(drc_put(c, r), 0);
+    }
+    assert_true(((size_t)1 << (64 - c->hint->shift)) >= old_slots);
+    for (i = 0; i < old_slots; i++) {
+        p = __atomic_load_n(&c->slots[i], __ATOMIC_RELAXED);
+        foreign += p && !own_region(c, p);
+        own += p && own_region(c, p);
+    }
+    print_message("%zu slots: the destroyed cache left %zu regions in them; the new cache's table holds %zu of "
+                  "its own, %zu others\n", old_slots, left, own, foreign);
+    assert_true(left > old_slots / 8);      /* the control: there was something to show through */
+    assert_true(own > 0);
+    assert_int_equal(foreign, 0);
+    done(b, c);
+    drc__arena_keep(0);
+}
+
+/*
+ * A probe that loaded a replaced table's header before the install reads
+ * that table's used-grain filter after it, and must still find a bit for
+ * every region that was live when the table was replaced (a clear bit tells
+ * a free event "nothing there", and the event would return with the
+ * registration still cached). Every replaced table is complete and keeps
+ * the bit of each region registered before it was replaced (one thread:
+ * those registered up to the get that grew it); the control: the filter
+ * does say "nothing" for grains no region touches.
  */
 static void replaced_tables_keep_their_filter(void **state)
 {
@@ -204,7 +265,8 @@ static void a_leaving_region_empties_its_slots(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(replaced_tables_give_their_pages_back, setup_alarm),
+        cmocka_unit_test_setup(the_table_grows_in_place, setup_alarm),
+        cmocka_unit_test_setup(a_reused_slot_space_shows_no_old_region, setup_alarm),
         cmocka_unit_test_setup(replaced_tables_keep_their_filter, setup_alarm),
         cmocka_unit_test_setup(a_leaving_region_empties_its_slots, setup_alarm),
     };
