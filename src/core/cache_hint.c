@@ -32,7 +32,7 @@
  */
 void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last)
 {
-    uintptr_t g = start >> t->grain, end = last >> t->grain, nbits = ~(uintptr_t)0 >> t->shift;
+    uintptr_t g = start >> t->grain, end = last >> t->grain, nbits = ~(uintptr_t)0 >> t->shift, i;
     size_t w, words = (nbits >> 6) + 1;
 
     if (end - g >= nbits) {
@@ -41,9 +41,9 @@ void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last)
         return;
     }
     for (;; g++) {
-        w = (g & nbits) >> 6;
-        ST(t->used[w], LD(t->used[w]) | (uint64_t)1 << (g & 63));    /* one writer: c->lock, or the
-                                                                       * grower of a table not yet seen */
+        i = grain_index(t, g);
+        ST(t->used[i >> 6], LD(t->used[i >> 6]) | (uint64_t)1 << (i & 63));   /* one writer: c->lock, or the
+                                                                               * grower of a table not yet seen */
         if (g == end)
             break;
     }
@@ -52,12 +52,13 @@ void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last)
 /* 1 if no grain of [s, last] is used in @t (a complete table); 0 if one may be, or the range is long. */
 int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
 {
-    uintptr_t g = s >> t->grain, end = last >> t->grain, nbits = ~(uintptr_t)0 >> t->shift;
+    uintptr_t g = s >> t->grain, end = last >> t->grain, i;
 
     if (!LD(t->complete) || end - g >= 64)
         return 0;
     for (;; g++) {
-        if (LD(t->used[(g & nbits) >> 6]) & (uint64_t)1 << (g & 63))
+        i = grain_index(t, g);
+        if (LD(t->used[i >> 6]) & (uint64_t)1 << (i & 63))
             return 0;
         if (g == end)
             return 1;
@@ -183,6 +184,8 @@ void hint_grow(drc_cache_t *c, unsigned bits)
     t->grain = regions ? 63 - (unsigned)__builtin_clzll(bytes / regions | 1) : c->page_shift;
     if (t->grain < c->page_shift)
         t->grain = c->page_shift;
+    start = __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE);
+    t->base = start == UINTPTR_MAX ? 0 : start >> t->grain;     /* grain_index */
     /*
      * Fill the new table with the live regions before it is installed, so
      * that lookups do not all miss it at once (a table grown at 65,536

@@ -174,6 +174,7 @@ struct hint_tab {
     int complete;                   /* atomic: `used` has a bit for every grain of every live region */
     uint64_t *used;                 /* atomic words: one bit per slot (the used-grain filter, cache_hint.c) */
     struct drc_region **slot;       /* c->slots: every table of a cache has the same (atomic slots) */
+    uintptr_t base;                 /* the grain number of slot 0 (grain_index) */
 };
 
 /*
@@ -569,10 +570,25 @@ static inline size_t region_len(const struct drc_region *r)
     return LD(r->node.last) - LD(r->node.start) + 1;
 }
 
-/* The slot of grain number @g in @t: grains are taken modulo the table's size. */
+/*
+ * The index of grain number @g in @t's slots and filter bits: its distance
+ * from the table's base grain (where the cache's lowest registration started
+ * when the table was made), modulo the table's size. A cache whose regions
+ * lie together then fills the table's first slots, the ones every smaller
+ * table of it filled before: a table that grows in place touches no new
+ * page until the regions spread over more grains (with slots taken from
+ * grain 0, the grains of 65,536 regions filled one half of the table, and
+ * the smaller table before had filled the other).
+ */
+static inline uintptr_t grain_index(const struct hint_tab *t, uintptr_t g)
+{
+    return (g - t->base) & (~(uintptr_t)0 >> t->shift);
+}
+
+/* The slot of grain number @g in @t. */
 static inline struct drc_region **grain_slot(struct hint_tab *t, uintptr_t g)
 {
-    return &t->slot[g & (~(uintptr_t)0 >> t->shift)];
+    return &t->slot[grain_index(t, g)];
 }
 
 /* The slot of a lookup at @s in the current table. */
