@@ -105,32 +105,45 @@ static struct drc__arena_map *tag_map(uintptr_t t)
     return (struct drc__arena_map *)(t & ~(uintptr_t)63);
 }
 
+/* @size bytes at a DRC__ARENA_HUGE-aligned address (@flags with MAP_PRIVATE | MAP_ANONYMOUS), or NULL. */
+static char *map_huge_aligned(size_t size, int flags)
+{
+    char *p = mmap(NULL, size + DRC__ARENA_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
+    char *q;
+
+    if (p == MAP_FAILED)
+        return NULL;
+    q = (char *)(((uintptr_t)p + DRC__ARENA_HUGE - 1) & ~(uintptr_t)(DRC__ARENA_HUGE - 1));
+    if (q > p)
+        munmap(p, (size_t)(q - p));
+    if (p + DRC__ARENA_HUGE > q)
+        munmap(q + size, (size_t)(p + DRC__ARENA_HUGE - q));
+    return q;
+}
+
 /*
  * A new mapping of @size bytes (a power of two), huge-page aligned and advised from DRC__ARENA_HUGE up;
  * @lazy: advised MADV_NOHUGEPAGE instead (drc__arena_init_lazy).
  */
 static struct drc__arena_map *map_new(size_t size, int lazy)
 {
-    size_t extra = size >= DRC__ARENA_HUGE && !lazy ? DRC__ARENA_HUGE : 0;
-    char *p = mmap(NULL, size + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), *q;
+    char *p;
 
+    if (size >= DRC__ARENA_HUGE && !lazy) {
+        if (!(p = map_huge_aligned(size, 0)))
+            return NULL;
+#ifdef MADV_HUGEPAGE
+        (void)madvise(p, size, MADV_HUGEPAGE);  /* refused where THP is compiled out: 4 KiB pages then */
+#endif
+        return (struct drc__arena_map *)(void *)p;
+    }
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
 #ifdef MADV_NOHUGEPAGE
     if (lazy)
         (void)madvise(p, size, MADV_NOHUGEPAGE);   /* with THP `always`, one write would fault 2 MiB */
 #endif
-    if (extra) {
-        q = (char *)(((uintptr_t)p + DRC__ARENA_HUGE - 1) & ~(uintptr_t)(DRC__ARENA_HUGE - 1));
-        if (q > p)
-            munmap(p, (size_t)(q - p));
-        if (p + extra > q)
-            munmap(q + size, (size_t)(p + extra - q));
-#ifdef MADV_HUGEPAGE
-        (void)madvise(q, size, MADV_HUGEPAGE);  /* refused where THP is compiled out: 4 KiB pages then */
-#endif
-        p = q;
-    }
     return (struct drc__arena_map *)(void *)p;
 }
 
@@ -284,7 +297,7 @@ static void *table_addr(uintptr_t t)
 void *drc__arena_table(size_t size, size_t *dirty)
 {
     uintptr_t t;
-    char *p, *q;
+    char *q;
     int i;
 
     DRC_ASSERT_NO_LOCK();
@@ -302,15 +315,8 @@ void *drc__arena_table(size_t size, size_t *dirty)
             munmap(table_addr(t), table_size(t));
         }
     }
-    p = mmap(NULL, size + DRC__ARENA_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-             -1, 0);
-    if (p == MAP_FAILED)
+    if (!(q = map_huge_aligned(size, MAP_NORESERVE)))
         return NULL;
-    q = (char *)(((uintptr_t)p + DRC__ARENA_HUGE - 1) & ~(uintptr_t)(DRC__ARENA_HUGE - 1));
-    if (q > p)
-        munmap(p, (size_t)(q - p));
-    if (p + DRC__ARENA_HUGE > q)
-        munmap(q + size, (size_t)(p + DRC__ARENA_HUGE - q));
 #ifdef MADV_NOHUGEPAGE
     (void)madvise(q, DRC__ARENA_HUGE, MADV_NOHUGEPAGE);     /* with THP `always`, one write would fault 2 MiB */
 #endif
