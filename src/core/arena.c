@@ -180,15 +180,25 @@ static int slot_best(const uintptr_t *set, int n, size_t size)
     return best;
 }
 
+/* Count @bytes more as kept if the bound allows (1), else 0: nothing is kept where the bound is 0. */
+static int keep_reserve(size_t bytes)
+{
+    size_t b = __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED);
+
+    do {
+        if (!LD(keep_max) || bytes > LD(keep_max) || b > LD(keep_max) - bytes)
+            return 0;
+    } while (!__atomic_compare_exchange_n(&kept_bytes, &b, b + bytes, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return 1;
+}
+
 /* Keep @m for a later arena if the bound allows; 0 if the caller must unmap it. */
 static int keep_put(struct drc__arena_map *m)
 {
-    size_t size = m->size, b = __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED);
+    size_t size = m->size;
 
-    do {
-        if (size > LD(keep_max) || b > LD(keep_max) - size)
-            return 0;
-    } while (!__atomic_compare_exchange_n(&kept_bytes, &b, b + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    if (!keep_reserve(size))
+        return 0;
 #if defined(MADV_FREE) && !defined(NO_MADV_FREE)
     if (size >= DRC__ARENA_HUGE)
         (void)madvise(m, size, MADV_FREE);      /* the kernel may take the pages back under pressure */
@@ -330,17 +340,14 @@ void *drc__arena_table(size_t size, size_t *dirty)
 
 void drc__arena_table_fini(void *p, size_t size, size_t dirty)
 {
-    size_t b = __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED);
     uintptr_t t = table_tag(p, size, dirty);
 
     DRC_ASSERT_NO_LOCK();
     if (!p)
         return;
     dirty = table_dirty(t);
-    do {
-        if (!LD(keep_max) || dirty > LD(keep_max) || b > LD(keep_max) - dirty)
-            goto unmap;
-    } while (!__atomic_compare_exchange_n(&kept_bytes, &b, b + dirty, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    if (!keep_reserve(dirty))
+        goto unmap;
 #if defined(MADV_FREE) && !defined(NO_MADV_FREE)
     if (dirty > DRC__ARENA_HUGE)    /* its huge pages, as keep_put's (the next owner zeroes them anyway) */
         (void)madvise((char *)p + DRC__ARENA_HUGE, dirty - DRC__ARENA_HUGE, MADV_FREE);

@@ -85,6 +85,19 @@ struct hint_tab *hint_new(drc_cache_t *c, unsigned bits)
 }
 
 /*
+ * Empty slots [from, to) of c->slots that a destroyed cache may have written
+ * (c->slots_stale), before any table that reaches them is seen: slots past
+ * that were never written and read zero.
+ */
+static void slots_unstale(drc_cache_t *c, size_t from, size_t to)
+{
+    size_t stale = c->slots_stale / sizeof(*c->slots);
+
+    for (; from < to && from < stale; from++)
+        __atomic_store_n(&c->slots[from], NULL, __ATOMIC_RELAXED);
+}
+
+/*
  * The slots' address space and the first table (drc_cache_create, no lock):
  * room for the largest table, resident where written. The space may be a
  * destroyed cache's, kept (drc__arena_table): its slots name that cache's
@@ -95,13 +108,10 @@ struct hint_tab *hint_new(drc_cache_t *c, unsigned bits)
  */
 int hint_init(drc_cache_t *c)
 {
-    size_t i;
-
     c->slots = drc__arena_table(sizeof(*c->slots) << HINT_MAX_BITS, &c->slots_stale);
     if (!c->slots)
         return -ENOMEM;
-    for (i = 0; i < (size_t)1 << HINT_MIN_BITS && i * sizeof(*c->slots) < c->slots_stale; i++)
-        c->slots[i] = NULL;     /* no lookup yet */
+    slots_unstale(c, 0, (size_t)1 << HINT_MIN_BITS);
     c->hint = hint_new(c, HINT_MIN_BITS);
     if (!c->hint)
         return -ENOMEM;
@@ -172,14 +182,10 @@ void hint_grow(drc_cache_t *c, unsigned bits)
     uintptr_t g, start, last;
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);     /* before the fill's loads */
     unsigned i, k, carved;
-    size_t j, end;
 
     if (64 - cur->shift >= bits || !(t = hint_new(c, bits)))
         return;     /* grown already; or without memory, where hits only get slower */
-    end = ((size_t)1 << bits) * sizeof(*c->slots) < c->slots_stale ? (size_t)1 << bits
-                                                                    : c->slots_stale / sizeof(*c->slots);
-    for (j = (size_t)1 << (64 - cur->shift); j < end; j++)
-        __atomic_store_n(&c->slots[j], NULL, __ATOMIC_RELAXED);
+    slots_unstale(c, (size_t)1 << (64 - cur->shift), (size_t)1 << bits);
     /* the mean region size, rounded down to a power of two, at least a page */
     t->grain = regions ? 63 - (unsigned)__builtin_clzll(bytes / regions | 1) : c->page_shift;
     if (t->grain < c->page_shift)
