@@ -5,7 +5,9 @@
  * every step drc__itree_check() must accept the tree and count its nodes,
  * and every answer must equal the array's. Removals go along a walk's path,
  * by a descent, or given the leaf the node's insert answered, which the
- * steps since may have split, merged or given back. 160 intervals make a tree of
+ * steps since may have split, merged or given back; a removal along a path
+ * is followed, at times, by the walk and removal of the entry after it, as
+ * memory freed in address order does. 160 intervals make a tree of
  * three levels of 16 (splits, merges and borrows of inner nodes);
  * tests/core/test_itree.c reaches more levels with a smaller fan. An odd
  * first byte starts the tree with the owner's promise that its intervals
@@ -60,6 +62,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 drc__itree_remove_at(&t, &n[i], &path);
                 in_tree[i] = 0;
                 count--;
+                /*
+                 * and the entry after it, by a walk of its own, as the next
+                 * free event of memory freed in address order (the walk may
+                 * start at the leaf the removal left off at: the finger)
+                 */
+                for (want = -1, j = 0; j < NODES && t.disjoint && (s & 2); j++)
+                    if (in_tree[j] && n[j].start > n[i].start && (want < 0 || n[j].start < n[want].start))
+                        want = j;
+                if (want >= 0) {
+                    FUZZ_ASSERT(drc__itree_check(&t) == count);
+                    budget = DRC__ITREE_UNBOUNDED;
+                    x = drc__itree_first_at(&t, n[want].start, n[want].start, &budget, &path);
+                    FUZZ_ASSERT(x == &n[want]);
+                    drc__itree_remove_at(&t, &n[want], &path);
+                    in_tree[want] = 0;
+                    count--;
+                }
             } else if (in_tree[i]) {
                 if (s & 1)      /* given where its insert put it, as a removal by handle does */
                     drc__itree_remove_in(&t, &n[i], leaf[i]);

@@ -57,6 +57,7 @@ static void bt_w_begin(struct drc__itree *t)
 {
     ST(t->seq, t->seq + 1);
     __atomic_thread_fence(__ATOMIC_RELEASE);   /* odd before any node store */
+    ST(t->finger.leaf, (bt *)NULL);     /* none but the one this window may leave (the count wraps) */
 }
 
 static void bt_w_end(struct drc__itree *t)
@@ -603,7 +604,39 @@ static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, 
     p->idx[d] = i;
     p->depth = d + 1;
     p->seek = 0;
+    p->fingered = 0;
     return 1;
+}
+
+/*
+ * Inside a removal's window that changed no node's shape: the path it left
+ * @p at (the removed entry's successor, or its leaf's end) becomes the
+ * finger, for the count the window ends at. Only a removal at a leaf's
+ * edge, or one whose walk began at the finger, leaves one: those are the
+ * removals of memory freed in order (the first entry, then the next one),
+ * and a removal inside a leaf, in random order, copies no path. A path
+ * that came from the finger (fingered) holds the finger's levels above the
+ * leaf: they are written again only if it did not. A walk that reads the
+ * finger while it is written began before the window: the count it checks
+ * before it follows the leaf has moved (bt_finger).
+ */
+static void bt_finger_set(struct drc__itree *t, const struct drc__itree_path *p)
+{
+    bt *leaf = p->node[p->depth - 1];
+    unsigned d;
+
+    if (!leaf->n || leaf->level)
+        return;
+    if (!p->fingered)
+        for (d = 0; d + 1 < p->depth; d++) {
+            ST(t->finger.node[d], p->node[d]);
+            ST(t->finger.idx[d], p->idx[d]);
+        }
+    ST(t->finger.lo, leaf->key[0]);
+    ST(t->finger.hi, leaf->key[leaf->n - 1]);
+    ST(t->finger.depth, p->depth);
+    ST(t->finger.seq, t->seq + 1);      /* bt_w_end's */
+    ST(t->finger.leaf, leaf);
 }
 
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
@@ -664,7 +697,7 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struc
 {
     struct drc__itree_path own;
     bt *root;
-    int same;
+    int same, edge = 0;
 
     if (!p) {
         p = &own;
@@ -679,6 +712,9 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struc
         (void)found;
         same = 0;
     } else {
+        unsigned pos = p->idx[p->depth - 1];
+
+        edge = pos == 0 || pos + 1 == p->node[p->depth - 1]->n;
         bt_w_begin(t);
         same = bt_remove_path(t, x, p);
     }
@@ -697,6 +733,8 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struc
     if (t->max == x)
         ST(t->max, bt_last_entry(t));
     t->count--;
+    if (same && p != &own && (edge || p->fingered))
+        bt_finger_set(t, p);        /* a caller's walk found x: the next may be for its successor */
     bt_w_end(t);
     p->seq = t->seq;        /* the path holds across this removal if no node changed shape */
     if (!same)
@@ -788,6 +826,40 @@ struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t s
 }
 
 /*
+ * The finger's leaf (struct drc__itree), if the tree is as the removal that
+ * left it there left it (its count is the walk's @seq) and @start lies
+ * between the leaf's first and last starts: the floor of start is then in
+ * that leaf (every earlier start is in an earlier leaf, every start of the
+ * next leaf is past its last), the leaf a descent for start reaches, along
+ * the finger's path, which goes to @path (levels above the leaf; *depth is
+ * the leaf's). NULL: walk from the root. The leaf is followed only after
+ * the count is checked, as every pointer a walk follows (a finger read
+ * while a window rewrote it fails that check); its entries are read as
+ * any node's, and answer only if the count holds to the end.
+ */
+static inline const bt *bt_finger(const struct drc__itree *t, unsigned seq, uintptr_t start,
+                                  struct drc__itree_path *path, unsigned *depth)
+{
+    const bt *b = LD(t->finger.leaf);
+    unsigned d, k;
+
+    if (!b || LD(t->finger.seq) != seq || LD(t->finger.lo) > start || LD(t->finger.hi) < start)
+        return NULL;
+    d = LD(t->finger.depth);
+    if (bt_moved(t, seq) || !d || d > MAXH)
+        return NULL;
+    if (path) {
+        for (k = 0; k + 1 < d; k++) {
+            path->node[k] = LD(t->finger.node[k]);
+            path->idx[k] = LD(t->finger.idx[k]);
+        }
+        path->fingered = 1;
+    }
+    *depth = d - 1;
+    return b;
+}
+
+/*
  * The overlap query of disjoint intervals: an entry that starts before the
  * last one starting at or before `start` (its floor) ends before that one
  * starts, so only the floor and the entries after it can overlap. The
@@ -809,9 +881,18 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
      * pointer is followed), and while m is in the tree its start is constant.
      */
     int edge = m && start >= LD(m->start);
+    const bt *f = edge ? NULL : bt_finger(t, seq, start, path, &depth);
     void *p;
 
+    if (path && !f)
+        path->fingered = 0;
     for (;;) {
+        if (f) {                    /* the floor of start is in the finger's leaf: no descent */
+            b = f;
+            n = bt_count_of(b);
+            i = bt_upper(b, n, start);
+            break;
+        }
         n = bt_count_of(b);
         i = edge ? n : bt_upper(b, n, start);
         level = LD(b->level);
@@ -923,6 +1004,7 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
                 path->depth = depth + 1;
                 path->seq = seq;
                 path->seek = 0;
+                path->fingered = 0;
             }
             return p;
         }
@@ -1047,6 +1129,29 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
     }
 }
 
+/*
+ * A finger that holds for the tree as it is (its count) is a path from the
+ * root to a leaf with entries, whose first and last starts it keeps: what
+ * a walk that takes it (bt_finger) relies on.
+ */
+static int bt_chk_finger(const struct drc__itree *t)
+{
+    const struct drc__itree_finger *f = &t->finger;
+    const bt *b = t->root;
+    unsigned d;
+
+    if (!f->leaf || f->seq != t->seq)
+        return 1;
+    if (f->depth != t->height || f->depth > MAXH)
+        return 0;
+    for (d = 0; d + 1 < f->depth; d++) {
+        if (!b->level || f->idx[d] >= b->n || f->node[d] != b)
+            return 0;
+        b = b->ptr[f->idx[d]];
+    }
+    return b == f->leaf && !b->level && b->n && f->lo == b->key[0] && f->hi == b->key[b->n - 1];
+}
+
 long drc__itree_check(const struct drc__itree *t)
 {
     struct chk s = { 0, NULL, 0, 0 };
@@ -1058,7 +1163,7 @@ long drc__itree_check(const struct drc__itree *t)
     if (!t->height)
         return -1;
     bt_chk(t, t->root, t->height - 1, 1, &s);
-    if (s.bad || (s.prev_leaf && s.prev_leaf->next) || s.count != t->count)
+    if (s.bad || (s.prev_leaf && s.prev_leaf->next) || s.count != t->count || !bt_chk_finger(t))
         return -1;
     return s.count;
 }

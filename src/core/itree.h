@@ -35,7 +35,12 @@
  * from its own memory (drc__itree_give); remove never allocates.
  *
  * The tree keeps its largest entry (max): an insert at or past it and a
- * floor of a key at or past its start search nothing.
+ * floor of a key at or past its start search nothing. It also keeps the
+ * path to where a removal at the edge of a leaf left off (finger): a walk of
+ * disjoint intervals that begins while the tree is as that removal left
+ * it, for a key between the leaf's first and last starts, starts there.
+ * Memory freed in address order takes the first entry of a leaf, then the
+ * next, which is the first then: each free event's walk skips the descent.
  *
  * Two intervals A and B overlap iff A.start <= B.last && B.start <= A.last.
  */
@@ -63,6 +68,7 @@ enum { DRC__ITREE_MAXH = 32 };     /* levels: nodes of 4 entries or more hold 2^
 struct drc__itree_path {
     unsigned seq, depth;            /* depth 0: no path */
     int seek;                       /* the path of an insert of `key` */
+    int fingered;                   /* its levels above the leaf were the finger's (bt_finger) */
     uintptr_t key;
     struct drc__itree_bt *node[DRC__ITREE_MAXH];
     unsigned idx[DRC__ITREE_MAXH];
@@ -79,6 +85,13 @@ struct drc__itree {
     int disjoint;                   /* atomic: the owner promises no two intervals overlap */
     struct drc__itree_bt *all;      /* malloc'd nodes, for drc__itree_fini */
     struct drc__itree_node *max;    /* atomic: the node with the largest start (the last of equal ones) */
+    struct drc__itree_finger {      /* where the last removal at a leaf's edge left off (bt_finger) */
+        unsigned seq, depth;        /* atomic: the count it holds for; the path's */
+        struct drc__itree_bt *leaf; /* atomic; NULL: none */
+        uintptr_t lo, hi;           /* atomic: the leaf's first and last starts */
+        struct drc__itree_bt *node[DRC__ITREE_MAXH];    /* atomic: the path to the leaf, as in a path */
+        unsigned idx[DRC__ITREE_MAXH];
+    } finger;
 };
 
 /* Entries per node (tests build the tree with a smaller fan, to reach more levels with few intervals) */

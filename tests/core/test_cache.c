@@ -836,6 +836,71 @@ static void getput(drc_cache_t *c, size_t page, size_t pages)
 }
 
 /*
+ * Free events over memory freed in address order, one region after the
+ * other, in an index of three levels: the walk of each may start at the
+ * leaf where the removal before it left off (itree.h, the finger) instead
+ * of descending. Between them, free events far behind and far ahead of that
+ * leaf, whose walks must not start there, and one over the gap after the
+ * next region, whose walk does and must find nothing. Each must take out
+ * its own region and no other: it is deregistered, one region fewer is
+ * live, and the next region still hits. Controls, by hand: a walk that
+ * takes the finger's leaf for a key below its first start misses a region
+ * behind (a free event that invalidates nothing), and one above its last
+ * start invalidates another region than the one freed.
+ */
+static void free_events_in_address_order_take_their_own_region(void **state)
+{
+    enum { N = 3000 };
+    struct tb *b = tb_new();
+    drc_cache_t *c = mk(b, NULL);
+    static unsigned long id[N];
+    static int gone[N];
+    unsigned long regs, live = N;
+    drc_region_t *r;
+    int i, j;
+
+    (void)state;
+    for (i = 0; i < N; i++) {
+        r = get_ok(c, at(4 * (size_t)i, 0), 2 * pg(), LW);
+        id[i] = rid(r);
+        assert_int_equal(drc_put(c, r), 0);
+    }
+    regs = b->reg_calls;
+#define FREE_ONE(k)                                                                      \
+    do {                                                                                 \
+        assert_int_equal(drc_notify_free(at(4 * (size_t)(k), 0), 2 * pg()), 1);         \
+        assert_int_equal(tb_is_live(b, id[k]), 0);                                       \
+        assert_int_equal(tb_live(b), --live);                                            \
+        gone[k] = 1;                                                                     \
+    } while (0)
+    for (i = 0; i < N; i++) {
+        if (gone[i] || i % 7 == 0)
+            continue;               /* every seventh is kept for the free events behind */
+        FREE_ONE(i);
+        if (i + 2 >= N)
+            continue;
+        assert_int_equal(drc_notify_free(at(4 * (size_t)i + 6, 0), 2 * pg()), 0);  /* the gap after i + 1 */
+        assert_int_equal(tb_live(b), live);
+        if (!gone[i + 1]) {
+            r = get_ok(c, at(4 * (size_t)i + 4, 8), pg(), LW);
+            assert_int_equal(rid(r), id[i + 1]);                            /* i + 1 still hits */
+            assert_int_equal(drc_put(c, r), 0);
+        }
+        if (i % 10 == 1 && (j = (i - 50) / 7 * 7) > 0 && !gone[j])
+            FREE_ONE(j);            /* behind */
+        else if (i % 10 == 3 && (j = i + 50) < N && j % 7 && !gone[j])
+            FREE_ONE(j);            /* ahead */
+    }
+    for (i = 0; i < N; i++)
+        if (!gone[i])
+            FREE_ONE(i);
+#undef FREE_ONE
+    assert_int_equal(b->reg_calls, regs);
+    assert_int_equal(tb_live(b), 0);
+    done(b, c);
+}
+
+/*
  * Invalidations by handle in an index of many leaves (itree.c), between
  * registrations that split those leaves: a live region keeps the leaf its
  * insert answered, and a removal by handle starts there when the region is
@@ -1436,6 +1501,7 @@ int main(void)
         cmocka_unit_test(backend_failure_returns_its_errno_and_caches_nothing),
         cmocka_unit_test(dereg_failure_is_returned_and_region_released),
         cmocka_unit_test(backend_size_limit),
+        cmocka_unit_test(free_events_in_address_order_take_their_own_region),
         cmocka_unit_test(destroy_is_busy_while_referenced),
         cmocka_unit_test(destroy_is_busy_while_detached_region_is_held),
         cmocka_unit_test(destroy_deregisters_every_idle_region),

@@ -758,6 +758,83 @@ static void the_right_edge_is_walked_without_search(void **state)
     free(m);
 }
 
+/*
+ * Entries taken out in address order, each found by a walk from its start
+ * (memory freed in order, one free event after the other): the walk after a
+ * removal at a leaf's edge starts at that leaf (the finger), visiting one
+ * node where a descent visits one a level. Each walk must answer its entry
+ * along the path a descent takes (the removal climbs along it: a leaf's first
+ * entry sets its parent's key), and the tree must stay whole. Controls: a
+ * walk after an insert (the count moved) descends; a finger that claims
+ * starts its leaf does not hold sends the walk to the wrong leaf, whose
+ * path is not the descent's.
+ */
+static void a_walk_after_a_removal_starts_at_its_leaf(void **state)
+{
+    struct model *m = model_new(24);
+    struct drc__itree_path path;
+    int budget, i, same, fingered = 0, walks = 0;
+    uintptr_t s;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (i = 0; i < 400; i++)
+        ins(m, i, (uintptr_t)i * 16, (uintptr_t)i * 16 + 7);
+    assert_true(m->t.height >= 3);
+    for (i = 0; i < 399; i++) {
+        s = (uintptr_t)i * 16;
+        budget = DRC__ITREE_UNBOUNDED;
+        assert_ptr_equal(drc__itree_first_at(&m->t, s + 2, s + 3, &budget, &path), &m->n[i]);
+        expect_searched_path(m, s + 2, &path, &same);
+        assert_true(same);
+        assert_ptr_equal(drc__itree_at(&m->t, &path), &m->n[i]);
+        walks++;
+        fingered += DRC__ITREE_UNBOUNDED - budget == 1;     /* the leaf alone */
+        drc__itree_remove_at(&m->t, &m->n[i], &path);
+        m->in[i] = 0;
+        m->count--;
+        assert_int_equal(drc__itree_check(&m->t), m->count);
+        if (i == 200) {
+            /* control: an insert moves the count, and the walk after it descends */
+            ins(m, 450, 10000, 10007);
+            budget = DRC__ITREE_UNBOUNDED;
+            assert_ptr_equal(drc__itree_first(&m->t, s + 16, s + 16, &budget), &m->n[i + 1]);
+            assert_int_equal(DRC__ITREE_UNBOUNDED - budget, m->t.height);
+        }
+    }
+    assert_true(fingered > walks / 2);      /* every walk but the first of a leaf, after merges */
+    query(m, 0, UINTPTR_MAX);
+
+    /* control: a finger whose bounds lie takes a key of another leaf to its leaf */
+    for (i = 0; i < 399; i++)
+        ins(m, i, (uintptr_t)i * 16, (uintptr_t)i * 16 + 7);
+    budget = DRC__ITREE_UNBOUNDED;
+    assert_ptr_equal(drc__itree_first_at(&m->t, 100 * 16, 100 * 16, &budget, &path), &m->n[100]);
+    drc__itree_remove_at(&m->t, &m->n[100], &path);
+    m->in[100] = 0;
+    m->count--;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    if (m->t.finger.leaf && m->t.finger.seq == m->t.seq) {
+        uintptr_t lo = m->t.finger.lo;
+
+        budget = DRC__ITREE_UNBOUNDED;
+        assert_ptr_equal(drc__itree_first_at(&m->t, 101 * 16, 101 * 16, &budget, &path), &m->n[101]);
+        assert_int_equal(DRC__ITREE_UNBOUNDED - budget, 1);        /* taken: 101 is in its leaf */
+        m->t.finger.lo = 0;
+        budget = DRC__ITREE_UNBOUNDED;
+        drc__itree_first_at(&m->t, 20 * 16, 20 * 16, &budget, &path);
+        expect_searched_path(m, 20 * 16, &path, &same);
+        assert_false(same);
+        assert_int_equal(drc__itree_check(&m->t), -1);              /* the checker sees it too */
+        m->t.finger.lo = lo;
+        assert_int_equal(drc__itree_check(&m->t), m->count);
+    } else {
+        fail_msg("the removal of 100 along its walk left no finger");
+    }
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
 static void budget_bounds_the_walk(void **state)
 {
     struct model *m = model_new(4);
@@ -847,6 +924,7 @@ int main(void)
         cmocka_unit_test(an_insert_answers_its_leaf),
         cmocka_unit_test(a_removal_checks_the_leaf_it_is_given),
         cmocka_unit_test(the_right_edge_is_walked_without_search),
+        cmocka_unit_test(a_walk_after_a_removal_starts_at_its_leaf),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
     };

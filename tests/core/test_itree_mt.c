@@ -12,6 +12,10 @@
  * Control: a walk whose answer is checked after a writer did run is not
  * held to the list (its count moved), and at least one such walk is seen,
  * so the check above is not vacuous: some walks did race the writer.
+ * Half the writer's removals go along a walk's path, the entry after them
+ * too, as memory freed in address order (itree.h's finger); half the walks
+ * ask within the finger's leaf, and some of those checked against the list
+ * began there (they visited one node before the next entry).
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -33,7 +37,7 @@ static struct drc__itree_node nodes[N];
 static int in[N];                   /* under lock */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int stop;
-static long checked, raced, gave_up;
+static long checked, raced, gave_up, finger_walks;    /* finger_walks: under lock */
 
 static uint64_t rnd(uint64_t *s)
 {
@@ -55,17 +59,38 @@ static struct drc__itree_node *naive_first(uintptr_t s, uintptr_t l)
     return best;
 }
 
+/* Under lock: take @x out along the path of a walk from its start, as a free event does. */
+static void remove_along_walk(struct drc__itree_node *x)
+{
+    struct drc__itree_path path;
+    int budget = DRC__ITREE_UNBOUNDED;
+
+    assert_ptr_equal(drc__itree_first_at(&tree, x->start, x->start, &budget, &path), x);
+    drc__itree_remove_at(&tree, x, &path);
+}
+
 static void *writer(void *arg)
 {
     uint64_t r = 0x1234567;
-    int i, k;
+    struct drc__itree_node *x;
+    int i, k, budget;
 
     (void)arg;
     while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
         pthread_mutex_lock(&lock);
         for (k = 0; k < 16; k++) {
             i = (int)(rnd(&r) % N);
-            if (in[i]) {
+            if (in[i] && (rnd(&r) & 1)) {
+                remove_along_walk(&nodes[i]);
+                /* and the one after it, as memory freed in address order (the finger) */
+                budget = DRC__ITREE_UNBOUNDED;
+                x = drc__itree_first(&tree, nodes[i].last + 1, SPACE, &budget);
+                in[i] = 0;
+                if (x) {
+                    remove_along_walk(x);
+                    in[x - nodes] = 0;
+                }
+            } else if (in[i]) {
                 drc__itree_remove(&tree, &nodes[i]);
                 in[i] = 0;
             } else {
@@ -85,14 +110,28 @@ static void *writer(void *arg)
 static void *reader(void *arg)
 {
     uint64_t r = (uintptr_t)arg * 0x9e3779b97f4a7c15ull + 1;
-    long k, mine_checked = 0, mine_raced = 0;
+    long k, mine_checked = 0, mine_raced = 0, fingered = 0;
 
     /* until this reader has both kinds of walk (events), or a cap a working index never needs */
-    for (k = 0; k < 4000000 && (mine_checked < 2000 || !mine_raced); k++) {
+    for (k = 0; k < 4000000 && (mine_checked < 2000 || !mine_raced || !fingered); k++) {
         uintptr_t s = rnd(&r) % SPACE, l = s + rnd(&r) % 200;
-        unsigned seq = __atomic_load_n(&tree.seq, __ATOMIC_ACQUIRE);
-        int budget = 256;
-        struct drc__itree_node *x = drc__itree_first(&tree, s, l, &budget), *y = NULL;
+        unsigned seq = __atomic_load_n(&tree.seq, __ATOMIC_ACQUIRE), height;
+        int budget = 256, first_nodes;
+        struct drc__itree_node *x, *y = NULL;
+
+        if (rnd(&r) & 1) {
+            /* half the walks within the finger's leaf, if the writer left one (a guess: any range is valid) */
+            uintptr_t lo = __atomic_load_n(&tree.finger.lo, __ATOMIC_RELAXED);
+            uintptr_t hi = __atomic_load_n(&tree.finger.hi, __ATOMIC_RELAXED);
+
+            if (lo <= hi && hi - lo < SPACE) {
+                s = lo + rnd(&r) % (hi - lo + 1);
+                l = s + rnd(&r) % 200;
+            }
+        }
+        height = __atomic_load_n(&tree.height, __ATOMIC_RELAXED);
+        x = drc__itree_first(&tree, s, l, &budget);
+        first_nodes = 256 - budget;     /* nodes the walk visited: one, if it began at the finger's leaf */
 
         if (x && budget > 0) {
             assert_true(x >= nodes && x < nodes + N);      /* a node of ours, nothing else */
@@ -109,6 +148,10 @@ static void *reader(void *arg)
             assert_ptr_equal(x, naive_first(s, l));
             checked++;
             mine_checked++;
+            if (height > 1 && first_nodes == 1) {
+                fingered++;
+                finger_walks++;
+            }
         } else {
             raced++;
             mine_raced++;
@@ -133,10 +176,11 @@ static void lockless_walks_race_a_writer(void **state)
         pthread_join(rd[i], NULL);
     __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
     pthread_join(w, NULL);
-    print_message("%ld walks checked against the list, %ld raced the writer, %ld gave up\n", checked, raced,
-                  gave_up);
+    print_message("%ld walks checked against the list (%ld began at the finger's leaf), %ld raced the writer, "
+                  "%ld gave up\n", checked, finger_walks, raced, gave_up);
     assert_int_equal(drc__itree_check(&tree), tree.count);
     assert_true(checked > 0);
+    assert_true(finger_walks > 0);        /* walks that began at the finger's leaf were checked too */
     assert_true(raced + gave_up > 0);     /* the control: walks did meet the writer */
     drc__itree_fini(&tree);
 }
