@@ -611,27 +611,30 @@ static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, 
 /*
  * Inside a removal's window that changed no node's shape: the path it left
  * @p at (the removed entry's successor, or its leaf's end) becomes the
- * finger, for the count the window ends at. Only a removal at a leaf's
- * edge, or one whose walk began at the finger, leaves one: those are the
- * removals of memory freed in order (the first entry, then the next one),
- * and a removal inside a leaf, in random order, copies no path. A path
- * that came from the finger (fingered) holds the finger's levels above the
- * leaf: they are written again only if it did not. A walk that reads the
- * finger while it is written began before the window: the count it checks
- * before it follows the leaf has moved (bt_finger).
+ * finger, for the count the window ends at. Only the first removal along
+ * a caller's walk, at a leaf's edge or after a walk that began at the
+ * finger, leaves one: those are the removals of memory freed in order (the
+ * first entry, then the next one). A removal inside a leaf, in random
+ * order, or the rest of a run along one path (one event over many entries)
+ * copies no path. A path whose levels above the leaf are the finger's
+ * (fingered: its walk began there) writes only the leaf's part. A walk that reads the finger while it is
+ * written began before the window: the count it checks before it follows
+ * the leaf has moved (bt_finger).
  */
-static void bt_finger_set(struct drc__itree *t, const struct drc__itree_path *p)
+static void bt_finger_set(struct drc__itree *t, struct drc__itree_path *p)
 {
     bt *leaf = p->node[p->depth - 1];
-    unsigned d;
+    unsigned d, pos = p->idx[p->depth - 1];     /* the successor's: 0 or n if x was at an edge */
 
-    if (!leaf->n || leaf->level)
-        return;
-    if (!p->fingered)
+    if ((!p->fingered && pos && pos < leaf->n) || !leaf->n || leaf->level)
+        return;     /* x was inside its leaf, in a walk that descended: random order, most likely */
+    if (!p->fingered) {
         for (d = 0; d + 1 < p->depth; d++) {
             ST(t->finger.node[d], p->node[d]);
             ST(t->finger.idx[d], p->idx[d]);
         }
+        p->fingered = 1;    /* now they are */
+    }
     ST(t->finger.lo, leaf->key[0]);
     ST(t->finger.hi, leaf->key[leaf->n - 1]);
     ST(t->finger.depth, p->depth);
@@ -697,7 +700,7 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struc
 {
     struct drc__itree_path own;
     bt *root;
-    int same, edge = 0;
+    int same;
 
     if (!p) {
         p = &own;
@@ -712,9 +715,6 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struc
         (void)found;
         same = 0;
     } else {
-        unsigned pos = p->idx[p->depth - 1];
-
-        edge = pos == 0 || pos + 1 == p->node[p->depth - 1]->n;
         bt_w_begin(t);
         same = bt_remove_path(t, x, p);
     }
@@ -733,8 +733,11 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struc
     if (t->max == x)
         ST(t->max, bt_last_entry(t));
     t->count--;
-    if (same && p != &own && (edge || p->fingered))
-        bt_finger_set(t, p);        /* a caller's walk found x: the next may be for its successor */
+    if (p != &own && p->walked) {
+        if (same)
+            bt_finger_set(t, p);    /* a caller's walk found x: the next walk may be for its successor */
+        p->walked = 0;              /* a run along it (one event over many entries) leaves none */
+    }
     bt_w_end(t);
     p->seq = t->seq;        /* the path holds across this removal if no node changed shape */
     if (!same)
@@ -854,6 +857,7 @@ static inline const bt *bt_finger(const struct drc__itree *t, unsigned seq, uint
             path->idx[k] = LD(t->finger.idx[k]);
         }
         path->fingered = 1;
+        path->walked = 1;
     }
     *depth = d - 1;
     return b;
@@ -884,8 +888,10 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
     const bt *f = edge ? NULL : bt_finger(t, seq, start, path, &depth);
     void *p;
 
-    if (path && !f)
+    if (path && !f) {
         path->fingered = 0;
+        path->walked = 1;
+    }
     for (;;) {
         if (f) {                    /* the floor of start is in the finger's leaf: no descent */
             b = f;
@@ -1005,6 +1011,7 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
                 path->seq = seq;
                 path->seek = 0;
                 path->fingered = 0;
+                path->walked = 1;
             }
             return p;
         }

@@ -68,7 +68,8 @@ enum { DRC__ITREE_MAXH = 32 };     /* levels: nodes of 4 entries or more hold 2^
 struct drc__itree_path {
     unsigned seq, depth;            /* depth 0: no path */
     int seek;                       /* the path of an insert of `key` */
-    int fingered;                   /* its levels above the leaf were the finger's (bt_finger) */
+    int fingered;                   /* its levels above the leaf are the finger's (bt_finger) */
+    int walked;                     /* a walk's, not yet removed along: its removal may leave a finger */
     uintptr_t key;
     struct drc__itree_bt *node[DRC__ITREE_MAXH];
     unsigned idx[DRC__ITREE_MAXH];
