@@ -625,6 +625,7 @@ static void bt_finger_set(struct drc__itree *t, struct drc__itree_path *p)
 {
     bt *leaf = p->node[p->depth - 1];
     unsigned d, pos = p->idx[p->depth - 1];     /* the successor's: 0 or n if x was at an edge */
+    uintptr_t hi;
 
     if ((!p->fingered && pos && pos < leaf->n) || !leaf->n || leaf->level)
         return;     /* x was inside its leaf, in a walk that descended: random order, most likely */
@@ -635,8 +636,14 @@ static void bt_finger_set(struct drc__itree *t, struct drc__itree_path *p)
         }
         p->fingered = 1;    /* now they are */
     }
+    /* up to the next leaf's first start: the first key to the right along the path (inner keys are exact) */
+    for (hi = UINTPTR_MAX, d = p->depth - 1; d-- > 0;)
+        if (p->idx[d] + 1 < p->node[d]->n) {
+            hi = p->node[d]->key[p->idx[d] + 1] - 1;
+            break;
+        }
     ST(t->finger.lo, leaf->key[0]);
-    ST(t->finger.hi, leaf->key[leaf->n - 1]);
+    ST(t->finger.hi, hi);
     ST(t->finger.depth, p->depth);
     ST(t->finger.seq, t->seq + 1);      /* bt_w_end's */
     ST(t->finger.leaf, leaf);
@@ -831,9 +838,9 @@ struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t s
 /*
  * The finger's leaf (struct drc__itree), if the tree is as the removal that
  * left it there left it (its count is the walk's @seq) and @start lies
- * between the leaf's first and last starts: the floor of start is then in
- * that leaf (every earlier start is in an earlier leaf, every start of the
- * next leaf is past its last), the leaf a descent for start reaches, along
+ * between the leaf's first start and the next leaf's: the floor of start
+ * is then in that leaf (every earlier start is in an earlier leaf, every
+ * later one in a later leaf), the leaf a descent for start reaches, along
  * the finger's path, which goes to @path (levels above the leaf; *depth is
  * the leaf's). NULL: walk from the root. The leaf is followed only after
  * the count is checked, as every pointer a walk follows (a finger read
@@ -884,8 +891,8 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
      * used only if the count has not moved (checked below, before any
      * pointer is followed), and while m is in the tree its start is constant.
      */
-    int edge = m && start >= LD(m->start);
-    const bt *f = edge ? NULL : bt_finger(t, seq, start, path, &depth);
+    const bt *f = bt_finger(t, seq, start, path, &depth);   /* first: freed top down, it is the edge's leaf */
+    int edge = !f && m && start >= LD(m->start);
     void *p;
 
     if (path && !f) {
@@ -1138,8 +1145,9 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
 
 /*
  * A finger that holds for the tree as it is (its count) is a path from the
- * root to a leaf with entries, whose first and last starts it keeps: what
- * a walk that takes it (bt_finger) relies on.
+ * root to a leaf with entries, whose first start it keeps, and the last key
+ * before the next leaf's first start: what a walk that takes it (bt_finger)
+ * relies on.
  */
 static int bt_chk_finger(const struct drc__itree *t)
 {
@@ -1156,7 +1164,8 @@ static int bt_chk_finger(const struct drc__itree *t)
             return 0;
         b = b->ptr[f->idx[d]];
     }
-    return b == f->leaf && !b->level && b->n && f->lo == b->key[0] && f->hi == b->key[b->n - 1];
+    return b == f->leaf && !b->level && b->n && f->lo == b->key[0] &&
+           f->hi == (b->next ? b->next->key[0] - 1 : UINTPTR_MAX);
 }
 
 long drc__itree_check(const struct drc__itree *t)

@@ -89,7 +89,7 @@ struct drc__itree {
     struct drc__itree_finger {      /* where the last removal at a leaf's edge left off (bt_finger) */
         unsigned seq, depth;        /* atomic: the count it holds for; the path's */
         struct drc__itree_bt *leaf; /* atomic; NULL: none */
-        uintptr_t lo, hi;           /* atomic: the leaf's first and last starts */
+        uintptr_t lo, hi;           /* atomic: the leaf's first start; the next leaf's less 1 (or the top) */
         struct drc__itree_bt *node[DRC__ITREE_MAXH];    /* atomic: the path to the leaf, as in a path */
         unsigned idx[DRC__ITREE_MAXH];
     } finger;

@@ -760,7 +760,8 @@ static void the_right_edge_is_walked_without_search(void **state)
 
 /*
  * Entries taken out in address order, each found by a walk from its start
- * (memory freed in order, one free event after the other): the walk after a
+ * (memory freed in order, one free event after the other), then in
+ * descending order (mappings grow down): the walk after a
  * removal at a leaf's edge starts at that leaf (the finger), visiting one
  * node where a descent visits one a level. Each walk must answer its entry
  * along the path a descent takes (the removal climbs along it: a leaf's first
@@ -803,6 +804,30 @@ static void a_walk_after_a_removal_starts_at_its_leaf(void **state)
         }
     }
     assert_true(fingered > walks / 2);      /* every walk but the first of a leaf, after merges */
+    query(m, 0, UINTPTR_MAX);
+
+    /* the same from the top down (mappings grow down: memory freed in the order it was mapped) */
+    for (i = 0; i < 399; i++)
+        ins(m, i, (uintptr_t)i * 16, (uintptr_t)i * 16 + 7);
+    fingered = walks = 0;
+    for (i = 399; i-- > 0;) {
+        s = (uintptr_t)i * 16;
+        budget = DRC__ITREE_UNBOUNDED;
+        assert_ptr_equal(drc__itree_first_at(&m->t, s + 2, s + 3, &budget, &path), &m->n[i]);
+        expect_searched_path(m, s + 2, &path, &same);
+        assert_true(same);
+        walks++;
+        fingered += DRC__ITREE_UNBOUNDED - budget == 1;
+        drc__itree_remove_at(&m->t, &m->n[i], &path);
+        m->in[i] = 0;
+        m->count--;
+        assert_int_equal(drc__itree_check(&m->t), m->count);
+    }
+    /*
+     * each walk that crosses to the leaf before descends: with this test's fan
+     * of 8, the merges at the top leave leaves of two to four entries
+     */
+    assert_true(fingered > walks / 3);
     query(m, 0, UINTPTR_MAX);
 
     /* control: a finger whose bounds lie takes a key of another leaf to its leaf */
