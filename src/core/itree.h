@@ -38,9 +38,10 @@
  * floor of a key at or past its start search nothing. It also keeps the
  * path to where a removal at the edge of a leaf left off (finger): a walk of
  * disjoint intervals that begins while the tree is as that removal left
- * it, for a key between the leaf's first and last starts, starts there.
- * Memory freed in address order takes the first entry of a leaf, then the
- * next, which is the first then: each free event's walk skips the descent.
+ * it, for a key from the leaf's first start to the next leaf's, starts
+ * there. Memory freed in address order takes the first entry of a leaf,
+ * then the next, which is the first then (top down, the last, then the one
+ * before): each free event's walk skips the descent.
  *
  * Two intervals A and B overlap iff A.start <= B.last && B.start <= A.last.
  */
