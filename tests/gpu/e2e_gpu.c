@@ -187,6 +187,14 @@ static void release(enum kind k, CUdeviceptr d, int tell_drc)
         cudaStreamSynchronize(0);
         break;
     case K_VMM:
+        /*
+         * cuMemUnmap does not wait for work on the range (cudaFree does), and a
+         * copy from pageable host memory (background(), the NIC model's WRITE)
+         * may return before its DMA reaches the device: unmapped under it, the
+         * copy faults and the context's error is sticky (every CUDA call after
+         * it fails). A program synchronizes before it unmaps.
+         */
+        CHECK(cuCtxSynchronize() == CUDA_SUCCESS, "cuCtxSynchronize");
         CHECK((tell_drc ? drc_cuMemUnmap(d, LEN) : (int)cuMemUnmap(d, LEN)) == 0, "cuMemUnmap");
         CHECK(cuMemRelease(vmm_h) == CUDA_SUCCESS, "cuMemRelease");
         break;
