@@ -617,9 +617,9 @@ static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, 
  * first entry, then the next one). A removal inside a leaf, in random
  * order, or the rest of a run along one path (one event over many entries)
  * copies no path. A path whose levels above the leaf are the finger's
- * (fingered: its walk began there) writes only the leaf's part. A walk that reads the finger while it is
- * written began before the window: the count it checks before it follows
- * the leaf has moved (bt_finger).
+ * (fingered: its walk began there) writes only the leaf's part. A walk
+ * that reads the finger while it is written began before the window: the
+ * count it checks before it follows the leaf has moved (bt_finger).
  */
 static void bt_finger_set(struct drc__itree *t, struct drc__itree_path *p)
 {
