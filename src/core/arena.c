@@ -304,6 +304,13 @@ static void *table_addr(uintptr_t t)
     return (void *)(t & ~(uintptr_t)(DRC__ARENA_HUGE - 1));
 }
 
+/* Unmap a kept table, taken out of its slot: its dirty bytes no longer count as kept. */
+static void table_unmap(uintptr_t t)
+{
+    __atomic_fetch_sub(&kept_bytes, table_dirty(t), __ATOMIC_RELAXED);
+    munmap(table_addr(t), table_size(t));
+}
+
 void *drc__arena_table(size_t size, size_t *dirty)
 {
     uintptr_t t;
@@ -320,10 +327,8 @@ void *drc__arena_table(size_t size, size_t *dirty)
             *dirty = table_dirty(t);
             return table_addr(t);
         }
-        if (!slot_put(tables_kept, TABLE_SLOTS, t)) {   /* another size, swapped in meanwhile */
-            __atomic_fetch_sub(&kept_bytes, table_dirty(t), __ATOMIC_RELAXED);
-            munmap(table_addr(t), table_size(t));
-        }
+        if (!slot_put(tables_kept, TABLE_SLOTS, t))     /* another size, swapped in meanwhile */
+            table_unmap(t);
     }
     if (!(q = map_huge_aligned(size, MAP_NORESERVE)))
         return NULL;
@@ -346,17 +351,16 @@ void drc__arena_table_fini(void *p, size_t size, size_t dirty)
     if (!p)
         return;
     dirty = table_dirty(t);
-    if (!keep_reserve(dirty))
-        goto unmap;
+    if (!keep_reserve(dirty)) {
+        munmap(p, size);
+        return;
+    }
 #if defined(MADV_FREE) && !defined(NO_MADV_FREE)
     if (dirty > DRC__ARENA_HUGE)    /* its huge pages, as keep_put's (the next owner zeroes them anyway) */
         (void)madvise((char *)p + DRC__ARENA_HUGE, dirty - DRC__ARENA_HUGE, MADV_FREE);
 #endif
-    if (slot_put(tables_kept, TABLE_SLOTS, t))
-        return;
-    __atomic_fetch_sub(&kept_bytes, dirty, __ATOMIC_RELAXED);
-unmap:
-    munmap(p, size);
+    if (!slot_put(tables_kept, TABLE_SLOTS, t))
+        table_unmap(t);     /* every slot full: its reservation goes back with it */
 }
 
 void drc__arena_init(struct drc__arena *a)
@@ -510,9 +514,7 @@ size_t drc__arena_keep(size_t max)
             munmap(tag_map(t), tag_size(t));
         }
     for (i = 0; i < TABLE_SLOTS && (!max || __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED) > max); i++)
-        if ((t = __atomic_exchange_n(&tables_kept[i], 0, __ATOMIC_ACQUIRE))) {
-            __atomic_fetch_sub(&kept_bytes, table_dirty(t), __ATOMIC_RELAXED);
-            munmap(table_addr(t), table_size(t));
-        }
+        if ((t = __atomic_exchange_n(&tables_kept[i], 0, __ATOMIC_ACQUIRE)))
+            table_unmap(t);
     return __atomic_load_n(&kept_bytes, __ATOMIC_RELAXED);
 }

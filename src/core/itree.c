@@ -863,8 +863,6 @@ static inline const bt *bt_finger(const struct drc__itree *t, unsigned seq, uint
             path->node[k] = LD(t->finger.node[k]);
             path->idx[k] = LD(t->finger.idx[k]);
         }
-        path->fingered = 1;
-        path->walked = 1;
     }
     *depth = d - 1;
     return b;
@@ -884,6 +882,8 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
 {
     const struct drc__itree_node *m = LD(t->max);
     unsigned depth = 0, i, n, level;
+    /* first: memory freed top down leaves it at the right edge's leaf */
+    const bt *f = bt_finger(t, seq, start, path, &depth);
     /*
      * At or past the largest start (a cache filled in address order asks
      * there at every miss): the walk and its path follow the right edge,
@@ -891,14 +891,11 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
      * used only if the count has not moved (checked below, before any
      * pointer is followed), and while m is in the tree its start is constant.
      */
-    const bt *f = bt_finger(t, seq, start, path, &depth);   /* first: freed top down, it is the edge's leaf */
     int edge = !f && m && start >= LD(m->start);
     void *p;
 
-    if (path && !f) {
-        path->fingered = 0;
-        path->walked = 1;
-    }
+    if (path)
+        path->fingered = f != NULL;
     for (;;) {
         if (f) {                    /* the floor of start is in the finger's leaf: no descent */
             b = f;
@@ -973,6 +970,7 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
     if (path) {
         path->depth = 0;
         path->seq = seq;    /* an answer of none holds while the count stays (drc__itree_unchanged) */
+        path->walked = 1;   /* its first removal may leave the finger (drc__itree_remove_at) */
     }
     if (!b)
         return NULL;
@@ -1018,7 +1016,6 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
                 path->seq = seq;
                 path->seek = 0;
                 path->fingered = 0;
-                path->walked = 1;
             }
             return p;
         }
