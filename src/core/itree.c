@@ -863,6 +863,7 @@ static inline const bt *bt_finger(const struct drc__itree *t, unsigned seq, uint
             path->node[k] = LD(t->finger.node[k]);
             path->idx[k] = LD(t->finger.idx[k]);
         }
+        path->fingered = 1;
     }
     *depth = d - 1;
     return b;
@@ -894,8 +895,8 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
     int edge = !f && m && start >= LD(m->start);
     void *p;
 
-    if (path)
-        path->fingered = f != NULL;
+    if (path && !f)
+        path->fingered = 0;
     for (;;) {
         if (f) {                    /* the floor of start is in the finger's leaf: no descent */
             b = f;
