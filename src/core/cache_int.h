@@ -111,7 +111,7 @@ struct drc_region {
     uint32_t lkey, rkey;            /* likewise */
     union {                         /* c->lock */
         struct drc_region *next;    /* pool link; or a release or revoking list, then c->freed */
-        struct drc__itree_bt *leaf; /* live: the index leaf its insert answered (region_leaf) */
+        struct drc__itree_bt *leaf; /* live: where its insert put it, leaf and place (region_leaf) */
     };
 } __attribute__((aligned(64)));
 
@@ -450,8 +450,8 @@ static inline void locked(drc_cache_t *c)
 }
 
 /*
- * A live region's index leaf, as its insert answered (c->lock): a hint that
- * drc__itree_remove_in checks. Read before r goes on any list (a release
+ * A live region's index leaf and place in it, as its insert answered
+ * (c->lock): a hint that drc__itree_remove_in checks. Read before r goes on any list (a release
  * list, a revoking list): those links reuse the word.
  */
 static inline struct drc__itree_bt *region_leaf(const struct drc_region *r)

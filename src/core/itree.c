@@ -10,11 +10,12 @@
  *     reaches the query's start, and stops at the first key past its last
  *     (every later entry starts later);
  *   - the next overlapping entry is found along the leaf chain.
- * Nodes split when full and merge with, or borrow from, a sibling when
- * they fall under a quarter. A node that takes an entry at its very end
- * when full gives only that entry to its new sibling, so that intervals
- * inserted in address order fill their leaves (a cache fills in address
- * order more often than not).
+ * A removal inside a leaf of disjoint intervals leaves its entry dead in
+ * place (bt_compact's comment). Nodes split when full and merge with, or
+ * borrow from, a sibling when they fall under a quarter. A node that
+ * takes an entry at its very end when full gives only that entry to its
+ * new sibling, so that intervals inserted in address order fill their
+ * leaves (a cache fills in address order more often than not).
  *
  * Every store into a node is an atomic word store and every load outside
  * the lock an atomic load, because lockless walks (itree.h) read nodes
@@ -30,8 +31,9 @@
 enum { F = DRC__ITREE_FAN, LOW = F / 4, MAXH = DRC__ITREE_MAXH };
 
 struct drc__itree_bt {
-    unsigned n;                     /* entries; first, in the line of the first keys */
-    unsigned level;                 /* 0: leaf */
+    unsigned n;                     /* entries, dead ones included; first, in the line of the first keys */
+    unsigned short level;           /* 0: leaf */
+    unsigned short dead;            /* leaf: entries taken out in place (bt_tomb), ptr NULL */
     struct drc__itree_bt *next;     /* leaf: the next leaf to the right; spare: the next spare */
     uintptr_t key[F];               /* leaf: the entry's start; inner: the child's smallest start */
     uintptr_t last[F];              /* leaf: the entry's last; inner: the child's largest last */
@@ -43,6 +45,7 @@ typedef struct drc__itree_bt bt;
 
 _Static_assert(sizeof(bt) == DRC__ITREE_NODE, "itree.h's node size is a node's size");
 _Static_assert(F >= 4 && LOW >= 1 && !(F & (F - 1)), "a power of two, split into two of at least LOW");
+_Static_assert(F <= 64, "an entry's position fits in a node address's low bits (bt_hint)");
 
 #define LD(x)    __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
@@ -88,8 +91,24 @@ void drc__itree_init(struct drc__itree *t, int given)
     t->given = given;
 }
 
+static unsigned bt_compact(struct drc__itree_bt *b, unsigned pos);
+
 void drc__itree_set_disjoint(struct drc__itree *t, int disjoint)
 {
+    struct drc__itree_bt *b;
+
+    if (disjoint && !t->disjoint && t->root) {
+        /*
+         * Given again: the inserts since it was taken back kept no order
+         * with the dead entries (bt_compact's comment), so none may stay.
+         */
+        bt_w_begin(t);
+        for (b = t->root; b->level; b = b->ptr[0])
+            ;
+        for (; b; b = b->next)
+            bt_compact(b, 0);
+        bt_w_end(t);
+    }
     ST(t->disjoint, disjoint);
 }
 
@@ -114,6 +133,7 @@ unsigned drc__itree_need(const struct drc__itree *t)
 static void bt_spare_push(struct drc__itree *t, bt *b)
 {
     ST(b->n, 0u);
+    ST(b->dead, (unsigned short)0);
     ST(b->next, t->spare);
     t->spare = b;
     t->nspare++;
@@ -146,7 +166,8 @@ static bt *bt_node_new(struct drc__itree *t, unsigned level)
     for (unsigned j = 0; j < F; j++)
         ST(b->key[j], UINTPTR_MAX);
     ST(b->n, 0u);
-    ST(b->level, level);
+    ST(b->level, (unsigned short)level);
+    ST(b->dead, (unsigned short)0);
     ST(b->next, (bt *)NULL);
     return b;
 }
@@ -242,6 +263,126 @@ static inline void bt_refresh(bt *b, unsigned i)
 }
 
 /*
+ * What an insert answers (drc__itree_insert, drc__itree_insert_at): the leaf
+ * and the entry's position in it, in the low bits of the leaf's address
+ * (nodes are 64-byte aligned). Its owner keeps it, opaque, and gives it
+ * back to drc__itree_remove_in, which checks both parts.
+ */
+static inline bt *bt_hint(bt *leaf, unsigned pos)
+{
+    return (bt *)((uintptr_t)leaf | pos);
+}
+
+static inline bt *bt_hint_leaf(const struct drc__itree_bt *h)
+{
+    return (bt *)((uintptr_t)h & ~(uintptr_t)63);
+}
+
+static inline unsigned bt_hint_pos(const struct drc__itree_bt *h)
+{
+    return (unsigned)((uintptr_t)h & 63);
+}
+
+/*
+ * Dead entries. A removal of an entry inside a leaf of disjoint intervals
+ * (neither its first nor its last: bt_tomb_ok) clears the entry's pointer
+ * and counts it in the leaf's `dead` instead of moving every entry after
+ * it: one line written, not the three arrays' tails (a removal by handle
+ * in a large cache missed on most of the leaf's seven lines). The dead
+ * entry keeps its key and last, so every node above stays exact over all
+ * entries and over the live ones alike: a leaf's first and last entries
+ * are never dead, and of disjoint intervals the last one ends last.
+ * Walks skip dead entries.
+ *
+ * What a walk of disjoint intervals relies on: every dead entry starts
+ * after every live entry before it ends. Then, when the floor of a key
+ * (among all entries) is dead, no live entry before it reaches the key,
+ * and the answer can only be the next live entry. It holds when an entry
+ * dies: the live ones before it were live together with it, disjoint.
+ * Removals only take live entries away. An insert of x keeps it if no
+ * entry after x's place starts within x (bt_room compacts the leaf
+ * otherwise): a dead entry of x's leaf after that place starts later, and
+ * one of a later leaf comes after that leaf's first entry, live, which
+ * starts past x (or it would overlap x). While the promise is taken back,
+ * inserts keep no such order, so a promise given again drops every dead
+ * entry (drc__itree_set_disjoint). Every writer that would make a
+ * dead entry a leaf's first or last (a removal that moves entries, a
+ * merge, a borrow, a split) drops the leaf's dead entries first
+ * (bt_compact); drc__itree_check checks all of this.
+ */
+
+/*
+ * Drop b's dead entries (a leaf's, in a writer's window). Returns where
+ * entry @pos, live or b->n, is now.
+ */
+static unsigned bt_compact(bt *b, unsigned pos)
+{
+    unsigned i, j = 0, at = pos;
+
+    if (!b->dead)
+        return pos;
+    for (i = 0; i < b->n; i++) {
+        if (i == pos)
+            at = j;
+        if (!b->ptr[i])
+            continue;
+        if (j != i)
+            bt_copy(b, j, b, i);
+        j++;
+    }
+    if (pos >= b->n)
+        at = j;
+    bt_setn(b, j);
+    ST(b->dead, (unsigned short)0);
+    return at;
+}
+
+/*
+ * Where x goes in leaf b, given its place @i among all entries: the same,
+ * or, after b drops its dead entries, among the live ones. They go if an
+ * entry after x's place starts within x: so that every dead entry still
+ * starts after every live entry before it ends (bt_compact's comment).
+ */
+static inline unsigned bt_room(bt *b, unsigned i, const struct drc__itree_node *x)
+{
+    if (b->dead && i < b->n && b->key[i] <= x->last)
+        return bt_compact(b, i);
+    return i;
+}
+
+/*
+ * Put (key, last, p) at place i of leaf b, which has dead entries: into the
+ * dead entry nearest to i, moving the entries between them by one, so that
+ * the leaf takes it without growing, splitting or moving more. A region
+ * registered again where it died (the same start) goes into its own dead
+ * entry, the floor of its start, with nothing moved. The dead entry is
+ * never the first or the last, nor is one made so. Returns where it went.
+ */
+static unsigned bt_put_dead(bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
+{
+    unsigned l = i, r = i, j;
+
+    for (;;) {
+        if (l > 1 && !b->ptr[--l]) {            /* before i: the entries after it move left */
+            for (j = l; j + 1 < i; j++)
+                bt_copy(b, j, b, j + 1);
+            i--;
+            break;
+        }
+        if (r + 1 < b->n && !b->ptr[r]) {       /* at or after i: the entries up to it move right */
+            for (j = r; j > i; j--)
+                bt_copy(b, j, b, j - 1);
+            break;
+        }
+        r++;
+        DRC_ASSERT(l > 1 || r + 1 < b->n);     /* b->dead counts dead entries between the first and the last */
+    }
+    bt_set(b, i, key, last, p);
+    ST(b->dead, (unsigned short)(b->dead - 1));
+    return i;
+}
+
+/*
  * Put (key, last, p) at position i of b. If b is full, split it and return
  * the new right sibling (its level and leaf link set), else NULL. *at, if
  * @at is given: the node the entry went into, b or the sibling.
@@ -251,13 +392,19 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
     unsigned n = b->n, j, h;
     bt *r;
 
+    if (b->dead) {
+        i = bt_put_dead(b, i, key, last, p);
+        if (at)
+            *at = bt_hint(b, i);
+        return NULL;
+    }
     if (n < F) {
         for (j = n; j > i; j--)
             bt_copy(b, j, b, j - 1);
         bt_set(b, i, key, last, p);
         bt_setn(b, n + 1);
         if (at)
-            *at = b;
+            *at = bt_hint(b, i);
         return NULL;
     }
     r = bt_node_new(t, b->level);
@@ -331,11 +478,12 @@ static inline __attribute__((always_inline)) bt *bt_inserted(struct drc__itree *
 /* @append: x starts at or after every start in the tree: it goes at the end of each node, no search. */
 static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int append, bt **at)
 {
-    unsigned i = append ? b->n : bt_upper(b, b->n, x->start);
+    unsigned i;
     bt *nb;
 
+    i = append ? b->n : bt_upper(b, b->n, x->start);
     if (!b->level)
-        return bt_put(t, b, i, x->start, x->last, x, at);
+        return bt_put(t, b, bt_room(b, i, x), x->start, x->last, x, at);
     int settled;
 
     i = i ? i - 1 : 0;     /* the last child whose smallest start is <= x's, or the first */
@@ -387,6 +535,19 @@ static inline int bt_cut_inside(const struct drc__itree *t, unsigned pos, unsign
     return bt_inside(t, pos, n) && n - 1 >= LOW;
 }
 
+/* May entry @pos of @leaf die in place (bt_compact's comment)? Inside it, and LOW live entries stay. */
+static inline int bt_tomb_ok(const struct drc__itree *t, const bt *leaf, unsigned pos)
+{
+    return bt_inside(t, pos, leaf->n) && leaf->n - leaf->dead - 1u >= (unsigned)LOW;
+}
+
+/* Entry @pos of @leaf dies (bt_tomb_ok): its pointer only. */
+static inline void bt_tomb(bt *leaf, unsigned pos)
+{
+    ST(leaf->ptr[pos], NULL);
+    ST(leaf->dead, (unsigned short)(leaf->dead + 1));
+}
+
 /*
  * Along the path of a walk from x's start (bt_first_disjoint), valid while
  * the count has not moved: each node d of it is the child of entry idx[d-1]
@@ -405,7 +566,7 @@ struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itr
     bt_w_begin(t);
     d = p->depth - 1;
     leaf = p->node[d];
-    pos = bt_upper(leaf, leaf->n, x->start);
+    pos = bt_room(leaf, bt_upper(leaf, leaf->n, x->start), x);
     nb = bt_put(t, leaf, pos, x->start, x->last, x, &at);
     if (!nb && bt_inside(t, pos, leaf->n))
         d = 0;      /* the levels above are as they were: no climb (bt_inside) */
@@ -441,6 +602,8 @@ static void bt_fix(struct drc__itree *t, bt *b, unsigned i)
     unsigned li = i + 1 < b->n ? i : i - 1, j, total, want;
     bt *l = b->ptr[li], *r = b->ptr[li + 1];
 
+    bt_compact(l, 0);
+    bt_compact(r, 0);
     total = l->n + r->n;
     if (total <= F) {
         for (j = 0; j < r->n; j++)
@@ -511,7 +674,8 @@ static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
     int settled;
 
     if (!b->level) {
-        for (; i < b->n && b->key[i] == k; i++)
+        bt_compact(b, 0);
+        for (i = bt_lower(b, b->n, k); i < b->n && b->key[i] == k; i++)
             if (b->ptr[i] == x) {
                 bt_cut(b, i);
                 return 1;
@@ -560,12 +724,21 @@ static struct drc__itree_node *bt_last_entry(const struct drc__itree *t)
  * if no node was merged, borrowed from or freed: the path then still leads
  * to the leaf, whose entry idx is now x's successor there (if it has one).
  */
-static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, const struct drc__itree_path *p)
+static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_path *p)
 {
     bt *leaf = p->node[p->depth - 1];
     unsigned d, pos = p->idx[p->depth - 1];
-    int same = 1, settled, inside = bt_cut_inside(t, pos, leaf->n);     /* no level above changes */
+    int same = 1, settled, inside;
 
+    if (bt_tomb_ok(t, leaf, pos)) {
+        bt_tomb(leaf, pos);
+        while (!leaf->ptr[++pos])
+            ;       /* the successor: the leaf's last entry is live */
+        p->idx[p->depth - 1] = pos;
+        return 1;
+    }
+    p->idx[p->depth - 1] = pos = bt_compact(leaf, pos);
+    inside = bt_cut_inside(t, pos, leaf->n);     /* no level above changes */
     bt_cut(leaf, pos);
     for (d = inside ? 0 : p->depth - 1; d > 0; d--) {
         same &= bt_removed(t, p->node[d - 1], p->idx[d - 1], x, &settled);
@@ -669,11 +842,15 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
  * too, once (in a random-order workload at 262,144 regions, a fifth of the
  * removals found their region there).
  */
-void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_bt *leaf)
+void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_bt *hint)
 {
-    unsigned pos;
+    bt *leaf = bt_hint_leaf(hint);
+    unsigned pos = bt_hint_pos(hint);
 
-    if (leaf && !leaf->level && leaf->n) {
+    if (!leaf || leaf->level || !leaf->n)
+        goto descend;
+    /* x in one entry of one leaf: if it is that one, x is still where its insert put it */
+    if (pos >= leaf->n || leaf->ptr[pos] != x) {
         pos = bt_upper(leaf, leaf->n, x->start);    /* starts are unique: x is the last at or before its own */
         if (pos == leaf->n && leaf->ptr[pos - 1] != x && leaf->next) {
             /*
@@ -686,14 +863,18 @@ void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struc
             bt_prefetch(leaf);
             pos = bt_upper(leaf, leaf->n, x->start);
         }
-        if (pos && leaf->ptr[pos - 1] == x && bt_cut_inside(t, pos - 1, leaf->n)) {
-            bt_w_begin(t);
-            bt_cut(leaf, pos - 1);
-            t->count--;
-            bt_w_end(t);
-            return;
-        }
+        if (!pos || leaf->ptr[pos - 1] != x)
+            goto descend;
+        pos--;
     }
+    if (bt_tomb_ok(t, leaf, pos)) {
+        bt_w_begin(t);
+        bt_tomb(leaf, pos);
+        t->count--;
+        bt_w_end(t);
+        return;
+    }
+descend:
     drc__itree_remove_at(t, x, NULL);
 }
 
@@ -816,6 +997,8 @@ struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t k
         i = bt_upper(b, bt_count_of(b), key);
         level = LD(b->level);
         p = i ? LD(b->ptr[i - 1]) : NULL;
+        while (!level && !p && i > 1)
+            p = LD(b->ptr[--i - 1]);    /* a dead entry: the live one before it (a leaf's first is live) */
         /* every load that decides what p is comes before the check: p is used only if it passes */
         if (bt_moved(t, seq))
             return bt_gave_up(budget);
@@ -932,27 +1115,35 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
     }
     int beyond = 0;                 /* the entry found is in the leaf after the path's */
 
-    if (i && LD(b->last[i - 1]) >= start) {
+    if (i && LD(b->last[i - 1]) >= start && (p = LD(b->ptr[i - 1]))) {
         i--;                        /* the floor reaches start */
     } else {
-        if (i >= n) {               /* the next entry is in the next leaf */
-            int step = bt_next_leaf(t, seq, &b, budget);
+        /*
+         * The next live entry. A dead floor is no answer, and no live entry
+         * before it reaches start either (bt_compact's comment).
+         */
+        for (;; i++) {
+            if (i >= n) {           /* the next entry is in the next leaf */
+                int step = bt_next_leaf(t, seq, &b, budget);
 
-            if (step <= 0)
-                return step < 0 ? bt_gave_up(budget) : NULL;
-            i = 0;
-            /*
-             * The path still leads where an insert of `start` goes (the
-             * end of the floor's leaf): it stays, with no entry of its
-             * leaf (drc__itree_at answers NULL), so that a miss whose
-             * floor ends its leaf inserts with no descent.
-             */
-            beyond = 1;
+                if (step <= 0)
+                    return step < 0 ? bt_gave_up(budget) : NULL;
+                n = bt_count_of(b);
+                i = 0;
+                /*
+                 * The path still leads where an insert of `start` goes (the
+                 * end of the floor's leaf): it stays, with no entry of its
+                 * leaf (drc__itree_at answers NULL), so that a miss whose
+                 * floor ends its leaf inserts with no descent.
+                 */
+                beyond = 1;
+            }
+            if (LD(b->key[i]) > last)
+                return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
+            if ((p = LD(b->ptr[i])))
+                break;
         }
-        if (LD(b->key[i]) > last)
-            return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
     }
-    p = LD(b->ptr[i]);
     if (bt_moved(t, seq))
         return bt_gave_up(budget);
     if (path && path->depth && !beyond)
@@ -981,11 +1172,12 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
         return bt_first_disjoint(t, seq, b, start, last, budget, path);
     for (;;) {
         n = bt_count_of(b);
-        /* from the first entry, skipping those whose subtree ends before `start` */
+        level = LD(b->level);
+        /* from the first entry, skipping those whose subtree ends before `start` (and dead entries) */
         for (; i < n; i++) {
             if (LD(b->key[i]) > last)
                 return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;  /* every later entry starts later */
-            if (LD(b->last[i]) >= start)
+            if (LD(b->last[i]) >= start && (level || LD(b->ptr[i])))
                 break;
         }
         while (i == n) {        /* nothing here: back up to the parent's next child */
@@ -1003,7 +1195,7 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
         }
         p = LD(b->ptr[i]);
         level = LD(b->level);
-        if (bt_moved(t, seq))
+        if (bt_moved(t, seq) || !p)
             return bt_gave_up(budget);
         if (!level) {
             if (path && depth + 1 < MAXH) {
@@ -1079,10 +1271,8 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
         }
         if (LD(b->key[i]) > last)
             return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
-        if (LD(b->last[i]) >= start) {
-            p = LD(b->ptr[i]);
+        if (LD(b->last[i]) >= start && (p = LD(b->ptr[i])))    /* a dead entry is skipped */
             return bt_moved(t, seq) ? bt_gave_up(budget) : p;
-        }
     }
 }
 
@@ -1092,12 +1282,14 @@ struct chk {
     long count;
     const bt *prev_leaf;
     uintptr_t prev_key;
+    uintptr_t live_last;            /* the largest last of the live entries so far */
+    int any_live;
     int bad;
 };
 
 static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int is_root, struct chk *s)
 {
-    unsigned i;
+    unsigned i, dead = 0;
 
     if (s->bad)
         return;
@@ -1118,12 +1310,25 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
         if (!level) {
             const struct drc__itree_node *x = b->ptr[i];
 
-            if (!x || x->start != b->key[i] || x->last != b->last[i] || x->last < x->start) {
+            if (!x) {       /* dead (bt_compact's comment): never a leaf's first or last, after what lives before */
+                if (!i || i + 1 == b->n || b->last[i] < b->key[i] || b->last[i] > b->last[b->n - 1] ||
+                    (t->disjoint && s->any_live && s->live_last >= b->key[i])) {
+                    s->bad = 1;
+                    return;
+                }
+                dead++;
+                s->prev_key = b->key[i];
+                continue;
+            }
+            if (x->start != b->key[i] || x->last != b->last[i] || x->last < x->start) {
                 s->bad = 1;
                 return;
             }
             s->prev_key = b->key[i];
             s->count++;
+            if (!s->any_live || x->last > s->live_last)
+                s->live_last = x->last;
+            s->any_live = 1;
         } else {
             const bt *c = b->ptr[i];
 
@@ -1135,9 +1340,14 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
         }
     }
     if (!level) {
+        /* the dead count, and LOW live entries (the root: one) */
+        if (dead != b->dead || b->n - dead < (is_root ? 1u : (unsigned)LOW))
+            s->bad = 1;
         if (s->prev_leaf && s->prev_leaf->next != b)
             s->bad = 1;
         s->prev_leaf = b;
+    } else if (b->dead) {
+        s->bad = 1;
     }
 }
 
@@ -1168,7 +1378,7 @@ static int bt_chk_finger(const struct drc__itree *t)
 
 long drc__itree_check(const struct drc__itree *t)
 {
-    struct chk s = { 0, NULL, 0, 0 };
+    struct chk s = { 0, NULL, 0, 0, 0, 0 };
 
     if (t->seq & 1)
         return -1;

@@ -43,6 +43,11 @@
  * then the next, which is the first then (top down, the last, then the one
  * before): each free event's walk skips the descent.
  *
+ * A removal inside a leaf of disjoint intervals (remove_in, or remove_at
+ * along a walk's path) leaves the entry dead in place, its node pointer
+ * cleared, instead of moving the entries after it; walks skip it, and the
+ * next writer that changes the leaf's shape drops it (itree.c).
+ *
  * Two intervals A and B overlap iff A.start <= B.last && B.start <= A.last.
  */
 #ifndef DRC_ITREE_H
@@ -115,7 +120,9 @@ void drc__itree_init(struct drc__itree *t, int given);
  * interval that overlaps another. While it holds, an overlap query starts
  * at the floor of its start, found by counting keys, instead of scanning each
  * node from its first entry; a lockless walk that read the promise and
- * met the overlapping insert sees the count move.
+ * met the overlapping insert sees the count move. A promise given again
+ * after it was taken back drops every dead entry first (a walk of every
+ * leaf).
  */
 void drc__itree_set_disjoint(struct drc__itree *t, int disjoint);
 
@@ -135,14 +142,16 @@ void drc__itree_give(struct drc__itree *t, void *mem, size_t size);
 /*
  * Insert @n (start and last set by the caller). Equal starts are allowed,
  * and overlaps. A tree of given nodes must have had drc__itree_need() met.
- * Returns the leaf @n was put in, for drc__itree_remove_in.
+ * Returns where @n was put, for drc__itree_remove_in: its leaf, with its
+ * place in the leaf in the address's low bits (an opaque hint, never to be
+ * dereferenced by the owner).
  */
 struct drc__itree_bt *drc__itree_insert(struct drc__itree *t, struct drc__itree_node *n);
 
 /*
  * The same, given the path of a walk from @n's start (drc__itree_first_at
  * of disjoint intervals): with no descent if the tree has not changed
- * since, else as drc__itree_insert(). Returns the leaf @n was put in.
+ * since, else as drc__itree_insert(). Returns where @n was put, as that.
  */
 struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n,
                                            const struct drc__itree_path *p);
@@ -151,13 +160,14 @@ struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itr
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
 
 /*
- * The same, given the leaf @n's insert answered (drc__itree_insert or
+ * The same, given what @n's insert answered (drc__itree_insert or
  * drc__itree_insert_at), or NULL: with no descent if @n is still inside
  * that leaf (neither its first nor its last entry) in a tree of disjoint
- * intervals, else as drc__itree_remove(). The leaf may have changed since
- * in any way: the answer is checked, never trusted. A removal of a region
- * its owner holds by handle, whose lookup never walked the index, pays no
- * descent.
+ * intervals, else as drc__itree_remove(); with no search of the leaf
+ * either if @n is still at the place answered. The leaf may have changed
+ * since in any way: the answer is checked, never trusted. A removal of a
+ * region its owner holds by handle, whose lookup never walked the index,
+ * pays no descent.
  */
 void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_bt *leaf);
 

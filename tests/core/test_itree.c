@@ -547,9 +547,10 @@ static void a_run_goes_out_along_the_path(void **state)
     free(m);
 }
 
-/* Is x among the entries of leaf b, and where (-1: not there)? */
-static int leaf_pos(const bt *b, const struct drc__itree_node *x)
+/* Is x among the entries of the leaf of hint h (what an insert answered), and where (-1: not there)? */
+static int leaf_pos(const struct drc__itree_bt *h, const struct drc__itree_node *x)
 {
+    const bt *b = bt_hint_leaf(h);
     unsigned i;
 
     if (!b || b->level)
@@ -561,10 +562,11 @@ static int leaf_pos(const bt *b, const struct drc__itree_node *x)
 }
 
 /*
- * An insert answers the leaf it put its interval in, by a descent or along
- * a path, when the leaf split or not, in address order (splits at the very
- * end) and in random order (splits in the middle). Removals by a handle's
- * leaf (drc__itree_remove_in) count on it.
+ * An insert answers the leaf it put its interval in and the entry's place
+ * there, by a descent or along a path, when the leaf split or not, in
+ * address order (splits at the very end) and in random order (splits in
+ * the middle). Removals by a handle's leaf (drc__itree_remove_in) count on
+ * it.
  */
 static void an_insert_answers_its_leaf(void **state)
 {
@@ -590,7 +592,7 @@ static void an_insert_answers_its_leaf(void **state)
             m->in[i] = 1;
             m->count++;
             assert_int_equal(drc__itree_check(&m->t), m->count);
-            assert_true(leaf_pos(leaf, &m->n[i]) >= 0);
+            assert_int_equal(leaf_pos(leaf, &m->n[i]), (int)bt_hint_pos(leaf));
         }
     }
     assert_true(m->t.height >= 3);
@@ -599,22 +601,26 @@ static void an_insert_answers_its_leaf(void **state)
 }
 
 /*
- * drc__itree_remove_in takes out an interval given the leaf its insert
- * answered, which the steps since may have left as it was, split (the
- * interval moved to the new sibling), merged away into the spare nodes,
- * or handed out again at another level; or given no leaf, or another
- * interval's. Every removal must leave the tree whole and answering like
- * the list. The scenario must give many removals a leaf that still holds
- * its interval inside it (the case that skips the descent), and many one
- * that does not. Control: a removal that trusted its leaf without finding
- * the interval in it cut another interval (the mutant of the change that
- * brought this in, run once).
+ * drc__itree_remove_in takes out an interval given the leaf and place its
+ * insert answered, which the steps since may have left as they were,
+ * moved (an insert before it in the leaf), split (the interval moved to
+ * the new sibling), merged away into the spare nodes, or handed out again
+ * at another level; or given no leaf, another interval's, or its own leaf
+ * with another place. Every removal must leave the tree whole and
+ * answering like the list. The scenario must give many removals a leaf
+ * that still holds its interval inside it (the case that skips the
+ * descent), many of them at the place answered, and many a leaf that does
+ * not. Control: a removal that trusted its leaf without finding the
+ * interval in it cut another interval (the mutant of the change that
+ * brought this in, run once), and one that trusted the place without
+ * checking the entry there killed another interval (run once too).
  */
 static void a_removal_checks_the_leaf_it_is_given(void **state)
 {
     struct model *m = model_new(37);
     struct drc__itree_bt *leaf[MAXN] = { 0 };
-    int i, j, pos, inside = 0, beside = 0, elsewhere = 0, steps;
+    const bt *b;
+    int i, j, pos, inside = 0, placed = 0, beside = 0, elsewhere = 0, steps;
 
     (void)state;
     drc__itree_set_disjoint(&m->t, 1);
@@ -643,14 +649,19 @@ static void a_removal_checks_the_leaf_it_is_given(void **state)
                 leaf[i] = m->t.root;                    /* an inner node, once the tree has levels */
             else if (j == 3)
                 leaf[i] = leaf[(i + 360) % 400];        /* one well to the left: past it and its next */
+            else if (j == 4)                            /* its leaf, another place */
+                leaf[i] = bt_hint(bt_hint_leaf(leaf[i]), (bt_hint_pos(leaf[i]) + 1) % F);
             pos = leaf_pos(leaf[i], &m->n[i]);
-            if (pos > 0 && (unsigned)pos + 1 < leaf[i]->n && leaf[i]->n > LOW)
+            b = bt_hint_leaf(leaf[i]);
+            if (pos > 0 && (unsigned)pos + 1 < b->n && b->n - b->dead > LOW) {
                 inside++;
-            else if (leaf[i] && !leaf[i]->level && leaf[i]->n && leaf[i]->next &&
-                     leaf[i]->key[leaf[i]->n - 1] < m->n[i].start && leaf_pos(leaf[i]->next, &m->n[i]) >= 0)
+                placed += pos == (int)bt_hint_pos(leaf[i]);
+            } else if (b && !b->level && b->n && b->next &&
+                       b->key[b->n - 1] < m->n[i].start && leaf_pos(b->next, &m->n[i]) >= 0) {
                 beside++;                               /* split since: moved to the next leaf */
-            else
+            } else {
                 elsewhere++;
+            }
             drc__itree_remove_in(&m->t, &m->n[i], leaf[i]);
             m->in[i] = 0;
             m->count--;
@@ -660,7 +671,9 @@ static void a_removal_checks_the_leaf_it_is_given(void **state)
             query(m, 0, UINTPTR_MAX);
     }
     query(m, 0, UINTPTR_MAX);
-    assert_true(inside > 300 && beside > 50 && elsewhere > 300);
+    print_message("%d removals inside their leaf (%d at the place answered), %d beside it, %d elsewhere\n",
+                  inside, placed, beside, elsewhere);
+    assert_true(inside > 300 && placed > 100 && inside - placed > 100 && beside > 50 && elsewhere > 300);
 
     /* a tree without the disjoint promise: every removal by its leaf falls back, and is right */
     drc__itree_set_disjoint(&m->t, 0);
@@ -671,6 +684,142 @@ static void a_removal_checks_the_leaf_it_is_given(void **state)
             m->count--;
             assert_int_equal(drc__itree_check(&m->t), m->count);
         }
+    query(m, 0, UINTPTR_MAX);
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
+/*
+ * A removal inside a leaf of disjoint intervals kills the entry in place:
+ * its pointer only; the entries after it stay where they were, and its
+ * key and last stay too. Walks skip it: an overlap query over its range
+ * answers none, floor the live entry before it, next the one after it. A
+ * leaf's first and last entries are cut, not killed. An interval
+ * registered again at its start takes its own dead entry back, nothing
+ * moved. An insert whose interval covers a dead start compacts the leaf
+ * first: one inserted over dead entries' ranges (no live overlap: the
+ * promise holds) is found by a query past a dead start. A promise given
+ * again drops every dead entry. Controls: the dead entry's key and last are still in the leaf,
+ * so only the skip makes those answers right; without the compaction (the
+ * mutant, run once) the query inside the new interval past the dead starts
+ * answered none: the walk took the dead floor, then the next live start,
+ * past the query.
+ */
+static void a_removal_inside_a_leaf_kills_its_entry(void **state)
+{
+    struct model *m = model_new(41);
+    struct drc__itree_bt *h[8];
+    struct drc__itree_path path;
+    struct drc__itree_node *x;
+    bt *b;
+    int i, budget;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (i = 0; i < 6; i++) {       /* one leaf of the fan of 8: [100 i, 100 i + 9] */
+        m->n[i].start = (uintptr_t)i * 100;
+        m->n[i].last = (uintptr_t)i * 100 + 9;
+        h[i] = drc__itree_insert(&m->t, &m->n[i]);
+        m->in[i] = 1;
+        m->count++;
+    }
+    b = bt_hint_leaf(h[2]);
+    assert_true(b == m->t.root && !b->level && b->n == 6);
+
+    drc__itree_remove_in(&m->t, &m->n[2], h[2]);
+    m->in[2] = 0;
+    m->count--;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_int_equal(b->n, 6);
+    assert_int_equal(b->dead, 1);
+    assert_null(b->ptr[2]);
+    assert_int_equal(b->key[2], 200);                   /* control: still there */
+    assert_int_equal(b->last[2], 209);
+    assert_ptr_equal(b->ptr[3], &m->n[3]);              /* nothing moved */
+    query(m, 200, 209);
+    query(m, 205, 350);
+    query(m, 0, UINTPTR_MAX);
+    budget = DRC__ITREE_UNBOUNDED;
+    assert_ptr_equal(drc__itree_floor(&m->t, 205, &budget), &m->n[1]);
+    assert_ptr_equal(drc__itree_first(&m->t, 205, 305, &budget), &m->n[3]);
+    assert_ptr_equal(drc__itree_next(&m->t, &m->n[1], 0, UINTPTR_MAX, &budget), &m->n[3]);
+    assert_true(budget > 0);
+
+    /* along a walk's path too (a free event): the path is left at the successor */
+    budget = DRC__ITREE_UNBOUNDED;
+    x = drc__itree_first_at(&m->t, 300, 300, &budget, &path);
+    assert_ptr_equal(x, &m->n[3]);
+    drc__itree_remove_at(&m->t, &m->n[3], &path);
+    m->in[3] = 0;
+    m->count--;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_int_equal(b->dead, 2);
+    assert_ptr_equal(drc__itree_at(&m->t, &path), &m->n[4]);
+    query(m, 0, UINTPTR_MAX);
+
+    /* registered again where it died: into its own dead entry, nothing moved */
+    h[2] = drc__itree_insert(&m->t, &m->n[2]);
+    m->in[2] = 1;
+    m->count++;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_ptr_equal(bt_hint_leaf(h[2]), b);
+    assert_int_equal(bt_hint_pos(h[2]), 2);
+    assert_int_equal(b->dead, 1);
+    assert_int_equal(b->n, 6);
+    assert_ptr_equal(b->ptr[4], &m->n[4]);
+    query(m, 0, UINTPTR_MAX);
+    drc__itree_remove_in(&m->t, &m->n[2], h[2]);
+    m->in[2] = 0;
+    m->count--;
+    assert_int_equal(b->dead, 2);
+
+    /* a leaf's first entry is cut: the next one becomes its first, live */
+    drc__itree_remove_in(&m->t, &m->n[0], h[0]);
+    m->in[0] = 0;
+    m->count--;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_int_equal(b->dead, 0);                       /* the cut compacted the leaf */
+    assert_int_equal(b->n, 3);
+    assert_ptr_equal(b->ptr[0], &m->n[1]);
+
+    /* dead again, then an insert over the dead ranges */
+    for (i = 2; i < 4; i++) {
+        m->n[i].start = (uintptr_t)i * 100;
+        m->n[i].last = (uintptr_t)i * 100 + 9;
+        h[i] = drc__itree_insert(&m->t, &m->n[i]);
+        m->in[i] = 1;
+        m->count++;
+    }
+    for (i = 2; i < 4; i++) {
+        drc__itree_remove_in(&m->t, &m->n[i], h[i]);
+        m->in[i] = 0;
+        m->count--;
+    }
+    assert_int_equal(b->dead, 2);
+    m->n[6].start = 150;
+    m->n[6].last = 350;
+    budget = DRC__ITREE_UNBOUNDED;
+    assert_null(drc__itree_first_at(&m->t, 150, 350, &budget, &path));     /* a miss: nothing live there */
+    drc__itree_insert_at(&m->t, &m->n[6], &path);
+    m->in[6] = 1;
+    m->count++;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_int_equal(b->dead, 0);
+    budget = DRC__ITREE_UNBOUNDED;
+    assert_ptr_equal(drc__itree_first(&m->t, 220, 220, &budget), &m->n[6]);
+    assert_ptr_equal(drc__itree_first(&m->t, 320, 330, &budget), &m->n[6]);
+    query(m, 220, 220);
+    query(m, 0, UINTPTR_MAX);
+
+    /* a promise given again drops the dead entries that overlapping inserts kept no order with */
+    drc__itree_remove_in(&m->t, &m->n[4], h[4]);       /* n[1], n[6], n[4] (dead), n[5] */
+    m->in[4] = 0;
+    m->count--;
+    assert_int_equal(b->dead, 1);
+    drc__itree_set_disjoint(&m->t, 0);
+    drc__itree_set_disjoint(&m->t, 1);
+    assert_int_equal(b->dead, 0);
+    assert_int_equal(drc__itree_check(&m->t), m->count);
     query(m, 0, UINTPTR_MAX);
     drc__itree_fini(&m->t);
     free(m);
@@ -948,6 +1097,7 @@ int main(void)
         cmocka_unit_test(a_run_goes_out_along_the_path),
         cmocka_unit_test(an_insert_answers_its_leaf),
         cmocka_unit_test(a_removal_checks_the_leaf_it_is_given),
+        cmocka_unit_test(a_removal_inside_a_leaf_kills_its_entry),
         cmocka_unit_test(the_right_edge_is_walked_without_search),
         cmocka_unit_test(a_walk_after_a_removal_starts_at_its_leaf),
         cmocka_unit_test(budget_bounds_the_walk),
