@@ -91,7 +91,7 @@ void drc__itree_init(struct drc__itree *t, int given)
     t->given = given;
 }
 
-static unsigned bt_compact(struct drc__itree_bt *b, unsigned pos);
+static unsigned bt_compact(struct drc__itree *t, struct drc__itree_bt *b, unsigned pos);
 
 void drc__itree_set_disjoint(struct drc__itree *t, int disjoint)
 {
@@ -106,7 +106,7 @@ void drc__itree_set_disjoint(struct drc__itree *t, int disjoint)
         for (b = t->root; b->level; b = b->ptr[0])
             ;
         for (; b; b = b->next)
-            bt_compact(b, 0);
+            bt_compact(t, b, 0);
         bt_w_end(t);
     }
     ST(t->disjoint, disjoint);
@@ -315,12 +315,13 @@ static inline unsigned bt_hint_pos(const struct drc__itree_bt *h)
  * Drop b's dead entries (a leaf's, in a writer's window). Returns where
  * entry @pos, live or b->n, is now.
  */
-static unsigned bt_compact(bt *b, unsigned pos)
+static unsigned bt_compact(struct drc__itree *t, bt *b, unsigned pos)
 {
     unsigned i, j = 0, at = pos;
 
     if (!b->dead)
         return pos;
+    t->dead -= b->dead;
     for (i = 0; i < b->n; i++) {
         if (i == pos)
             at = j;
@@ -343,10 +344,10 @@ static unsigned bt_compact(bt *b, unsigned pos)
  * entry after x's place starts within x: so that every dead entry still
  * starts after every live entry before it ends (bt_compact's comment).
  */
-static inline unsigned bt_room(bt *b, unsigned i, const struct drc__itree_node *x)
+static inline unsigned bt_room(struct drc__itree *t, bt *b, unsigned i, const struct drc__itree_node *x)
 {
     if (b->dead && i < b->n && b->key[i] <= x->last)
-        return bt_compact(b, i);
+        return bt_compact(t, b, i);
     return i;
 }
 
@@ -358,7 +359,7 @@ static inline unsigned bt_room(bt *b, unsigned i, const struct drc__itree_node *
  * entry, the floor of its start, with nothing moved. The dead entry is
  * never the first or the last, nor is one made so. Returns where it went.
  */
-static unsigned bt_put_dead(bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
+static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
 {
     unsigned l = i, r = i, j;
 
@@ -379,6 +380,7 @@ static unsigned bt_put_dead(bt *b, unsigned i, uintptr_t key, uintptr_t last, vo
     }
     bt_set(b, i, key, last, p);
     ST(b->dead, (unsigned short)(b->dead - 1));
+    t->dead--;
     return i;
 }
 
@@ -393,7 +395,7 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
     bt *r;
 
     if (b->dead) {
-        i = bt_put_dead(b, i, key, last, p);
+        i = bt_put_dead(t, b, i, key, last, p);
         if (at)
             *at = bt_hint(b, i);
         return NULL;
@@ -483,7 +485,7 @@ static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int ap
 
     i = append ? b->n : bt_upper(b, b->n, x->start);
     if (!b->level)
-        return bt_put(t, b, bt_room(b, i, x), x->start, x->last, x, at);
+        return bt_put(t, b, bt_room(t, b, i, x), x->start, x->last, x, at);
     int settled;
 
     i = i ? i - 1 : 0;     /* the last child whose smallest start is <= x's, or the first */
@@ -542,10 +544,11 @@ static inline int bt_tomb_ok(const struct drc__itree *t, const bt *leaf, unsigne
 }
 
 /* Entry @pos of @leaf dies (bt_tomb_ok): its pointer only. */
-static inline void bt_tomb(bt *leaf, unsigned pos)
+static inline void bt_tomb(struct drc__itree *t, bt *leaf, unsigned pos)
 {
     ST(leaf->ptr[pos], NULL);
     ST(leaf->dead, (unsigned short)(leaf->dead + 1));
+    t->dead++;
 }
 
 /*
@@ -566,7 +569,7 @@ struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itr
     bt_w_begin(t);
     d = p->depth - 1;
     leaf = p->node[d];
-    pos = bt_room(leaf, bt_upper(leaf, leaf->n, x->start), x);
+    pos = bt_room(t, leaf, bt_upper(leaf, leaf->n, x->start), x);
     nb = bt_put(t, leaf, pos, x->start, x->last, x, &at);
     if (!nb && bt_inside(t, pos, leaf->n))
         d = 0;      /* the levels above are as they were: no climb (bt_inside) */
@@ -602,8 +605,8 @@ static void bt_fix(struct drc__itree *t, bt *b, unsigned i)
     unsigned li = i + 1 < b->n ? i : i - 1, j, total, want;
     bt *l = b->ptr[li], *r = b->ptr[li + 1];
 
-    bt_compact(l, 0);
-    bt_compact(r, 0);
+    bt_compact(t, l, 0);
+    bt_compact(t, r, 0);
     total = l->n + r->n;
     if (total <= F) {
         for (j = 0; j < r->n; j++)
@@ -674,7 +677,7 @@ static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
     int settled;
 
     if (!b->level) {
-        bt_compact(b, 0);
+        bt_compact(t, b, 0);
         for (i = bt_lower(b, b->n, k); i < b->n && b->key[i] == k; i++)
             if (b->ptr[i] == x) {
                 bt_cut(b, i);
@@ -731,13 +734,13 @@ static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, struc
     int same = 1, settled, inside;
 
     if (bt_tomb_ok(t, leaf, pos)) {
-        bt_tomb(leaf, pos);
+        bt_tomb(t, leaf, pos);
         while (!leaf->ptr[++pos])
             ;       /* the successor: the leaf's last entry is live */
         p->idx[p->depth - 1] = pos;
         return 1;
     }
-    p->idx[p->depth - 1] = pos = bt_compact(leaf, pos);
+    p->idx[p->depth - 1] = pos = bt_compact(t, leaf, pos);
     inside = bt_cut_inside(t, pos, leaf->n);     /* no level above changes */
     bt_cut(leaf, pos);
     for (d = inside ? 0 : p->depth - 1; d > 0; d--) {
@@ -869,7 +872,7 @@ void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struc
     }
     if (bt_tomb_ok(t, leaf, pos)) {
         bt_w_begin(t);
-        bt_tomb(leaf, pos);
+        bt_tomb(t, leaf, pos);
         t->count--;
         bt_w_end(t);
         return;
@@ -1279,7 +1282,7 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
 /* ---- check ----------------------------------------------------------------------- */
 
 struct chk {
-    long count;
+    long count, dead;
     const bt *prev_leaf;
     uintptr_t prev_key;
     uintptr_t live_last;            /* the largest last of the live entries so far */
@@ -1343,6 +1346,7 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
         /* the dead count, and LOW live entries (the root: one) */
         if (dead != b->dead || b->n - dead < (is_root ? 1u : (unsigned)LOW))
             s->bad = 1;
+        s->dead += dead;
         if (s->prev_leaf && s->prev_leaf->next != b)
             s->bad = 1;
         s->prev_leaf = b;
@@ -1378,16 +1382,17 @@ static int bt_chk_finger(const struct drc__itree *t)
 
 long drc__itree_check(const struct drc__itree *t)
 {
-    struct chk s = { 0, NULL, 0, 0, 0, 0 };
+    struct chk s = { 0, 0, NULL, 0, 0, 0, 0 };
 
     if (t->seq & 1)
         return -1;
     if (!t->root)
-        return t->height || t->count ? -1 : 0;
+        return t->height || t->count || t->dead ? -1 : 0;
     if (!t->height)
         return -1;
     bt_chk(t, t->root, t->height - 1, 1, &s);
-    if (s.bad || (s.prev_leaf && s.prev_leaf->next) || s.count != t->count || !bt_chk_finger(t))
+    if (s.bad || (s.prev_leaf && s.prev_leaf->next) || s.count != t->count || s.dead != t->dead ||
+        !bt_chk_finger(t))
         return -1;
     return s.count;
 }

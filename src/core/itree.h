@@ -86,6 +86,7 @@ struct drc__itree {
     unsigned height;                /* atomic: levels, 0 when empty, 1 when the root is a leaf */
     unsigned seq;                   /* atomic: odd while insert or remove changes nodes */
     long count;                     /* intervals in the tree */
+    long dead;                      /* dead entries in its leaves (itree.c's bt_compact) */
     struct drc__itree_bt *spare;    /* free nodes, linked through their next: never given back */
     unsigned nspare;
     int given;                      /* 1: nodes come only from drc__itree_give (never malloc) */

@@ -15,7 +15,10 @@
  * Half the writer's removals go along a walk's path, the entry after them
  * too, as memory freed in address order (itree.h's finger); half the walks
  * ask within the finger's leaf, and some of those checked against the list
- * began there (they visited one node before the next entry).
+ * began there (they visited one node before the next entry). Half of the
+ * other removals are given where the insert put the node (remove_in, as a
+ * removal by handle); removals inside a leaf leave dead entries, which
+ * walks skip, and some of the walks checked ran while the tree had some.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -35,9 +38,10 @@ enum { N = 2048, READERS = 2, SPACE = 64 * N };
 static struct drc__itree tree;
 static struct drc__itree_node nodes[N];
 static int in[N];                   /* under lock */
+static struct drc__itree_bt *where[N];  /* what each insert answered (under lock) */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int stop;
-static long checked, raced, gave_up, finger_walks;    /* finger_walks: under lock */
+static long checked, raced, gave_up, finger_walks, dead_walks;     /* finger_walks, dead_walks: under lock */
 
 static uint64_t rnd(uint64_t *s)
 {
@@ -91,13 +95,16 @@ static void *writer(void *arg)
                     in[x - nodes] = 0;
                 }
             } else if (in[i]) {
-                drc__itree_remove(&tree, &nodes[i]);
+                if (rnd(&r) & 1)
+                    drc__itree_remove_in(&tree, &nodes[i], where[i]);
+                else
+                    drc__itree_remove(&tree, &nodes[i]);
                 in[i] = 0;
             } else {
                 /* disjoint: node i lives in its own cell of 64 */
                 __atomic_store_n(&nodes[i].start, (uintptr_t)i * 64 + rnd(&r) % 16, __ATOMIC_RELAXED);
                 __atomic_store_n(&nodes[i].last, nodes[i].start + rnd(&r) % 40, __ATOMIC_RELAXED);
-                drc__itree_insert(&tree, &nodes[i]);
+                where[i] = drc__itree_insert(&tree, &nodes[i]);
                 in[i] = 1;
             }
         }
@@ -148,6 +155,7 @@ static void *reader(void *arg)
             assert_ptr_equal(x, naive_first(s, l));
             checked++;
             mine_checked++;
+            dead_walks += tree.dead > 0;
             if (height > 1 && first_nodes == 1) {
                 fingered++;
                 finger_walks++;
@@ -176,11 +184,13 @@ static void lockless_walks_race_a_writer(void **state)
         pthread_join(rd[i], NULL);
     __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
     pthread_join(w, NULL);
-    print_message("%ld walks checked against the list (%ld began at the finger's leaf), %ld raced the writer, "
-                  "%ld gave up\n", checked, finger_walks, raced, gave_up);
+    print_message("%ld walks checked against the list (%ld began at the finger's leaf, %ld ran while dead "
+                  "entries were in the tree), %ld raced the writer, %ld gave up\n", checked, finger_walks, dead_walks,
+                  raced, gave_up);
     assert_int_equal(drc__itree_check(&tree), tree.count);
     assert_true(checked > 0);
     assert_true(finger_walks > 0);        /* walks that began at the finger's leaf were checked too */
+    assert_true(dead_walks > 0);          /* and walks past dead entries */
     assert_true(raced + gave_up > 0);     /* the control: walks did meet the writer */
     drc__itree_fini(&tree);
 }
