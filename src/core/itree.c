@@ -284,15 +284,18 @@ static inline unsigned bt_hint_pos(const struct drc__itree_bt *h)
 }
 
 /*
- * Dead entries. A removal of an entry inside a leaf of disjoint intervals
- * (neither its first nor its last: bt_tomb_ok) clears the entry's pointer
- * and counts it in the leaf's `dead` instead of moving every entry after
- * it: one line written, not the three arrays' tails (a removal by handle
- * in a large cache missed on most of the leaf's seven lines). The dead
- * entry keeps its key and last, so every node above stays exact over all
- * entries and over the live ones alike: a leaf's first and last entries
- * are never dead, and of disjoint intervals the last one ends last.
- * Walks skip dead entries.
+ * Dead entries. A removal from a leaf of disjoint intervals of any entry
+ * but the leaf's first and the tree's largest (bt_tomb_ok) clears the
+ * entry's pointer and counts it in the leaf's `dead` instead of moving
+ * every entry after it: one line written, not the three arrays' tails (a
+ * removal by handle in a large cache missed on most of the leaf's seven
+ * lines), and no climb. The dead entry keeps its key and last, so the
+ * node above keeps the leaf's first start exactly, and a largest last at
+ * or above the largest of what is left: the inner `last`s are bounds,
+ * exact when written, that a dead entry dropped since may leave high (an
+ * overlap walk that goes down where nothing reaches its start backs up;
+ * the walk of disjoint intervals does not read them). Walks skip dead
+ * entries, and a leaf always has live ones: LOW, the root one.
  *
  * What a walk of disjoint intervals relies on: every dead entry starts
  * after every live entry before it ends. Then, when the floor of a key
@@ -305,10 +308,12 @@ static inline unsigned bt_hint_pos(const struct drc__itree_bt *h)
  * one of a later leaf comes after that leaf's first entry, live, which
  * starts past x (or it would overlap x). While the promise is taken back,
  * inserts keep no such order, so a promise given again drops every dead
- * entry (drc__itree_set_disjoint). Every writer that would make a
- * dead entry a leaf's first or last (a removal that moves entries, a
- * merge, a borrow, a split) drops the leaf's dead entries first
- * (bt_compact); drc__itree_check checks all of this.
+ * entry (drc__itree_set_disjoint). A leaf's first entry is never dead, so
+ * that dropping dead entries never changes a leaf's first start: writers
+ * that move entries across leaves (a removal that cuts, a merge, a
+ * borrow, a split) drop them first (bt_compact), and an insert into a
+ * dead entry (bt_put_dead) never moves one into the first place.
+ * drc__itree_check checks all of this.
  */
 
 /*
@@ -356,8 +361,8 @@ static inline unsigned bt_room(struct drc__itree *t, bt *b, unsigned i, const st
  * dead entry nearest to i, moving the entries between them by one, so that
  * the leaf takes it without growing, splitting or moving more. A region
  * registered again where it died (the same start) goes into its own dead
- * entry, the floor of its start, with nothing moved. The dead entry is
- * never the first or the last, nor is one made so. Returns where it went.
+ * entry, the floor of its start, with nothing moved. The first entry is
+ * never dead, nor is one made so. Returns where it went.
  */
 static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
 {
@@ -370,13 +375,13 @@ static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t k
             i--;
             break;
         }
-        if (r + 1 < b->n && !b->ptr[r]) {       /* at or after i: the entries up to it move right */
+        if (r < b->n && !b->ptr[r]) {           /* at or after i: the entries up to it move right */
             for (j = r; j > i; j--)
                 bt_copy(b, j, b, j - 1);
             break;
         }
         r++;
-        DRC_ASSERT(l > 1 || r + 1 < b->n);     /* b->dead counts dead entries between the first and the last */
+        DRC_ASSERT(l > 1 || r < b->n);     /* b->dead counts dead entries after the first */
     }
     bt_set(b, i, key, last, p);
     ST(b->dead, (unsigned short)(b->dead - 1));
@@ -521,8 +526,8 @@ struct drc__itree_bt *drc__itree_insert(struct drc__itree *t, struct drc__itree_
  * Is entry @pos of a leaf of @n entries neither its first nor its last, in a
  * tree of disjoint intervals? Then an insert or removal there leaves every
  * level above as it was: the leaf's smallest start is another entry's, and
- * so is its largest last, since of disjoint intervals in start order the
- * last one ends last. The climb that would find each level unchanged
+ * the bound above on its largest last holds (an interval inserted there
+ * ends before the next entry starts; a removal lowers nothing). The climb that would find each level unchanged
  * (bt_inserted, bt_removed) reads each parent's `last` line, which the
  * descent did not, a cache miss in a large tree: it is skipped.
  */
@@ -537,10 +542,14 @@ static inline int bt_cut_inside(const struct drc__itree *t, unsigned pos, unsign
     return bt_inside(t, pos, n) && n - 1 >= LOW;
 }
 
-/* May entry @pos of @leaf die in place (bt_compact's comment)? Inside it, and LOW live entries stay. */
+/*
+ * May entry @pos of @leaf die in place (bt_compact's comment)? Not its
+ * first (whose start is the leaf's key above) nor the tree's largest
+ * (t->max), in a tree of disjoint intervals, and LOW live entries stay.
+ */
 static inline int bt_tomb_ok(const struct drc__itree *t, const bt *leaf, unsigned pos)
 {
-    return bt_inside(t, pos, leaf->n) && leaf->n - leaf->dead - 1u >= (unsigned)LOW;
+    return pos > 0 && leaf->n - leaf->dead - 1u >= (unsigned)LOW && LD(t->disjoint) && leaf->ptr[pos] != t->max;
 }
 
 /* Entry @pos of @leaf dies (bt_tomb_ok): its pointer only. */
@@ -735,8 +744,8 @@ static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, struc
 
     if (bt_tomb_ok(t, leaf, pos)) {
         bt_tomb(t, leaf, pos);
-        while (!leaf->ptr[++pos])
-            ;       /* the successor: the leaf's last entry is live */
+        while (++pos < leaf->n && !leaf->ptr[pos])
+            ;       /* the successor, if it is in this leaf */
         p->idx[p->depth - 1] = pos;
         return 1;
     }
@@ -831,11 +840,11 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
 }
 
 /*
- * Where the leaf x's insert answered still holds x inside it (not its
- * first or last entry, in a tree of disjoint intervals), and keeps LOW
- * entries without it (bt_cut_inside), x is cut from it with no descent and
- * no climb. Not its last entry, x is not the tree's largest (t->max) either.
- * Since then the leaf may have split, merged or borrowed, or gone back to
+ * Where the leaf x's insert answered still holds x, and x may die there
+ * (bt_tomb_ok: not its first entry, not the tree's largest, in a tree of
+ * disjoint intervals, and LOW live entries stay), x dies with no descent
+ * and no climb; at the place the insert answered, with no search of the
+ * leaf either, if it is still there. Since then the leaf may have split, merged or borrowed, or gone back to
  * the spare nodes and come out again at another level: the hint is a
  * node's memory all the same (nodes are never freed while the tree lives),
  * and it holds x only if x is among its entries. A spare node has none, and
@@ -1313,9 +1322,8 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
         if (!level) {
             const struct drc__itree_node *x = b->ptr[i];
 
-            if (!x) {       /* dead (bt_compact's comment): never a leaf's first or last, after what lives before */
-                if (!i || i + 1 == b->n || b->last[i] < b->key[i] || b->last[i] > b->last[b->n - 1] ||
-                    (t->disjoint && s->any_live && s->live_last >= b->key[i])) {
+            if (!x) {       /* dead (bt_compact's comment): never a leaf's first, after what lives before */
+                if (!i || b->last[i] < b->key[i] || (t->disjoint && s->any_live && s->live_last >= b->key[i])) {
                     s->bad = 1;
                     return;
                 }
@@ -1335,7 +1343,8 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
         } else {
             const bt *c = b->ptr[i];
 
-            if (!c || !c->n || c->n > F || c->key[0] != b->key[i] || bt_max_last(c) != b->last[i]) {
+            /* its smallest start exactly; its largest last or more (a dead last entry dropped since) */
+            if (!c || !c->n || c->n > F || c->key[0] != b->key[i] || bt_max_last(c) > b->last[i]) {
                 s->bad = 1;
                 return;
             }

@@ -694,7 +694,7 @@ static void a_removal_checks_the_leaf_it_is_given(void **state)
  * its pointer only; the entries after it stay where they were, and its
  * key and last stay too. Walks skip it: an overlap query over its range
  * answers none, floor the live entry before it, next the one after it. A
- * leaf's first and last entries are cut, not killed. An interval
+ * leaf's first entry and the tree's largest are cut, not killed. An interval
  * registered again at its start takes its own dead entry back, nothing
  * moved. An insert whose interval covers a dead start compacts the leaf
  * first: one inserted over dead entries' ranges (no live overlap: the
@@ -772,6 +772,21 @@ static void a_removal_inside_a_leaf_kills_its_entry(void **state)
     m->in[2] = 0;
     m->count--;
     assert_int_equal(b->dead, 2);
+
+    /* the tree's largest entry is cut, not killed: its last entry stays live */
+    drc__itree_remove_in(&m->t, &m->n[5], h[5]);
+    m->in[5] = 0;
+    m->count--;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_int_equal(b->dead, 0);                       /* the cut compacted the leaf */
+    assert_ptr_equal(m->t.max, &m->n[4]);
+    assert_ptr_equal(b->ptr[b->n - 1], &m->n[4]);
+    m->n[5].start = 500;
+    m->n[5].last = 509;
+    h[5] = drc__itree_insert(&m->t, &m->n[5]);
+    m->in[5] = 1;
+    m->count++;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
 
     /* a leaf's first entry is cut: the next one becomes its first, live */
     drc__itree_remove_in(&m->t, &m->n[0], h[0]);
@@ -1048,7 +1063,7 @@ static void check_rejects_broken_trees(void **state)
         ;
 
     saved = root->last[0];
-    root->last[0] = saved + 1;          /* an inner entry's largest last is wrong */
+    root->last[0] = saved - 1;          /* an inner entry's largest last is below its subtree's (above is allowed) */
     assert_int_equal(drc__itree_check(&m->t), -1);
     root->last[0] = saved;
 
