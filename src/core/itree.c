@@ -485,10 +485,9 @@ static inline __attribute__((always_inline)) bt *bt_inserted(struct drc__itree *
 /* @append: x starts at or after every start in the tree: it goes at the end of each node, no search. */
 static bt *bt_ins(struct drc__itree *t, bt *b, struct drc__itree_node *x, int append, bt **at)
 {
-    unsigned i;
+    unsigned i = append ? b->n : bt_upper(b, b->n, x->start);
     bt *nb;
 
-    i = append ? b->n : bt_upper(b, b->n, x->start);
     if (!b->level)
         return bt_put(t, b, bt_room(t, b, i, x), x->start, x->last, x, at);
     int settled;
@@ -527,9 +526,10 @@ struct drc__itree_bt *drc__itree_insert(struct drc__itree *t, struct drc__itree_
  * tree of disjoint intervals? Then an insert or removal there leaves every
  * level above as it was: the leaf's smallest start is another entry's, and
  * the bound above on its largest last holds (an interval inserted there
- * ends before the next entry starts; a removal lowers nothing). The climb that would find each level unchanged
- * (bt_inserted, bt_removed) reads each parent's `last` line, which the
- * descent did not, a cache miss in a large tree: it is skipped.
+ * ends before the next entry starts; a removal lowers nothing). The climb
+ * that would find each level unchanged (bt_inserted, bt_removed) reads
+ * each parent's `last` line, which the descent did not, a cache miss in a
+ * large tree: it is skipped.
  */
 static inline int bt_inside(const struct drc__itree *t, unsigned pos, unsigned n)
 {
@@ -844,15 +844,15 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
  * (bt_tomb_ok: not its first entry, not the tree's largest, in a tree of
  * disjoint intervals, and LOW live entries stay), x dies with no descent
  * and no climb; at the place the insert answered, with no search of the
- * leaf either, if it is still there. Since then the leaf may have split, merged or borrowed, or gone back to
- * the spare nodes and come out again at another level: the hint is a
- * node's memory all the same (nodes are never freed while the tree lives),
- * and it holds x only if x is among its entries. A spare node has none, and
- * x is in one leaf only, so finding it there is enough. A split moves the
- * upper entries to a new leaf on the right, which none of their regions
- * hears of: past the leaf's last entry, x is looked for in the next leaf
- * too, once (in a random-order workload at 262,144 regions, a fifth of the
- * removals found their region there).
+ * leaf either, if it is still there. Since then the leaf may have split,
+ * merged or borrowed, or gone back to the spare nodes and come out again
+ * at another level: the hint is a node's memory all the same (nodes are
+ * never freed while the tree lives), and it holds x only if x is among its
+ * entries. A spare node has none, and x is in one leaf only, so finding it
+ * there is enough. A split moves the upper entries to a new leaf on the
+ * right, which none of their regions hears of: past the leaf's last entry,
+ * x is looked for in the next leaf too, once (in a random-order workload
+ * at 262,144 regions, a fifth of the removals found their region there).
  */
 void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_bt *hint)
 {
