@@ -92,6 +92,7 @@ void drc__itree_init(struct drc__itree *t, int given)
 }
 
 static unsigned bt_compact(struct drc__itree *t, struct drc__itree_bt *b, unsigned pos);
+static void bt_refresh_all(struct drc__itree_bt *b);
 
 void drc__itree_set_disjoint(struct drc__itree *t, int disjoint)
 {
@@ -107,6 +108,7 @@ void drc__itree_set_disjoint(struct drc__itree *t, int disjoint)
             ;
         for (; b; b = b->next)
             bt_compact(t, b, 0);
+        bt_refresh_all(t->root);    /* a leaf whose first entry was dead starts later now */
         bt_w_end(t);
     }
     ST(t->disjoint, disjoint);
@@ -262,6 +264,17 @@ static inline void bt_refresh(bt *b, unsigned i)
     ST(b->last[i], bt_max_last(c));
 }
 
+/* Every inner entry of b's subtree, bottom up (drc__itree_set_disjoint). */
+static void bt_refresh_all(bt *b)
+{
+    unsigned i;
+
+    for (i = 0; b->level && i < b->n; i++) {
+        bt_refresh_all(b->ptr[i]);
+        bt_refresh(b, i);
+    }
+}
+
 /*
  * What an insert answers (drc__itree_insert, drc__itree_insert_at): the leaf
  * and the entry's position in it, in the low bits of the leaf's address
@@ -285,13 +298,13 @@ static inline unsigned bt_hint_pos(const struct drc__itree_bt *h)
 
 /*
  * Dead entries. A removal from a leaf of disjoint intervals of any entry
- * but the leaf's first and the tree's largest (bt_tomb_ok) clears the
- * entry's pointer and counts it in the leaf's `dead` instead of moving
- * every entry after it: one line written, not the three arrays' tails (a
- * removal by handle in a large cache missed on most of the leaf's seven
- * lines), and no climb. The dead entry keeps its key and last, so the
- * node above keeps the leaf's first start exactly, and a largest last at
- * or above the largest of what is left: the inner `last`s are bounds,
+ * but the tree's largest (bt_tomb_ok) clears the entry's pointer and
+ * counts it in the leaf's `dead` instead of moving every entry after it:
+ * one line written, not the three arrays' tails (a removal by handle in a
+ * large cache missed on most of the leaf's seven lines), and no climb.
+ * The dead entry keeps its key and last, so the node above keeps the
+ * leaf's first start exactly (a dead first entry's), and a largest last
+ * at or above the largest of what is left: the inner `last`s are bounds,
  * exact when written, that a dead entry dropped since may leave high (an
  * overlap walk that goes down where nothing reaches its start backs up;
  * the walk of disjoint intervals does not read them). Walks skip dead
@@ -303,17 +316,24 @@ static inline unsigned bt_hint_pos(const struct drc__itree_bt *h)
  * and the answer can only be the next live entry. It holds when an entry
  * dies: the live ones before it were live together with it, disjoint.
  * Removals only take live entries away. An insert of x keeps it if no
- * entry after x's place starts within x (bt_room compacts the leaf
- * otherwise): a dead entry of x's leaf after that place starts later, and
- * one of a later leaf comes after that leaf's first entry, live, which
- * starts past x (or it would overlap x). While the promise is taken back,
- * inserts keep no such order, so a promise given again drops every dead
- * entry (drc__itree_set_disjoint). A leaf's first entry is never dead, so
- * that dropping dead entries never changes a leaf's first start: writers
- * that move entries across leaves (a removal that cuts, a merge, a
- * borrow, a split) drop them first (bt_compact), and an insert into a
- * dead entry (bt_put_dead) never moves one into the first place.
- * drc__itree_check checks all of this.
+ * entry after x's place starts within x: bt_room drops the dead entries of
+ * x's leaf if one after x's place does, and the next leaf's if x ends its
+ * leaf and that one's first entry, dead, does (bt_compact_next); a live
+ * entry after x starts past x's end, or it would overlap x, and so does
+ * every entry after that one. While the promise is taken back, inserts
+ * keep no such order, so a promise given again drops every dead entry
+ * (drc__itree_set_disjoint).
+ *
+ * Dropping a dead first entry changes the leaf's first start, which the
+ * node above keeps: every writer that drops dead entries carries it up.
+ * The climbs of inserts and removals compare it (drc__itree_insert_at,
+ * bt_remove_path, and bt_ins, bt_rm, which always climb), bt_compact_next
+ * climbs the path to the next leaf, a merge or a borrow refreshes both
+ * entries above, a promise given again refreshes every inner node. An
+ * insert into a dead entry (bt_put_dead) takes a dead first entry only
+ * when it goes first itself. drc__itree_floor, which answers a live
+ * start, goes back to the leaf before when a leaf's entries up to its key
+ * are all dead. drc__itree_check checks all of this.
  */
 
 /*
@@ -344,15 +364,47 @@ static unsigned bt_compact(struct drc__itree *t, bt *b, unsigned pos)
 }
 
 /*
+ * Drop the dead entries of leaf @nx (a writer's window), which is not on
+ * the caller's path, and carry its new first start up the path to it,
+ * found by that start (the keys above are exact).
+ */
+static void bt_compact_next(struct drc__itree *t, bt *nx)
+{
+    struct { bt *b; unsigned i; } up[MAXH];
+    uintptr_t k = nx->key[0];
+    unsigned d = 0, i;
+    bt *b = t->root, *c;
+
+    for (; b->level && d < MAXH; d++) {
+        i = bt_upper(b, b->n, k);
+        up[d].b = b;
+        up[d].i = i = i ? i - 1 : 0;
+        b = b->ptr[i];
+    }
+    DRC_ASSERT(b == nx);
+    bt_compact(t, nx, 0);
+    while (d-- > 0) {
+        c = up[d].b->ptr[up[d].i];
+        if (up[d].b->key[up[d].i] == c->key[0])
+            break;
+        ST(up[d].b->key[up[d].i], c->key[0]);
+    }
+}
+
+/*
  * Where x goes in leaf b, given its place @i among all entries: the same,
  * or, after b drops its dead entries, among the live ones. They go if an
- * entry after x's place starts within x: so that every dead entry still
- * starts after every live entry before it ends (bt_compact's comment).
+ * entry after x's place starts within x, and the next leaf's go if x ends
+ * b and its first entry, dead, starts within x: so that every dead entry
+ * still starts after every live entry before it ends (bt_compact's
+ * comment).
  */
 static inline unsigned bt_room(struct drc__itree *t, bt *b, unsigned i, const struct drc__itree_node *x)
 {
     if (b->dead && i < b->n && b->key[i] <= x->last)
-        return bt_compact(t, b, i);
+        i = bt_compact(t, b, i);
+    if (i == b->n && b->next && b->next->dead && b->next->key[0] <= x->last)
+        bt_compact_next(t, b->next);    /* x's successor is the next leaf's first entry, dead */
     return i;
 }
 
@@ -361,8 +413,10 @@ static inline unsigned bt_room(struct drc__itree *t, bt *b, unsigned i, const st
  * dead entry nearest to i, moving the entries between them by one, so that
  * the leaf takes it without growing, splitting or moving more. A region
  * registered again where it died (the same start) goes into its own dead
- * entry, the floor of its start, with nothing moved. The first entry is
- * never dead, nor is one made so. Returns where it went.
+ * entry, the floor of its start, with nothing moved. A dead first entry
+ * is taken only by an entry that goes first (the leaf's first start
+ * changes only where the caller climbs). Returns where it went, or F if
+ * there is no such dead entry.
  */
 static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
 {
@@ -380,8 +434,10 @@ static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t k
                 bt_copy(b, j, b, j - 1);
             break;
         }
-        r++;
-        DRC_ASSERT(l > 1 || r < b->n);     /* b->dead counts dead entries after the first */
+        if (r < b->n)
+            r++;
+        if (l <= 1 && r >= b->n)
+            return F;       /* the only dead entry is the first, and x goes after it */
     }
     bt_set(b, i, key, last, p);
     ST(b->dead, (unsigned short)(b->dead - 1));
@@ -400,10 +456,14 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
     bt *r;
 
     if (b->dead) {
-        i = bt_put_dead(t, b, i, key, last, p);
-        if (at)
-            *at = bt_hint(b, i);
-        return NULL;
+        j = bt_put_dead(t, b, i, key, last, p);
+        if (j < F) {
+            if (at)
+                *at = bt_hint(b, j);
+            return NULL;
+        }
+        i = bt_compact(t, b, i);    /* its first start may change: the caller climbs (drc__itree_insert_at) */
+        n = b->n;
     }
     if (n < F) {
         for (j = n; j > i; j--)
@@ -543,13 +603,13 @@ static inline int bt_cut_inside(const struct drc__itree *t, unsigned pos, unsign
 }
 
 /*
- * May entry @pos of @leaf die in place (bt_compact's comment)? Not its
- * first (whose start is the leaf's key above) nor the tree's largest
- * (t->max), in a tree of disjoint intervals, and LOW live entries stay.
+ * May entry @pos of @leaf die in place (bt_compact's comment)? Not the
+ * tree's largest (t->max), in a tree of disjoint intervals, and LOW live
+ * entries stay.
  */
 static inline int bt_tomb_ok(const struct drc__itree *t, const bt *leaf, unsigned pos)
 {
-    return pos > 0 && leaf->n - leaf->dead - 1u >= (unsigned)LOW && LD(t->disjoint) && leaf->ptr[pos] != t->max;
+    return leaf->n - leaf->dead - 1u >= (unsigned)LOW && LD(t->disjoint) && leaf->ptr[pos] != t->max;
 }
 
 /* Entry @pos of @leaf dies (bt_tomb_ok): its pointer only. */
@@ -571,6 +631,7 @@ struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itr
 {
     unsigned d, pos;
     bt *leaf, *nb, *at;
+    uintptr_t first;
     int settled;
 
     if (!p || !p->seek || !p->depth || p->seq != t->seq || p->depth != t->height || p->key != x->start)
@@ -578,10 +639,11 @@ struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itr
     bt_w_begin(t);
     d = p->depth - 1;
     leaf = p->node[d];
+    first = leaf->key[0];
     pos = bt_room(t, leaf, bt_upper(leaf, leaf->n, x->start), x);
     nb = bt_put(t, leaf, pos, x->start, x->last, x, &at);
-    if (!nb && bt_inside(t, pos, leaf->n))
-        d = 0;      /* the levels above are as they were: no climb (bt_inside) */
+    if (!nb && bt_inside(t, bt_hint_pos(at), leaf->n) && leaf->key[0] == first)
+        d = 0;      /* the levels above are as they were: no climb (bt_inside; its first start stayed) */
     for (; d > 0; d--) {
         nb = bt_inserted(t, p->node[d - 1], p->idx[d - 1], x, nb, &settled);
         if (!nb && settled)
@@ -740,6 +802,7 @@ static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, struc
 {
     bt *leaf = p->node[p->depth - 1];
     unsigned d, pos = p->idx[p->depth - 1];
+    uintptr_t first = leaf->key[0];
     int same = 1, settled, inside;
 
     if (bt_tomb_ok(t, leaf, pos)) {
@@ -750,7 +813,7 @@ static int bt_remove_path(struct drc__itree *t, struct drc__itree_node *x, struc
         return 1;
     }
     p->idx[p->depth - 1] = pos = bt_compact(t, leaf, pos);
-    inside = bt_cut_inside(t, pos, leaf->n);     /* no level above changes */
+    inside = bt_cut_inside(t, pos, leaf->n) && leaf->key[0] == first;     /* no level above changes */
     bt_cut(leaf, pos);
     for (d = inside ? 0 : p->depth - 1; d > 0; d--) {
         same &= bt_removed(t, p->node[d - 1], p->idx[d - 1], x, &settled);
@@ -809,10 +872,14 @@ static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, 
 static void bt_finger_set(struct drc__itree *t, struct drc__itree_path *p)
 {
     bt *leaf = p->node[p->depth - 1];
-    unsigned d, pos = p->idx[p->depth - 1];     /* the successor's: 0 or n if x was at an edge */
+    unsigned d, pos = p->idx[p->depth - 1];     /* the successor's: n, or after dead ones only, at an edge */
     uintptr_t hi;
 
-    if ((!p->fingered && pos && pos < leaf->n) || !leaf->n || leaf->level)
+    if (!leaf->n || leaf->level)
+        return;
+    for (d = pos; d > 0 && !leaf->ptr[d - 1]; d--)
+        ;           /* back over x's entry and the dead ones before it, lines the removal read */
+    if (!p->fingered && d && pos < leaf->n)
         return;     /* x was inside its leaf, in a walk that descended: random order, most likely */
     if (!p->fingered) {
         for (d = 0; d + 1 < p->depth; d++) {
@@ -841,8 +908,8 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
 
 /*
  * Where the leaf x's insert answered still holds x, and x may die there
- * (bt_tomb_ok: not its first entry, not the tree's largest, in a tree of
- * disjoint intervals, and LOW live entries stay), x dies with no descent
+ * (bt_tomb_ok: not the tree's largest, in a tree of disjoint intervals,
+ * and LOW live entries stay), x dies with no descent
  * and no climb; at the place the insert answered, with no search of the
  * leaf either, if it is still there. Since then the leaf may have split,
  * merged or borrowed, or gone back to the spare nodes and come out again
@@ -994,34 +1061,70 @@ static inline int bt_next_leaf(const struct drc__itree *t, unsigned seq, const b
     return 1;
 }
 
+/*
+ * Down to the leaf a descent for key reaches, then back from key's place
+ * over dead entries to a live one. A leaf whose entries up to key are all
+ * dead (its first ones) sends the walk back along its path to the subtree
+ * before, and down its right edge to that leaf's last live entry.
+ */
 struct drc__itree_node *drc__itree_floor(const struct drc__itree *t, uintptr_t key, int *budget)
 {
-    unsigned seq, i, h, level;
+    struct { const bt *b; unsigned i; } up[MAXH];
+    unsigned seq, i, n, d = 0;
     const bt *b = bt_walk_root(t, &seq, budget);
     struct drc__itree_node *m;
-    void *p;
+    void *p = NULL;
 
     if (b && (m = LD(t->max)) && key >= LD(m->start))
         return bt_moved(t, seq) ? bt_gave_up(budget) : m;   /* at or past the largest start: no descent */
-    for (h = 0; b; h++) {
-        if (--*budget <= 0 || h >= MAXH)
+    if (!b)
+        return NULL;
+    for (;;) {
+        if (--*budget <= 0 || d >= MAXH)
             return bt_gave_up(budget);
-        i = bt_upper(b, bt_count_of(b), key);
-        level = LD(b->level);
+        n = bt_count_of(b);
+        i = bt_upper(b, n, key);
+        if (!LD(b->level))
+            break;
         p = i ? LD(b->ptr[i - 1]) : NULL;
-        while (!level && !p && i > 1)
-            p = LD(b->ptr[--i - 1]);    /* a dead entry: the live one before it (a leaf's first is live) */
         /* every load that decides what p is comes before the check: p is used only if it passes */
         if (bt_moved(t, seq))
             return bt_gave_up(budget);
         if (!i)
             return NULL;    /* every start in b is past key */
-        if (!level)
-            return p;
+        up[d].b = b;
+        up[d++].i = i - 1;
         b = p;
         bt_prefetch(b);
     }
-    return NULL;
+    for (;;) {
+        while (i > 0 && !(p = LD(b->ptr[i - 1])))
+            i--;            /* a dead entry: the live one before it */
+        if (i > 0)
+            return bt_moved(t, seq) ? bt_gave_up(budget) : p;
+        while (d > 0 && !up[d - 1].i)
+            d--;
+        if (!d)
+            return bt_moved(t, seq) ? bt_gave_up(budget) : NULL;
+        b = up[d - 1].b;    /* the child before the one the walk went down, then its right edge */
+        i = --up[d - 1].i;
+        for (;;) {
+            p = LD(b->ptr[i]);
+            if (bt_moved(t, seq) || --*budget <= 0 || d >= MAXH)
+                return bt_gave_up(budget);
+            b = p;
+            bt_prefetch(b);
+            n = bt_count_of(b);
+            if (!LD(b->level))
+                break;
+            if (!n)
+                return bt_gave_up(budget);  /* a node in change */
+            i = n - 1;
+            up[d].b = b;
+            up[d++].i = i;
+        }
+        i = n;
+    }
 }
 
 struct drc__itree_node *drc__itree_first(const struct drc__itree *t, uintptr_t start, uintptr_t last,
@@ -1322,8 +1425,8 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
         if (!level) {
             const struct drc__itree_node *x = b->ptr[i];
 
-            if (!x) {       /* dead (bt_compact's comment): never a leaf's first, after what lives before */
-                if (!i || b->last[i] < b->key[i] || (t->disjoint && s->any_live && s->live_last >= b->key[i])) {
+            if (!x) {       /* dead (bt_compact's comment): after what lives before it ends */
+                if (b->last[i] < b->key[i] || (t->disjoint && s->any_live && s->live_last >= b->key[i])) {
                     s->bad = 1;
                     return;
                 }

@@ -44,8 +44,8 @@
  * before): each free event's walk skips the descent.
  *
  * A removal from a leaf of disjoint intervals (remove_in, or remove_at
- * along a walk's path) of any entry but the leaf's first and the tree's
- * largest leaves the entry dead in place, its node pointer cleared,
+ * along a walk's path) of any entry but the tree's largest leaves the
+ * entry dead in place, its node pointer cleared,
  * instead of moving the entries after it; walks skip it, an insert nearby
  * takes its place, and a writer that moves entries drops it (itree.c).
  *
@@ -164,9 +164,9 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
 /*
  * The same, given what @n's insert answered (drc__itree_insert or
  * drc__itree_insert_at), or NULL: with no descent if @n is still in that
- * leaf, not its first entry nor the tree's largest, in a tree of disjoint
- * intervals, else as drc__itree_remove(); with no search of the leaf
- * either if @n is still at the place answered. The leaf may have changed
+ * leaf and is not the tree's largest, in a tree of disjoint intervals,
+ * else as drc__itree_remove(); with no search of the leaf either if @n is
+ * still at the place answered. The leaf may have changed
  * since in any way: the answer is checked, never trusted. A removal of a
  * region its owner holds by handle, whose lookup never walked the index,
  * pays no descent.

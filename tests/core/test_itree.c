@@ -694,7 +694,8 @@ static void a_removal_checks_the_leaf_it_is_given(void **state)
  * its pointer only; the entries after it stay where they were, and its
  * key and last stay too. Walks skip it: an overlap query over its range
  * answers none, floor the live entry before it, next the one after it. A
- * leaf's first entry and the tree's largest are cut, not killed. An interval
+ * leaf's first entry dies too (its start stays the leaf's key); the tree's
+ * largest is cut. An interval
  * registered again at its start takes its own dead entry back, nothing
  * moved. An insert whose interval covers a dead start compacts the leaf
  * first: one inserted over dead entries' ranges (no live overlap: the
@@ -788,14 +789,20 @@ static void a_removal_inside_a_leaf_kills_its_entry(void **state)
     m->count++;
     assert_int_equal(drc__itree_check(&m->t), m->count);
 
-    /* a leaf's first entry is cut: the next one becomes its first, live */
+    /* a leaf's first entry dies too: its start stays the leaf's key */
     drc__itree_remove_in(&m->t, &m->n[0], h[0]);
     m->in[0] = 0;
     m->count--;
     assert_int_equal(drc__itree_check(&m->t), m->count);
-    assert_int_equal(b->dead, 0);                       /* the cut compacted the leaf */
-    assert_int_equal(b->n, 3);
-    assert_ptr_equal(b->ptr[0], &m->n[1]);
+    assert_int_equal(b->dead, 1);
+    assert_null(b->ptr[0]);
+    assert_int_equal(b->key[0], 0);
+    budget = DRC__ITREE_UNBOUNDED;
+    assert_null(drc__itree_floor(&m->t, 50, &budget));
+    assert_ptr_equal(drc__itree_floor(&m->t, 150, &budget), &m->n[1]);
+    assert_null(drc__itree_first(&m->t, 0, 9, &budget));
+    assert_true(budget > 0);
+    query(m, 0, UINTPTR_MAX);
 
     /* dead again, then an insert over the dead ranges */
     for (i = 2; i < 4; i++) {
@@ -835,6 +842,69 @@ static void a_removal_inside_a_leaf_kills_its_entry(void **state)
     drc__itree_set_disjoint(&m->t, 1);
     assert_int_equal(b->dead, 0);
     assert_int_equal(drc__itree_check(&m->t), m->count);
+    query(m, 0, UINTPTR_MAX);
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
+/*
+ * A leaf's first entry dead: floor of a key past it and before the next
+ * live entry goes back to the leaf before; an interval inserted at the end
+ * of that leaf over the dead start (no live overlap) makes the next leaf
+ * drop its dead entries first, and carries its new first start up, so
+ * that a query past the dead start finds the new interval. Control:
+ * without that (the mutant, run once) the walk went down to the next leaf
+ * by its dead first start, took the next live entry and answered none.
+ */
+static void a_dead_first_entry_is_dropped_before_an_insert_covers_it(void **state)
+{
+    struct model *m = model_new(43);
+    struct drc__itree_bt *h[40];
+    struct drc__itree_path path;
+    struct drc__itree_node *prev;
+    bt *a, *b;
+    uintptr_t k;
+    int i, budget, e0;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (i = 0; i < 40; i++) {
+        m->n[i].start = (uintptr_t)i * 100;
+        m->n[i].last = (uintptr_t)i * 100 + 9;
+        h[i] = drc__itree_insert(&m->t, &m->n[i]);
+        m->in[i] = 1;
+        m->count++;
+    }
+    for (a = m->t.root; a->level; a = a->ptr[0])
+        ;
+    b = a->next;
+    assert_non_null(b);
+    k = b->key[0];
+    e0 = (int)(k / 100);
+    prev = a->ptr[a->n - 1];
+    drc__itree_remove_in(&m->t, &m->n[e0], h[e0]);
+    m->in[e0] = 0;
+    m->count--;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_int_equal(b->dead, 1);
+    assert_null(b->ptr[0]);
+    budget = DRC__ITREE_UNBOUNDED;
+    assert_ptr_equal(drc__itree_floor(&m->t, k + 5, &budget), prev);      /* back to the leaf before */
+    assert_true(budget > 0);
+
+    m->n[40 + 0].start = k - 50;
+    m->n[40 + 0].last = k + 20;
+    budget = DRC__ITREE_UNBOUNDED;
+    assert_null(drc__itree_first_at(&m->t, k - 50, k + 20, &budget, &path));  /* a miss */
+    drc__itree_insert_at(&m->t, &m->n[40], &path);
+    m->in[40] = 1;
+    m->count++;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_int_equal(b->dead, 0);
+    assert_int_equal(b->key[0], k + 100);
+    budget = DRC__ITREE_UNBOUNDED;
+    assert_ptr_equal(drc__itree_first(&m->t, k + 5, k + 5, &budget), &m->n[40]);
+    query(m, k + 5, k + 5);
     query(m, 0, UINTPTR_MAX);
     drc__itree_fini(&m->t);
     free(m);
@@ -1113,6 +1183,7 @@ int main(void)
         cmocka_unit_test(an_insert_answers_its_leaf),
         cmocka_unit_test(a_removal_checks_the_leaf_it_is_given),
         cmocka_unit_test(a_removal_inside_a_leaf_kills_its_entry),
+        cmocka_unit_test(a_dead_first_entry_is_dropped_before_an_insert_covers_it),
         cmocka_unit_test(the_right_edge_is_walked_without_search),
         cmocka_unit_test(a_walk_after_a_removal_starts_at_its_leaf),
         cmocka_unit_test(budget_bounds_the_walk),
