@@ -329,9 +329,9 @@ static inline unsigned bt_hint_pos(const struct drc__itree_bt *h)
  * The climbs of inserts and removals compare it (drc__itree_insert_at,
  * bt_remove_path, and bt_ins, bt_rm, which always climb), bt_compact_next
  * climbs the path to the next leaf, a merge or a borrow refreshes both
- * entries above, a promise given again refreshes every inner node. An
- * insert into a dead entry (bt_put_dead) takes a dead first entry only
- * when it goes first itself. drc__itree_floor, which answers a live
+ * entries above, a promise given again refreshes every inner node, and an
+ * insert into a dead first entry (bt_put_dead) climbs as any insert that
+ * changed its leaf's first start. drc__itree_floor, which answers a live
  * start, goes back to the leaf before when a leaf's entries up to its key
  * are all dead. drc__itree_check checks all of this.
  */
@@ -413,17 +413,16 @@ static inline unsigned bt_room(struct drc__itree *t, bt *b, unsigned i, const st
  * dead entry nearest to i, moving the entries between them by one, so that
  * the leaf takes it without growing, splitting or moving more. A region
  * registered again where it died (the same start) goes into its own dead
- * entry, the floor of its start, with nothing moved. A dead first entry
- * is taken only by an entry that goes first (the leaf's first start
- * changes only where the caller climbs). Returns where it went, or F if
- * there is no such dead entry.
+ * entry, the floor of its start, with nothing moved. The leaf's first
+ * start may change (a dead first entry taken): the caller climbs if it
+ * did. Returns where it went (F: no dead entry after all).
  */
 static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
 {
     unsigned l = i, r = i, j;
 
     for (;;) {
-        if (l > 1 && !b->ptr[--l]) {            /* before i: the entries after it move left */
+        if (l > 0 && !b->ptr[--l]) {            /* before i: the entries after it move left */
             for (j = l; j + 1 < i; j++)
                 bt_copy(b, j, b, j + 1);
             i--;
@@ -436,8 +435,8 @@ static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t k
         }
         if (r < b->n)
             r++;
-        if (l <= 1 && r >= b->n)
-            return F;       /* the only dead entry is the first, and x goes after it */
+        if (!l && r >= b->n)
+            return F;       /* none (b->dead says otherwise) */
     }
     bt_set(b, i, key, last, p);
     ST(b->dead, (unsigned short)(b->dead - 1));
