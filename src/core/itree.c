@@ -415,7 +415,7 @@ static inline unsigned bt_room(struct drc__itree *t, bt *b, unsigned i, const st
  * registered again where it died (the same start) goes into its own dead
  * entry, the floor of its start, with nothing moved. The leaf's first
  * start may change (a dead first entry taken): the caller climbs if it
- * did. Returns where it went (F: no dead entry after all).
+ * did. Returns where it went.
  */
 static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p)
 {
@@ -435,8 +435,7 @@ static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t k
         }
         if (r < b->n)
             r++;
-        if (!l && r >= b->n)
-            return F;       /* none (b->dead says otherwise) */
+        DRC_ASSERT(l || r < b->n);     /* b->dead counts entries of [0, n) */
     }
     bt_set(b, i, key, last, p);
     ST(b->dead, (unsigned short)(b->dead - 1));
@@ -445,9 +444,10 @@ static unsigned bt_put_dead(struct drc__itree *t, bt *b, unsigned i, uintptr_t k
 }
 
 /*
- * Put (key, last, p) at position i of b. If b is full, split it and return
- * the new right sibling (its level and leaf link set), else NULL. *at, if
- * @at is given: the node the entry went into, b or the sibling.
+ * Put (key, last, p) at position i of b (a leaf with dead entries: in the
+ * nearest, bt_put_dead). If b is full, split it and return the new right
+ * sibling (its level and leaf link set), else NULL. *at, if @at is given:
+ * the node the entry went into, b or the sibling, and its place (bt_hint).
  */
 static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintptr_t last, void *p, bt **at)
 {
@@ -455,14 +455,10 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
     bt *r;
 
     if (b->dead) {
-        j = bt_put_dead(t, b, i, key, last, p);
-        if (j < F) {
-            if (at)
-                *at = bt_hint(b, j);
-            return NULL;
-        }
-        i = bt_compact(t, b, i);    /* its first start may change: the caller climbs (drc__itree_insert_at) */
-        n = b->n;
+        i = bt_put_dead(t, b, i, key, last, p);
+        if (at)
+            *at = bt_hint(b, i);
+        return NULL;
     }
     if (n < F) {
         for (j = n; j > i; j--)

@@ -561,6 +561,24 @@ static int leaf_pos(const struct drc__itree_bt *h, const struct drc__itree_node 
     return -1;
 }
 
+/* Insert node i as [start, last] by a descent, into the model too: what the insert answered. */
+static struct drc__itree_bt *put_in(struct model *m, int i, uintptr_t start, uintptr_t last)
+{
+    m->n[i].start = start;
+    m->n[i].last = last;
+    m->in[i] = 1;
+    m->count++;
+    return drc__itree_insert(&m->t, &m->n[i]);
+}
+
+/* Take node i out given what its insert answered (drc__itree_remove_in), out of the model too. */
+static void take_in(struct model *m, int i, struct drc__itree_bt *hint)
+{
+    drc__itree_remove_in(&m->t, &m->n[i], hint);
+    m->in[i] = 0;
+    m->count--;
+}
+
 /*
  * An insert answers the leaf it put its interval in and the entry's place
  * there, by a descent or along a path, when the leaf split or not, in
@@ -695,16 +713,15 @@ static void a_removal_checks_the_leaf_it_is_given(void **state)
  * key and last stay too. Walks skip it: an overlap query over its range
  * answers none, floor the live entry before it, next the one after it. A
  * leaf's first entry dies too (its start stays the leaf's key); the tree's
- * largest is cut. An interval
- * registered again at its start takes its own dead entry back, nothing
- * moved. An insert whose interval covers a dead start compacts the leaf
- * first: one inserted over dead entries' ranges (no live overlap: the
- * promise holds) is found by a query past a dead start. A promise given
- * again drops every dead entry. Controls: the dead entry's key and last are still in the leaf,
- * so only the skip makes those answers right; without the compaction (the
- * mutant, run once) the query inside the new interval past the dead starts
- * answered none: the walk took the dead floor, then the next live start,
- * past the query.
+ * largest is cut. An interval registered again at its start takes its own
+ * dead entry back, nothing moved. An insert whose interval covers a dead
+ * start compacts the leaf first: one inserted over dead entries' ranges
+ * (no live overlap: the promise holds) is found by a query past a dead
+ * start. A promise given again drops every dead entry. Controls: the dead
+ * entry's key and last are still in the leaf, so only the skip makes those
+ * answers right; without the compaction (the mutant, run once) the query
+ * inside the new interval past the dead starts answered none: the walk
+ * took the dead floor, then the next live start, past the query.
  */
 static void a_removal_inside_a_leaf_kills_its_entry(void **state)
 {
@@ -717,19 +734,12 @@ static void a_removal_inside_a_leaf_kills_its_entry(void **state)
 
     (void)state;
     drc__itree_set_disjoint(&m->t, 1);
-    for (i = 0; i < 6; i++) {       /* one leaf of the fan of 8: [100 i, 100 i + 9] */
-        m->n[i].start = (uintptr_t)i * 100;
-        m->n[i].last = (uintptr_t)i * 100 + 9;
-        h[i] = drc__itree_insert(&m->t, &m->n[i]);
-        m->in[i] = 1;
-        m->count++;
-    }
+    for (i = 0; i < 6; i++)         /* one leaf of the fan of 8: [100 i, 100 i + 9] */
+        h[i] = put_in(m, i, (uintptr_t)i * 100, (uintptr_t)i * 100 + 9);
     b = bt_hint_leaf(h[2]);
     assert_true(b == m->t.root && !b->level && b->n == 6);
 
-    drc__itree_remove_in(&m->t, &m->n[2], h[2]);
-    m->in[2] = 0;
-    m->count--;
+    take_in(m, 2, h[2]);
     assert_int_equal(drc__itree_check(&m->t), m->count);
     assert_int_equal(b->n, 6);
     assert_int_equal(b->dead, 1);
@@ -759,9 +769,7 @@ static void a_removal_inside_a_leaf_kills_its_entry(void **state)
     query(m, 0, UINTPTR_MAX);
 
     /* registered again where it died: into its own dead entry, nothing moved */
-    h[2] = drc__itree_insert(&m->t, &m->n[2]);
-    m->in[2] = 1;
-    m->count++;
+    h[2] = put_in(m, 2, 200, 209);
     assert_int_equal(drc__itree_check(&m->t), m->count);
     assert_ptr_equal(bt_hint_leaf(h[2]), b);
     assert_int_equal(bt_hint_pos(h[2]), 2);
@@ -769,30 +777,20 @@ static void a_removal_inside_a_leaf_kills_its_entry(void **state)
     assert_int_equal(b->n, 6);
     assert_ptr_equal(b->ptr[4], &m->n[4]);
     query(m, 0, UINTPTR_MAX);
-    drc__itree_remove_in(&m->t, &m->n[2], h[2]);
-    m->in[2] = 0;
-    m->count--;
+    take_in(m, 2, h[2]);
     assert_int_equal(b->dead, 2);
 
     /* the tree's largest entry is cut, not killed: its last entry stays live */
-    drc__itree_remove_in(&m->t, &m->n[5], h[5]);
-    m->in[5] = 0;
-    m->count--;
+    take_in(m, 5, h[5]);
     assert_int_equal(drc__itree_check(&m->t), m->count);
     assert_int_equal(b->dead, 0);                       /* the cut compacted the leaf */
     assert_ptr_equal(m->t.max, &m->n[4]);
     assert_ptr_equal(b->ptr[b->n - 1], &m->n[4]);
-    m->n[5].start = 500;
-    m->n[5].last = 509;
-    h[5] = drc__itree_insert(&m->t, &m->n[5]);
-    m->in[5] = 1;
-    m->count++;
+    h[5] = put_in(m, 5, 500, 509);
     assert_int_equal(drc__itree_check(&m->t), m->count);
 
     /* a leaf's first entry dies too: its start stays the leaf's key */
-    drc__itree_remove_in(&m->t, &m->n[0], h[0]);
-    m->in[0] = 0;
-    m->count--;
+    take_in(m, 0, h[0]);
     assert_int_equal(drc__itree_check(&m->t), m->count);
     assert_int_equal(b->dead, 1);
     assert_null(b->ptr[0]);
@@ -805,18 +803,10 @@ static void a_removal_inside_a_leaf_kills_its_entry(void **state)
     query(m, 0, UINTPTR_MAX);
 
     /* dead again, then an insert over the dead ranges */
-    for (i = 2; i < 4; i++) {
-        m->n[i].start = (uintptr_t)i * 100;
-        m->n[i].last = (uintptr_t)i * 100 + 9;
-        h[i] = drc__itree_insert(&m->t, &m->n[i]);
-        m->in[i] = 1;
-        m->count++;
-    }
-    for (i = 2; i < 4; i++) {
-        drc__itree_remove_in(&m->t, &m->n[i], h[i]);
-        m->in[i] = 0;
-        m->count--;
-    }
+    for (i = 2; i < 4; i++)
+        h[i] = put_in(m, i, (uintptr_t)i * 100, (uintptr_t)i * 100 + 9);
+    for (i = 2; i < 4; i++)
+        take_in(m, i, h[i]);
     assert_int_equal(b->dead, 2);
     m->n[6].start = 150;
     m->n[6].last = 350;
@@ -834,9 +824,7 @@ static void a_removal_inside_a_leaf_kills_its_entry(void **state)
     query(m, 0, UINTPTR_MAX);
 
     /* a promise given again drops the dead entries that overlapping inserts kept no order with */
-    drc__itree_remove_in(&m->t, &m->n[4], h[4]);       /* n[1], n[6], n[4] (dead), n[5] */
-    m->in[4] = 0;
-    m->count--;
+    take_in(m, 4, h[4]);                                /* n[1], n[6], n[4] (dead), n[5] */
     assert_int_equal(b->dead, 1);
     drc__itree_set_disjoint(&m->t, 0);
     drc__itree_set_disjoint(&m->t, 1);
@@ -868,13 +856,8 @@ static void a_dead_first_entry_is_dropped_before_an_insert_covers_it(void **stat
 
     (void)state;
     drc__itree_set_disjoint(&m->t, 1);
-    for (i = 0; i < 40; i++) {
-        m->n[i].start = (uintptr_t)i * 100;
-        m->n[i].last = (uintptr_t)i * 100 + 9;
-        h[i] = drc__itree_insert(&m->t, &m->n[i]);
-        m->in[i] = 1;
-        m->count++;
-    }
+    for (i = 0; i < 40; i++)
+        h[i] = put_in(m, i, (uintptr_t)i * 100, (uintptr_t)i * 100 + 9);
     for (a = m->t.root; a->level; a = a->ptr[0])
         ;
     b = a->next;
@@ -882,9 +865,7 @@ static void a_dead_first_entry_is_dropped_before_an_insert_covers_it(void **stat
     k = b->key[0];
     e0 = (int)(k / 100);
     prev = a->ptr[a->n - 1];
-    drc__itree_remove_in(&m->t, &m->n[e0], h[e0]);
-    m->in[e0] = 0;
-    m->count--;
+    take_in(m, e0, h[e0]);
     assert_int_equal(drc__itree_check(&m->t), m->count);
     assert_int_equal(b->dead, 1);
     assert_null(b->ptr[0]);
