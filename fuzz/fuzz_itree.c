@@ -7,7 +7,11 @@
  * by a descent, or given the leaf the node's insert answered, which the
  * steps since may have split, merged or given back; a removal along a path
  * is followed, at times, by the walk and removal of the entry after it, as
- * memory freed in address order does. 160 intervals make a tree of
+ * memory freed in address order does. Walks before inserts, removals and
+ * queries may begin at a leaf given (drc__itree_first_near): the one the
+ * node's removal left, another node's insert answered, or none, each of
+ * which the steps since may have changed; a query's answer must be the
+ * descent's. 160 intervals make a tree of
  * three levels of 16 (splits, merges and borrows of inner nodes);
  * tests/core/test_itree.c reaches more levels with a smaller fan. An odd
  * first byte starts the tree with the owner's promise that its intervals
@@ -30,11 +34,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct drc__itree_path path;
     struct drc__itree_node n[NODES];
     struct drc__itree_bt *leaf[NODES];      /* where each insert put its node: a hint, stale or not */
+    struct drc__itree_bt *left[NODES];      /* the leaf each node's removal left: where a walk may begin */
     int in_tree[NODES] = { 0 }, seen[NODES];
     long count = 0;
     int steps = 0, strict = 0, mode;
 
     memset(n, 0, sizeof(n));
+    memset(leaf, 0, sizeof(leaf));
+    memset(left, 0, sizeof(left));
     drc__itree_init(&t, 0);
     mode = fuzz_more(&in) ? fuzz_u8(&in) : 0;
     if (mode & 1)
@@ -47,6 +54,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct drc__itree_node *x;
         uintptr_t prev = 0;
 
+        /*
+         * A leaf for a walk to begin at (drc__itree_first_near), as a cache's
+         * hint slot keeps one: none, the one node i's removal left, or where
+         * the insert of node j (the key's low bits) put it, each stale or not.
+         */
+        const struct drc__itree_bt *near = (s >> 2) & 1 ? left[i] : (s >> 3) & 1 ? leaf[(i + s) % NODES] : NULL;
+
         /* the very top of the key space too: closed intervals ending at UINTPTR_MAX */
         if (s == KEYS - 1) {
             s = UINTPTR_MAX - (l - s);
@@ -58,8 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (in_tree[i] && op == 1) {
                 /* along the path of a walk from its start, as a free event does */
                 budget = DRC__ITREE_UNBOUNDED;
-                drc__itree_first_at(&t, n[i].start, n[i].start, &budget, &path);
-                drc__itree_remove_at(&t, &n[i], &path);
+                drc__itree_first_near(&t, n[i].start, n[i].start, &budget, &path, near);
+                left[i] = drc__itree_remove_at(&t, &n[i], &path);
                 in_tree[i] = 0;
                 count--;
                 /*
@@ -75,15 +89,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     budget = DRC__ITREE_UNBOUNDED;
                     x = drc__itree_first_at(&t, n[want].start, n[want].start, &budget, &path);
                     FUZZ_ASSERT(x == &n[want]);
-                    drc__itree_remove_at(&t, &n[want], &path);
+                    left[want] = drc__itree_remove_at(&t, &n[want], &path);
                     in_tree[want] = 0;
                     count--;
                 }
             } else if (in_tree[i]) {
                 if (s & 1)      /* given where its insert put it, as a removal by handle does */
-                    drc__itree_remove_in(&t, &n[i], leaf[i]);
+                    left[i] = drc__itree_remove_in(&t, &n[i], leaf[i]);
                 else
-                    drc__itree_remove(&t, &n[i]);
+                    left[i] = drc__itree_remove_at(&t, &n[i], NULL);
                 in_tree[i] = 0;
                 count--;
             } else {
@@ -98,7 +112,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 n[i].last = l;
                 if (op == 1) {      /* along the path of the overlap walk before it, as a miss does */
                     budget = DRC__ITREE_UNBOUNDED;
-                    drc__itree_first_at(&t, s, l, &budget, &path);
+                    drc__itree_first_near(&t, s, l, &budget, &path, near);
                     leaf[i] = drc__itree_insert_at(&t, &n[i], &path);
                 } else {
                     leaf[i] = drc__itree_insert(&t, &n[i]);
@@ -111,7 +125,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 2:     /* overlap query [s, l]: each overlapping node once, in start order */
             memset(seen, 0, sizeof(seen));
             got = want = 0;
-            for (x = drc__itree_first(&t, s, l, &budget); x; x = drc__itree_next(&t, x, s, l, &budget)) {
+            x = drc__itree_first(&t, s, l, &budget);
+            FUZZ_ASSERT(drc__itree_first_near(&t, s, l, &budget, NULL, near) == x);
+            for (; x; x = drc__itree_next(&t, x, s, l, &budget)) {
                 j = (int)(x - n);
                 FUZZ_ASSERT(j >= 0 && j < NODES && in_tree[j] && !seen[j]);
                 FUZZ_ASSERT(x->start <= l && s <= x->last);

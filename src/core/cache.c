@@ -177,7 +177,7 @@ static int closed_range(const void *addr, size_t len, uintptr_t *start, uintptr_
  * the miss after it, whether no region overlapped the range's pages.
  */
 static struct drc_region *find_containing(const drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access,
-                                          int *budget, struct probe *pr)
+                                          int *budget, struct probe *pr, const struct drc__itree_bt *near)
 {
     const struct drc__itree *t = &c->tree;
     struct drc__itree_node *n;
@@ -197,7 +197,7 @@ static struct drc_region *find_containing(const drc_cache_t *c, uintptr_t s, uin
      * count saw a tree without overlaps.
      */
     if (!LD(c->overlapping)) {
-        n = drc__itree_first_at(t, ps, pl, budget, &pr->path);
+        n = drc__itree_first_near(t, ps, pl, budget, &pr->path, near);
         if (n && LD(n->start) <= s && LD(n->last) >= last && serves(c, LD(region_of(n)->access), access))
             return region_of(n);
         if (!n && *budget > 0) {
@@ -278,7 +278,7 @@ void lru_append(drc_cache_t *c, struct drc_region *r)
  * that stores the region again after this leaves it as stale as it was,
  * and a slot that names another region is left alone.
  */
-static inline void hint_forget(const drc_cache_t *c, const struct drc_region *r)
+static inline void hint_forget(const drc_cache_t *c, const struct drc_region *r, const struct drc__itree_bt *leaf)
 {
     struct hint_tab *t = c->hint;
     struct drc_region **slot;
@@ -288,7 +288,7 @@ static inline void hint_forget(const drc_cache_t *c, const struct drc_region *r)
     for (k = region_grains(t, r->node.start, r->node.last, &g); k--; g++) {
         slot = grain_slot(t, g);
         if (__atomic_load_n(slot, __ATOMIC_RELAXED) == r)
-            __atomic_store_n(slot, NULL, __ATOMIC_RELAXED);
+            __atomic_store_n(slot, slot_of_leaf(leaf), __ATOMIC_RELAXED);
     }
 }
 
@@ -304,10 +304,10 @@ static void unlink_live(drc_cache_t *c, struct drc_region *r, struct drc__itree_
 {
     ASSERT_WRITING(c);
     if (path && path->depth)
-        drc__itree_remove_at(&c->tree, &r->node, path);
+        leaf = drc__itree_remove_at(&c->tree, &r->node, path);
     else
-        drc__itree_remove_in(&c->tree, &r->node, leaf);
-    hint_forget(c, r);
+        leaf = drc__itree_remove_in(&c->tree, &r->node, leaf);
+    hint_forget(c, r, leaf);
     if (c->limited)
         lru_unlink(c, r);   /* without limits nothing evicts: no LRU to keep (two random lines saved) */
     INC(c->regions, -1);
@@ -586,6 +586,7 @@ static HIT_INLINE int handed_over(const drc_cache_t *c, const struct drc_region 
 static HIT_INLINE struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s, uintptr_t last,
                                                     unsigned access, struct probe *pr)
 {
+    const struct drc__itree_bt *near;
     struct drc_region *r, **hs;
     unsigned seq;
     int budget, tries;
@@ -604,7 +605,7 @@ static HIT_INLINE struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s
     pr->none = 0;               /* struct probe: nothing learned, unless the descent below finds nothing */
     hs = hint_slot(c, s);
     r = __atomic_load_n(hs, __ATOMIC_ACQUIRE);   /* the region's memory as its publisher left it */
-    if (r && covers(c, r, s, last, access)) {
+    if (r && !slot_is_leaf(r) && covers(c, r, s, last, access)) {
         if (!tryget_fast(c, r))
             return NULL;        /* released since it was left here: most likely a miss, and the locked
                                  * path (which any miss takes) finds a region that replaced it, and
@@ -619,14 +620,16 @@ static HIT_INLINE struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s
      * the first time, in any order): a miss without the descent. A wrong
      * "miss" here only sends the lookup to the locked path.
      */
-    if (s < LD(c->lo) || last > LD(c->hi) || used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last))
+    near = slot_is_leaf(r) ? slot_leaf(r) : NULL;
+    if (s < LD(c->lo) || last > LD(c->hi) ||
+        (!near && used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last)))
         return NULL;
     for (tries = 0; tries < 2; tries++) {
         seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
         if (seq & 1)
             return NULL;        /* a writer is at work: wait for it on the lock */
         budget = LOOKUP_BUDGET;
-        r = find_containing(c, s, last, access, &budget, pr);
+        r = find_containing(c, s, last, access, &budget, pr, near);
         if (!r || !tryget_fast(c, r))
             return NULL;
         __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the walk's loads before the re-read */
@@ -841,11 +844,12 @@ static inline __attribute__((always_inline)) int nothing_there(drc_cache_t *c, u
         if (!hr)
             __builtin_prefetch(hs, 1);      /* for hint_forget, should a region go: during the walk */
         r = hr ? __atomic_load_n(hs, __ATOMIC_ACQUIRE) : NULL;
-        if (r && LD(r->node.start) <= s && LD(r->node.last) >= last && is_live(r)) {
+        if (r && !slot_is_leaf(r) && LD(r->node.start) <= s && LD(r->node.last) >= last && is_live(r)) {
             *hr = r;
             return 0;
         }
-        if (drc__itree_first_at(&c->tree, s, last, &budget, path) || budget <= 0)
+        if (drc__itree_first_near(&c->tree, s, last, &budget, path, slot_is_leaf(r) ? slot_leaf(r) : NULL) ||
+            budget <= 0)
             return 0;           /* something there (or a torn walk): the locked path decides, from
                                  * where the walk found it if the tree has not changed since */
     }

@@ -546,7 +546,7 @@ static inline struct drc_region *region_of(struct drc__itree_node *n)
  * relaxes it to: every bit asked, and exactly the remote bits asked when any
  * is asked (a purely local request may share a region with remote bits).
  */
-static inline int serves(const drc_cache_t *c, unsigned have, unsigned want)
+static HIT_INLINE int serves(const drc_cache_t *c, unsigned have, unsigned want)
 {
     if (!(c->flags & DRC_F_ACCESS_SUPERSET))
         return have == want;
@@ -589,6 +589,27 @@ static inline uintptr_t grain_index(const struct hint_tab *t, uintptr_t g)
 static inline struct drc_region **grain_slot(struct hint_tab *t, uintptr_t g)
 {
     return &t->slot[grain_index(t, g)];
+}
+
+/*
+ * What a slot holds: NULL, a region (64-byte aligned), or, once the region
+ * there has left the tree, the index leaf it left, tagged in bit 0
+ * (hint_forget): a lookup there walks from that leaf, no descent
+ * (drc__itree_first_near checks it).
+ */
+static inline struct drc_region *slot_of_leaf(const struct drc__itree_bt *leaf)
+{
+    return leaf ? (struct drc_region *)((uintptr_t)leaf | 1) : NULL;
+}
+
+static inline int slot_is_leaf(const struct drc_region *r)
+{
+    return (int)((uintptr_t)r & 1);
+}
+
+static inline const struct drc__itree_bt *slot_leaf(const struct drc_region *r)
+{
+    return (const struct drc__itree_bt *)((uintptr_t)r & ~(uintptr_t)1);
 }
 
 /* The slot of a lookup at @s in the current table. */

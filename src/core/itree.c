@@ -616,6 +616,29 @@ static inline void bt_tomb(struct drc__itree *t, bt *leaf, unsigned pos)
 }
 
 /*
+ * The @depth levels above @leaf, from the root, of the path to it (a
+ * writer's, whose walk recorded the leaf only): a descent by @first, the
+ * leaf's first start when the walk read it, which the level above still
+ * holds (inner keys are exact, and starts unique while intervals are
+ * disjoint).
+ */
+static void bt_path_above(const struct drc__itree *t, const bt *leaf, uintptr_t first, bt **node, unsigned *idx,
+                          unsigned depth)
+{
+    bt *b = t->root;
+    unsigned d, i;
+
+    for (d = 0; d < depth; d++) {
+        i = bt_upper(b, b->n, first);
+        node[d] = b;
+        idx[d] = i = i ? i - 1 : 0;
+        b = b->ptr[i];
+    }
+    DRC_ASSERT(b == leaf);
+    (void)leaf;
+}
+
+/*
  * Along the path of a walk from x's start (bt_first_disjoint), valid while
  * the count has not moved: each node d of it is the child of entry idx[d-1]
  * of node d - 1, the one an insert of x descends to. Bottom up, as bt_ins()
@@ -624,7 +647,9 @@ static inline void bt_tomb(struct drc__itree *t, bt *leaf, unsigned pos)
 struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *x,
                                            const struct drc__itree_path *p)
 {
-    unsigned d, pos;
+    bt *found[MAXH], *const *node = p ? p->node : NULL;
+    unsigned d, pos, at_idx[MAXH];
+    const unsigned *idx = p ? p->idx : NULL;
     bt *leaf, *nb, *at;
     uintptr_t first;
     int settled;
@@ -639,8 +664,13 @@ struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itr
     nb = bt_put(t, leaf, pos, x->start, x->last, x, &at);
     if (!nb && bt_inside(t, bt_hint_pos(at), leaf->n) && leaf->key[0] == first)
         d = 0;      /* the levels above are as they were: no climb (bt_inside; its first start stayed) */
+    else if (d && p->leafonly) {
+        bt_path_above(t, leaf, first, found, at_idx, d);
+        node = found;
+        idx = at_idx;
+    }
     for (; d > 0; d--) {
-        nb = bt_inserted(t, p->node[d - 1], p->idx[d - 1], x, nb, &settled);
+        nb = bt_inserted(t, node[d - 1], idx[d - 1], x, nb, &settled);
         if (!nb && settled)
             break;
     }
@@ -848,6 +878,7 @@ static int bt_seek(const struct drc__itree *t, const struct drc__itree_node *x, 
     p->depth = d + 1;
     p->seek = 0;
     p->fingered = 0;
+    p->leafonly = 0;
     return 1;
 }
 
@@ -898,7 +929,7 @@ static void bt_finger_set(struct drc__itree *t, struct drc__itree_path *p)
 
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
 {
-    drc__itree_remove_at(t, x, NULL);
+    (void)drc__itree_remove_at(t, x, NULL);
 }
 
 /*
@@ -916,7 +947,8 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *x)
  * x is looked for in the next leaf too, once (in a random-order workload
  * at 262,144 regions, a fifth of the removals found their region there).
  */
-void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_bt *hint)
+struct drc__itree_bt *drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x,
+                                           struct drc__itree_bt *hint)
 {
     bt *leaf = bt_hint_leaf(hint);
     unsigned pos = bt_hint_pos(hint);
@@ -946,10 +978,10 @@ void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *x, struc
         bt_tomb(t, leaf, pos);
         t->count--;
         bt_w_end(t);
-        return;
+        return leaf;
     }
 descend:
-    drc__itree_remove_at(t, x, NULL);
+    return drc__itree_remove_at(t, x, NULL);
 }
 
 /*
@@ -958,16 +990,20 @@ descend:
  * in its leaf when no node changed shape (drc__itree_at), else holds no
  * path: a caller taking out a run of entries walks along it.
  */
-void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struct drc__itree_path *p)
+struct drc__itree_bt *drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x,
+                                           struct drc__itree_path *p)
 {
     struct drc__itree_path own;
-    bt *root;
+    bt *root, *leaf = NULL;
     int same;
 
     if (!p) {
         p = &own;
         own.depth = 0;
     }
+    if (p->depth && p->leafonly &&
+        !(drc__itree_at(t, p) == x && bt_tomb_ok(t, p->node[p->depth - 1], p->idx[p->depth - 1])))
+        p->depth = 0;   /* only a removal that changes no level above goes along a leaf alone */
     if (drc__itree_at(t, p) != x && !(t->root && bt_seek(t, x, p))) {
         int found;
 
@@ -979,6 +1015,7 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struc
     } else {
         bt_w_begin(t);
         same = bt_remove_path(t, x, p);
+        leaf = p->node[p->depth - 1];
     }
     root = t->root;
     if (root && root->level && root->n == 1) {
@@ -996,7 +1033,7 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struc
         ST(t->max, bt_last_entry(t));
     t->count--;
     if (p != &own && p->walked) {
-        if (same)
+        if (same && !p->leafonly)
             bt_finger_set(t, p);    /* a caller's walk found x: the next walk may be for its successor */
         p->walked = 0;              /* a run along it (one event over many entries) leaves none */
     }
@@ -1004,6 +1041,7 @@ void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *x, struc
     p->seq = t->seq;        /* the path holds across this removal if no node changed shape */
     if (!same)
         p->depth = 0;
+    return same ? leaf : NULL;
 }
 
 /* ---- walks (with or without the lock) ----------------------------------------- */
@@ -1163,6 +1201,33 @@ static inline const bt *bt_finger(const struct drc__itree *t, unsigned seq, uint
 }
 
 /*
+ * Leaf @b, if the floor of @start is there while the count is @seq: a leaf
+ * of the tree (a spare has no entries), whose first start is at or before
+ * @start, and which holds an entry past it or is followed by a leaf that
+ * starts past it (or by none). Every start in an earlier leaf is at or
+ * before its first, every start in a later one past the entry past @start:
+ * the floor is among its entries. NULL: walk from the root. @b is any
+ * node's memory (a hint kept since it was a leaf: nodes are never freed);
+ * what is read of it counts only if the count holds.
+ */
+static inline const bt *bt_near(const struct drc__itree *t, unsigned seq, const bt *b, uintptr_t start)
+{
+    const bt *nx;
+    unsigned n;
+
+    bt_prefetch(b);
+    n = bt_count_of(b);
+    if (!n || LD(b->level) || LD(b->key[0]) > start)
+        return NULL;
+    if (LD(b->key[n - 1]) <= start) {
+        nx = LD(b->next);
+        if (bt_moved(t, seq) || (nx && LD(nx->key[0]) <= start))
+            return NULL;
+    }
+    return bt_moved(t, seq) ? NULL : b;
+}
+
+/*
  * The overlap query of disjoint intervals: an entry that starts before the
  * last one starting at or before `start` (its floor) ends before that one
  * starts, so only the floor and the entries after it can overlap. The
@@ -1172,7 +1237,7 @@ static inline const bt *bt_finger(const struct drc__itree *t, unsigned seq, uint
  */
 static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, unsigned seq, const bt *b,
                                                  uintptr_t start, uintptr_t last, int *budget,
-                                                 struct drc__itree_path *path)
+                                                 struct drc__itree_path *path, const bt *near)
 {
     const struct drc__itree_node *m = LD(t->max);
     unsigned depth = 0, i, n, level;
@@ -1188,8 +1253,16 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
     int edge = !f && m && start >= LD(m->start);
     void *p;
 
-    if (path && !f)
-        path->fingered = 0;
+    if (path) {
+        path->leafonly = 0;
+        if (!f)
+            path->fingered = 0;
+    }
+    if (!f && !edge && near && (f = bt_near(t, seq, near, start))) {
+        depth = LD(t->height) - 1;
+        if (path)
+            path->leafonly = depth > 0;
+    }
     for (;;) {
         if (f) {                    /* the floor of start is in the finger's leaf: no descent */
             b = f;
@@ -1264,6 +1337,13 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
 struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_t start, uintptr_t last,
                                             int *budget, struct drc__itree_path *path)
 {
+    return drc__itree_first_near(t, start, last, budget, path, NULL);
+}
+
+struct drc__itree_node *drc__itree_first_near(const struct drc__itree *t, uintptr_t start, uintptr_t last,
+                                              int *budget, struct drc__itree_path *path,
+                                              const struct drc__itree_bt *near)
+{
     struct { const bt *b; unsigned i; } up[MAXH];
     unsigned seq, i = 0, n, depth = 0, level, d;
     const bt *b = bt_walk_root(t, &seq, budget);
@@ -1279,7 +1359,7 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
     if (--*budget <= 0)
         return bt_gave_up(budget);
     if (LD(t->disjoint))        /* after the count (drc__itree_set_disjoint) */
-        return bt_first_disjoint(t, seq, b, start, last, budget, path);
+        return bt_first_disjoint(t, seq, b, start, last, budget, path, bt_hint_leaf(near));
     for (;;) {
         n = bt_count_of(b);
         level = LD(b->level);
@@ -1319,6 +1399,7 @@ struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_
                 path->seq = seq;
                 path->seek = 0;
                 path->fingered = 0;
+                path->leafonly = 0;
             }
             return p;
         }

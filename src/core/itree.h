@@ -77,6 +77,8 @@ struct drc__itree_path {
     int seek;                       /* the path of an insert of `key` */
     int fingered;                   /* its levels above the leaf are the finger's (bt_finger) */
     int walked;                     /* a walk's, not yet removed along: its removal may leave a finger */
+    int leafonly;                   /* only the leaf is recorded (a walk that began at a hint): the levels
+                                     * above are found by a descent when a writer needs them */
     uintptr_t key;
     struct drc__itree_bt *node[DRC__ITREE_MAXH];
     unsigned idx[DRC__ITREE_MAXH];
@@ -158,7 +160,12 @@ struct drc__itree_bt *drc__itree_insert(struct drc__itree *t, struct drc__itree_
 struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itree_node *n,
                                            const struct drc__itree_path *p);
 
-/* Remove @n, which must be in @t. */
+/*
+ * Remove @n, which must be in @t. drc__itree_remove_in and
+ * drc__itree_remove_at return the leaf @n left when it stays a leaf of the
+ * tree (its entry dead there, or cut with no node merged), else NULL: where
+ * a later walk near @n's start may begin (drc__itree_first_near).
+ */
 void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
 
 /*
@@ -171,7 +178,8 @@ void drc__itree_remove(struct drc__itree *t, struct drc__itree_node *n);
  * region its owner holds by handle, whose lookup never walked the index,
  * pays no descent.
  */
-void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_bt *leaf);
+struct drc__itree_bt *drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *n,
+                                           struct drc__itree_bt *leaf);
 
 /*
  * The same, given where drc__itree_first_at() found @n: with no descent if
@@ -179,9 +187,12 @@ void drc__itree_remove_in(struct drc__itree *t, struct drc__itree_node *n, struc
  * descent's path. Under the owner's lock; the walk may have been lockless.
  * Afterwards @p leads to @n's successor in its leaf (drc__itree_at) if no
  * node changed shape, else holds no path (depth 0): a run of entries is
- * taken out one after the other with no descent between them.
+ * taken out one after the other with no descent between them. A path of
+ * its leaf only (drc__itree_first_near) is followed where @n's entry may
+ * die in place; any other removal descends.
  */
-void drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *n, struct drc__itree_path *p);
+struct drc__itree_bt *drc__itree_remove_at(struct drc__itree *t, struct drc__itree_node *n,
+                                           struct drc__itree_path *p);
 
 /*
  * The overlapping node with the smallest start, and the next one after @n in
@@ -197,6 +208,18 @@ struct drc__itree_node *drc__itree_next(const struct drc__itree *t, const struct
 /* drc__itree_first, and where it found its node in *@p (depth 0 if it found none). */
 struct drc__itree_node *drc__itree_first_at(const struct drc__itree *t, uintptr_t start, uintptr_t last,
                                             int *budget, struct drc__itree_path *p);
+
+/*
+ * drc__itree_first_at, starting at leaf @near if it still holds the floor of
+ * @start (a leaf an insert or a removal answered, kept since: it may have
+ * changed in any way, or left the tree, and is checked, never trusted), in
+ * a tree of disjoint intervals; else as drc__itree_first_at. The path it
+ * records may then hold the leaf only (leafonly): an insert or a removal
+ * along it that must change a level above finds that level by a descent.
+ */
+struct drc__itree_node *drc__itree_first_near(const struct drc__itree *t, uintptr_t start, uintptr_t last,
+                                              int *budget, struct drc__itree_path *path,
+                                              const struct drc__itree_bt *near);
 
 /*
  * 1 if the tree has not changed since the walk that filled @p began (owner's

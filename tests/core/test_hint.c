@@ -219,9 +219,12 @@ static const struct drc_region *slot_of(const drc_cache_t *c, const void *a)
 }
 
 /*
- * A region that leaves the tree empties the hint slots that still name it
- * (hint_forget), so that the next lookup there does not read a released
- * region's line: invalidated by handle, by range, and by a free event. A
+ * A region that leaves the tree takes its name out of the hint slots that
+ * still hold it (hint_forget), so that the next lookup there does not read
+ * a released region's line: invalidated by handle, by range, and by a free
+ * event. They hold the index leaf it left instead, where the next lookup
+ * there begins its walk, and that lookup (the miss that registers the
+ * range again) finds nothing there and puts the new region in the slot. A
  * neighbour's slot keeps its region. The control: before each invalidation
  * every slot of the region named it (the lookups left it there), so an
  * invalidation that left them as they were fails the check after it.
@@ -231,6 +234,7 @@ static void a_leaving_region_empties_its_slots(void **state)
     struct tb *b = tb_new();
     drc_cache_t *c = mk(b, NULL);
     drc_region_t *r, *nb, *h;
+    const struct drc__itree_bt *leaf;
     size_t how, k, p;
 
     (void)state;
@@ -246,6 +250,7 @@ static void a_leaving_region_empties_its_slots(void **state)
             assert_int_equal(drc_put(c, h), 0);
             assert_ptr_equal(slot_of(c, at(p, k * pg())), r);      /* the control */
         }
+        leaf = (const void *)((uintptr_t)region_leaf(r) & ~(uintptr_t)63);     /* the leaf of its entry */
         if (how == 0) {
             h = get_ok(c, at(p, 0), 64, LW);
             assert_int_equal(drc_region_invalidate(c, h), 1);
@@ -256,8 +261,11 @@ static void a_leaving_region_empties_its_slots(void **state)
             drc_notify_free(at(p, 0), 4 * pg());
         }
         for (k = 0; k < 4; k++)
-            assert_null(slot_of(c, at(p, k * pg())));
+            assert_ptr_equal(slot_of(c, at(p, k * pg())), slot_of_leaf(leaf));
         assert_ptr_equal(slot_of(c, at(p + 8, 0)), nb);
+        h = get_ok(c, at(p, 64), 64, LW);               /* a miss from that leaf */
+        assert_ptr_equal(slot_of(c, at(p, 0)), h);
+        assert_int_equal(drc_put(c, h), 0);
     }
     done(b, c);
 }

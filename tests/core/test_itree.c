@@ -32,6 +32,9 @@ struct model {
     long count;
     uint64_t rng;
     long along;         /* inserts and removes that went along a walk's path (no descent) */
+    long near;          /* of them, walks that began at a leaf they were given (drc__itree_first_near) */
+    struct drc__itree_bt *put[MAXN];    /* what each interval's insert answered */
+    struct drc__itree_bt *left[MAXN];   /* the leaf each interval's removal left, or NULL */
 };
 
 static uint64_t rnd(struct model *m)
@@ -46,9 +49,40 @@ static uint64_t rnd(struct model *m)
 static uint64_t rnd(struct model *m);
 
 /*
+ * A leaf for a walk from @key to begin at (drc__itree_first_near), as a
+ * cache's hint slot gives one: the one interval i's removal left, what the
+ * insert of the live interval starting last at or before @key answered, or
+ * another interval's insert (each since split, merged, given back or
+ * handed out again at another level), the root (an inner node, once the
+ * tree grows), or none.
+ */
+static const struct drc__itree_bt *near_of(struct model *m, int i, uintptr_t key)
+{
+    int j, f = -1;
+
+    switch (rnd(m) % 5) {
+    case 0:
+        return NULL;
+    case 1:
+        return m->t.root;
+    case 2:
+        j = (int)(rnd(m) % MAXN);
+        return m->put[j] ? bt_hint_leaf(m->put[j]) : NULL;
+    case 3:
+        for (j = 0; j < MAXN; j++)
+            if (m->in[j] && m->n[j].start <= key && (f < 0 || m->n[j].start > m->n[f].start))
+                f = j;
+        return f >= 0 ? bt_hint_leaf(m->put[f]) : NULL;
+    default:
+        return i >= 0 ? m->left[i] : NULL;
+    }
+}
+
+/*
  * Half of the inserts and removes go along the path of a walk from the
  * interval's start, as the cache's misses and free events do (insert_at,
- * remove_at); the tree must end the same either way.
+ * remove_at), a walk that may begin at a leaf it is given; the tree must
+ * end the same either way.
  */
 static void ins(struct model *m, int i, uintptr_t start, uintptr_t last)
 {
@@ -58,11 +92,12 @@ static void ins(struct model *m, int i, uintptr_t start, uintptr_t last)
     m->n[i].start = start;
     m->n[i].last = last;
     if (rnd(m) & 1) {
-        drc__itree_first_at(&m->t, start, last, &budget, &path);
-        drc__itree_insert_at(&m->t, &m->n[i], &path);
+        drc__itree_first_near(&m->t, start, last, &budget, &path, near_of(m, i, start));
+        m->put[i] = drc__itree_insert_at(&m->t, &m->n[i], &path);
         m->along += path.depth && path.seek;
+        m->near += path.depth && path.leafonly;
     } else {
-        drc__itree_insert(&m->t, &m->n[i]);
+        m->put[i] = drc__itree_insert(&m->t, &m->n[i]);
     }
     m->in[i] = 1;
     m->count++;
@@ -75,12 +110,16 @@ static void rem(struct model *m, int i)
     int budget = DRC__ITREE_UNBOUNDED;
 
     if (rnd(m) & 1) {
-        m->along += drc__itree_first_at(&m->t, m->n[i].start, m->n[i].start, &budget, &path) == &m->n[i] &&
+        m->along += drc__itree_first_near(&m->t, m->n[i].start, m->n[i].start, &budget, &path,
+                                          near_of(m, i, m->n[i].start)) == &m->n[i] &&
                     drc__itree_at(&m->t, &path) == &m->n[i];
-        drc__itree_remove_at(&m->t, &m->n[i], &path);
+        m->near += path.depth && path.leafonly;
+        m->left[i] = drc__itree_remove_at(&m->t, &m->n[i], &path);
     } else {
-        drc__itree_remove(&m->t, &m->n[i]);
+        m->left[i] = drc__itree_remove_at(&m->t, &m->n[i], NULL);
     }
+    /* a leaf of the tree, holding no entry of i's */
+    assert_true(!m->left[i] || (!m->left[i]->level && m->left[i]->n));
     m->in[i] = 0;
     m->count--;
     assert_int_equal(drc__itree_check(&m->t), m->count);
@@ -95,7 +134,10 @@ static void query(struct model *m, uintptr_t s, uintptr_t l)
     uintptr_t prev = 0;
 
     memset(seen, 0, sizeof(seen));
-    for (n = drc__itree_first(&m->t, s, l, &budget); n; n = drc__itree_next(&m->t, n, s, l, &budget)) {
+    n = drc__itree_first(&m->t, s, l, &budget);
+    /* a walk that begins at a leaf it was given, whichever, answers the same */
+    assert_ptr_equal(drc__itree_first_near(&m->t, s, l, &budget, NULL, near_of(m, -1, s)), n);
+    for (; n; n = drc__itree_next(&m->t, n, s, l, &budget)) {
         i = (int)(n - m->n);
         assert_true(i >= 0 && i < MAXN);
         assert_true(m->in[i]);
@@ -433,6 +475,7 @@ static void disjoint_promise_answers_like_the_list(void **state)
             }
         }
         assert_true(m->along > 100);        /* the paths were taken, not only the fallbacks */
+        assert_true(m->near > 100);         /* some of them from a leaf given */
         drc__itree_set_disjoint(&m->t, 0);
         for (step = 0; step < 1000; step++) {
             uintptr_t s = rnd(m) % (64 * MAXN), l = s + rnd(m) % 300;
@@ -568,13 +611,13 @@ static struct drc__itree_bt *put_in(struct model *m, int i, uintptr_t start, uin
     m->n[i].last = last;
     m->in[i] = 1;
     m->count++;
-    return drc__itree_insert(&m->t, &m->n[i]);
+    return m->put[i] = drc__itree_insert(&m->t, &m->n[i]);
 }
 
 /* Take node i out given what its insert answered (drc__itree_remove_in), out of the model too. */
 static void take_in(struct model *m, int i, struct drc__itree_bt *hint)
 {
-    drc__itree_remove_in(&m->t, &m->n[i], hint);
+    m->left[i] = drc__itree_remove_in(&m->t, &m->n[i], hint);
     m->in[i] = 0;
     m->count--;
 }
@@ -1147,6 +1190,139 @@ static void check_rejects_broken_trees(void **state)
     free(m);
 }
 
+/* A walk from [s, l] that begins at @near: its answer, and whether it began there (the path holds its leaf only). */
+static struct drc__itree_node *walk_near(struct model *m, uintptr_t s, uintptr_t l, const bt *near,
+                                         struct drc__itree_path *path, int *began)
+{
+    int budget = DRC__ITREE_UNBOUNDED;
+    struct drc__itree_node *x = drc__itree_first_near(&m->t, s, l, &budget, path, near);
+
+    assert_true(budget > 0);
+    *began = path->depth == m->t.height && path->leafonly && path->node[path->depth - 1] == near;
+    return x;
+}
+
+/*
+ * A walk given a leaf (a cache's hint slot keeps the one a region left, for
+ * the miss that registers it again) begins there when the floor of its
+ * start is among the leaf's entries, and records that leaf alone as its
+ * path; an insert along that path that changes no level above (into its own
+ * dead entry) goes in with no descent, one that must change them (the
+ * leaf's end, a split) finds the levels by a descent, and a removal along
+ * it that cannot leave its entry dead seeks a full path. Any other leaf,
+ * an inner node or a spare node given is refused and the walk descends.
+ * Every answer is the list's and the tree stays whole. The controls: the
+ * refused leaves are checked with a key whose floor they do not hold, so
+ * a walk that took them would answer the wrong entry (without the check of
+ * the leaf's first start, the mutant run once, the walk from the last leaf
+ * for a key in the first answered none; without the check of the next
+ * leaf's first start, from the first leaf for a key in the last).
+ */
+static void a_walk_begins_at_the_leaf_it_is_given(void **state)
+{
+    struct model *m = model_new(43);
+    struct drc__itree_path path;
+    struct drc__itree_bt *h;
+    const bt *leaf, *first, *lastleaf, *spare;
+    int i, k, began, pos;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (i = 0; i < 64; i++)        /* [100 i, 100 i + 9], in address order: packed leaves of the fan of 8 */
+        put_in(m, i, (uintptr_t)i * 100, (uintptr_t)i * 100 + 9);
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_true(m->t.height >= 3);
+    for (first = m->t.root; first->level; first = first->ptr[0])
+        ;
+    for (lastleaf = first; lastleaf->next; lastleaf = lastleaf->next)
+        ;
+
+    /* an interval inside a leaf leaves it dead in place: the removal answers that leaf */
+    for (k = 20; bt_hint_pos(m->put[k]) < 1 || bt_hint_pos(m->put[k]) + 2 >= bt_hint_leaf(m->put[k])->n; k++)
+        ;
+    leaf = bt_hint_leaf(m->put[k]);
+    pos = (int)bt_hint_pos(m->put[k]);
+    take_in(m, k, m->put[k]);
+    assert_ptr_equal(m->left[k], leaf);
+    assert_null(leaf->ptr[pos]);
+
+    /* registered again: the walk begins at that leaf, finds nothing, and the insert takes the dead entry */
+    assert_null(walk_near(m, (uintptr_t)k * 100, (uintptr_t)k * 100 + 9, leaf, &path, &began));
+    assert_true(began);
+    assert_ptr_equal(walk_near(m, (uintptr_t)k * 100 + 5, (uintptr_t)k * 100 + 150, leaf, &path, &began),
+                     &m->n[k + 1]);
+    assert_true(began);
+    assert_null(walk_near(m, (uintptr_t)k * 100, (uintptr_t)k * 100 + 9, leaf, &path, &began));
+    m->n[k].start = (uintptr_t)k * 100;
+    m->n[k].last = (uintptr_t)k * 100 + 9;
+    h = drc__itree_insert_at(&m->t, &m->n[k], &path);
+    m->in[k] = 1;
+    m->count++;
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    assert_ptr_equal(h, bt_hint((bt *)leaf, (unsigned)pos));     /* its own entry, nothing moved */
+    assert_int_equal(leaf->dead, 0);
+    query(m, 0, UINTPTR_MAX);
+
+    /* refused: a leaf that does not hold the floor (either side), an inner node, a spare node */
+    assert_ptr_equal(walk_near(m, 105, 105, lastleaf, &path, &began), &m->n[1]);
+    assert_false(began);
+    assert_ptr_equal(walk_near(m, 6305, 6305, first, &path, &began), &m->n[63]);
+    assert_false(began);
+    assert_ptr_equal(walk_near(m, 3005, 3005, m->t.root, &path, &began), &m->n[30]);
+    assert_false(began);
+    for (i = 0; i < 64; i += 2)     /* merges give nodes back */
+        take_in(m, i, m->put[i]);
+    for (i = 1; i < 64; i += 4)
+        take_in(m, i, NULL);
+    assert_int_equal(drc__itree_check(&m->t), m->count);
+    spare = m->t.spare;
+    assert_non_null(spare);
+    assert_ptr_equal(walk_near(m, 305, 305, spare, &path, &began), &m->n[3]);
+    assert_false(began);
+    query(m, 0, UINTPTR_MAX);
+
+    /*
+     * Along a leaf alone, inserts that change the levels above: after a
+     * leaf's last entry (its bound above grows), and into full leaves
+     * (splits), each from the leaf that holds the floor of its start.
+     */
+    for (i = 0; i < 64; i++) {
+        uintptr_t s = (uintptr_t)i * 100 + 50;      /* between interval i and i + 1 */
+
+        if (!m->in[i])
+            s = (uintptr_t)i * 100;                 /* or where i was */
+        leaf = m->in[i] ? bt_hint_leaf(m->put[i]) : m->left[i];
+        assert_null(walk_near(m, s, s + 9, leaf, &path, &began));
+        m->along += began;
+        m->n[64 + i].start = s;
+        m->n[64 + i].last = s + 9;
+        m->put[64 + i] = drc__itree_insert_at(&m->t, &m->n[64 + i], &path);
+        m->in[64 + i] = 1;
+        m->count++;
+        assert_int_equal(drc__itree_check(&m->t), m->count);
+    }
+    assert_true(m->along > 20);
+    query(m, 0, UINTPTR_MAX);
+
+    /* removals along a leaf alone: dead in place where they may, else by a path sought */
+    for (i = 0; i < 128; i++) {
+        if (!m->in[i])
+            continue;
+        leaf = bt_hint_leaf(m->put[i]);
+        if (walk_near(m, m->n[i].start, m->n[i].start, leaf, &path, &began) != &m->n[i])
+            fail();
+        m->left[i] = drc__itree_remove_at(&m->t, &m->n[i], &path);
+        m->in[i] = 0;
+        m->count--;
+        assert_int_equal(drc__itree_check(&m->t), m->count);
+        assert_true(!m->left[i] || (!m->left[i]->level && m->left[i]->n));
+    }
+    query(m, 0, UINTPTR_MAX);
+    assert_int_equal(m->count, 0);
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1166,6 +1342,7 @@ int main(void)
         cmocka_unit_test(a_removal_inside_a_leaf_kills_its_entry),
         cmocka_unit_test(a_dead_first_entry_is_dropped_before_an_insert_covers_it),
         cmocka_unit_test(the_right_edge_is_walked_without_search),
+        cmocka_unit_test(a_walk_begins_at_the_leaf_it_is_given),
         cmocka_unit_test(a_walk_after_a_removal_starts_at_its_leaf),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
