@@ -810,7 +810,7 @@ int drc__region_put(drc_region_t *r)
  *   unlock; wait for frees in flight       npending, detached.root: 0, 0 ?
  *   register                               walk the tree: nothing overlaps ?
  *   lock; seq++; insert; seq++             seq == s ?  nothing there
- *   npending-- (SC); unlock
+ *   npending-- (release); unlock
  * A registration counted before the probe's load of npending sends the
  * probe to the lock. One counted after it began after the probe's instant:
  * it is the race that every invalidation has with a registration begun

@@ -373,7 +373,13 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
     if (c->limited)
         evict(c, &dead);
     seq_end(c);
-    __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);    /* inserted: a probe now finds it (see drc_invalidate) */
+    /*
+     * Inserted: a probe that reads the count now finds the region (see
+     * drc_invalidate). Changed only under the lock, so a store; a release,
+     * not an exchange: nothing this thread loads after it must wait for it,
+     * and a probe's SC load that reads it also sees the insert before it.
+     */
+    __atomic_store_n(&c->npending, c->npending - 1, __ATOMIC_RELEASE);
     grow = hint_want(c);
     unlock(c);
     release_list(c, dead);
