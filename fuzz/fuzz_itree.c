@@ -12,7 +12,7 @@
  * node's removal left, another node's insert answered, or none, each of
  * which the steps since may have changed; a query's answer must be the
  * descent's. 160 intervals make a tree of
- * three levels of 16 (splits, merges and borrows of inner nodes);
+ * three levels of 18 (splits, merges and borrows of inner nodes);
  * tests/core/test_itree.c reaches more levels with a smaller fan. An odd
  * first byte starts the tree with the owner's promise that its intervals
  * are disjoint, which the program takes back, as the cache does, just

@@ -38,13 +38,12 @@ struct drc__itree_bt {
     uintptr_t key[F];               /* leaf: the entry's start; inner: the child's smallest start */
     uintptr_t last[F];              /* leaf: the entry's last; inner: the child's largest last */
     void *ptr[F];                   /* leaf: a struct drc__itree_node *; inner: a child */
-    struct drc__itree_bt *all;      /* malloc'd nodes: the next one (drc__itree_fini) */
 } __attribute__((aligned(64)));
 
 typedef struct drc__itree_bt bt;
 
 _Static_assert(sizeof(bt) == DRC__ITREE_NODE, "itree.h's node size is a node's size");
-_Static_assert(F >= 4 && LOW >= 1 && !(F & (F - 1)), "a power of two, split into two of at least LOW");
+_Static_assert(F >= 4 && F % 2 == 0 && LOW >= 1, "splits into two of at least LOW");
 _Static_assert(F <= 64, "an entry's position fits in a node address's low bits (bt_hint)");
 
 #define LD(x)    __atomic_load_n(&(x), __ATOMIC_RELAXED)
@@ -114,13 +113,22 @@ void drc__itree_set_disjoint(struct drc__itree *t, int disjoint)
     ST(t->disjoint, disjoint);
 }
 
+/*
+ * A node from malloc (a tree of tests and fuzzers) comes after a line of its
+ * own that links it to the tree's others, for drc__itree_fini: the node
+ * itself has no room to spare.
+ */
+struct bt_malloced {
+    struct bt_malloced *all;
+} __attribute__((aligned(64)));
+
 void drc__itree_fini(struct drc__itree *t)
 {
-    bt *b, *nx;
+    struct bt_malloced *m, *nx;
 
-    for (b = t->all; b; b = nx) {
-        nx = b->all;
-        free(b);
+    for (m = t->all; m; m = nx) {
+        nx = m->all;
+        free(m);
     }
     memset(t, 0, sizeof(*t));
 }
@@ -157,13 +165,16 @@ static bt *bt_node_new(struct drc__itree *t, unsigned level)
         t->spare = b->next;
         t->nspare--;
     } else {
+        struct bt_malloced *m;
+
         DRC_ASSERT(!t->given);      /* the owner gives what drc__itree_need() asks */
-        b = aligned_alloc(64, sizeof(*b));
-        if (!b)
+        m = aligned_alloc(64, sizeof(*m) + sizeof(*b));
+        if (!m)
             abort();                /* only trees of tests and fuzzers allocate */
-        memset(b, 0, sizeof(*b));
-        b->all = t->all;
-        t->all = b;
+        memset(m, 0, sizeof(*m) + sizeof(*b));
+        m->all = t->all;
+        t->all = m;
+        b = (bt *)(void *)(m + 1);
     }
     for (unsigned j = 0; j < F; j++)
         ST(b->key[j], UINTPTR_MAX);
@@ -192,7 +203,7 @@ static inline unsigned bt_upper(const bt *b, unsigned n, uintptr_t k)
 {
     unsigned i = 0, j;
 
-#pragma GCC unroll 16
+#pragma GCC unroll 32
     for (j = 0; j < F; j++)
         i += LD(b->key[j]) <= k;
     return i < n ? i : n;

@@ -94,7 +94,7 @@ struct drc__itree {
     unsigned nspare;
     int given;                      /* 1: nodes come only from drc__itree_give (never malloc) */
     int disjoint;                   /* atomic: the owner promises no two intervals overlap */
-    struct drc__itree_bt *all;      /* malloc'd nodes, for drc__itree_fini */
+    void *all;                      /* malloc'd nodes, for drc__itree_fini (itree.c's bt_node_new) */
     struct drc__itree_node *max;    /* atomic: the node with the largest start (the last of equal ones) */
     struct drc__itree_finger {      /* where the last removal at a leaf's edge left off (bt_finger) */
         unsigned seq, depth;        /* atomic: the count it holds for; the path's */
@@ -105,12 +105,15 @@ struct drc__itree {
     } finger;
 };
 
-/* Entries per node (tests build the tree with a smaller fan, to reach more levels with few intervals) */
+/*
+ * Entries per node: 18 fill the seven lines of a node exactly (tests build
+ * the tree with a smaller fan, to reach more levels with few intervals).
+ */
 #ifndef DRC__ITREE_FAN
-#define DRC__ITREE_FAN 16
+#define DRC__ITREE_FAN 18
 #endif
-/* Bytes per node: three words per entry and three more, 64-byte aligned */
-#define DRC__ITREE_NODE (((size_t)DRC__ITREE_FAN * 24 + 24 + 63) / 64 * 64)
+/* Bytes per node: three words per entry and a 16-byte header, 64-byte aligned */
+#define DRC__ITREE_NODE (((size_t)DRC__ITREE_FAN * 24 + 16 + 63) / 64 * 64)
 
 /*
  * Start @t empty. @given: 0, nodes come from malloc when an insert needs

@@ -9,7 +9,7 @@
  * hundred intervals make trees of four and five levels (splits, merges and
  * borrows of inner nodes, the root growing and shrinking) and the test
  * reaches the nodes themselves; the Makefile then links the rest of the
- * core without itree.o. fuzz/fuzz_itree.c runs the fan of 16.
+ * core without itree.o. fuzz/fuzz_itree.c runs the fan of 18.
  */
 #include <setjmp.h>
 #include <stdarg.h>
