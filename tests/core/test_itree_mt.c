@@ -19,6 +19,11 @@
  * other removals are given where the insert put the node (remove_in, as a
  * removal by handle); removals inside a leaf leave dead entries, which
  * walks skip, and some of the walks checked ran while the tree had some.
+ * A third of the walks, and the writer's walks before half its inserts and
+ * before its removals along a path, begin at the leaf the last removal of
+ * the node of their start's cell left (drc__itree_first_near, as a miss
+ * after an invalidation does), which the writer may have changed in any
+ * way since; some of those checked against the list began there.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -39,9 +44,10 @@ static struct drc__itree tree;
 static struct drc__itree_node nodes[N];
 static int in[N];                   /* under lock */
 static struct drc__itree_bt *where[N];  /* what each insert answered (under lock) */
+static struct drc__itree_bt *left[N];   /* atomic: the leaf each node's last removal left, or NULL */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int stop;
-static long checked, raced, gave_up, finger_walks, dead_walks;     /* finger_walks, dead_walks: under lock */
+static long checked, raced, gave_up, finger_walks, dead_walks, near_walks;   /* the last three: under lock */
 
 static uint64_t rnd(uint64_t *s)
 {
@@ -69,14 +75,17 @@ static void remove_along_walk(struct drc__itree_node *x)
     struct drc__itree_path path;
     int budget = DRC__ITREE_UNBOUNDED;
 
-    assert_ptr_equal(drc__itree_first_at(&tree, x->start, x->start, &budget, &path), x);
-    drc__itree_remove_at(&tree, x, &path);
+    assert_ptr_equal(drc__itree_first_near(&tree, x->start, x->start, &budget, &path,
+                                           __atomic_load_n(&left[x - nodes], __ATOMIC_RELAXED)), x);
+    __atomic_store_n(&left[x - nodes], drc__itree_remove_at(&tree, x, &path), __ATOMIC_RELAXED);
 }
 
 static void *writer(void *arg)
 {
     uint64_t r = 0x1234567;
+    struct drc__itree_path path;
     struct drc__itree_node *x;
+    struct drc__itree_bt *lf;
     int i, k, budget;
 
     (void)arg;
@@ -96,15 +105,24 @@ static void *writer(void *arg)
                 }
             } else if (in[i]) {
                 if (rnd(&r) & 1)
-                    drc__itree_remove_in(&tree, &nodes[i], where[i]);
+                    lf = drc__itree_remove_in(&tree, &nodes[i], where[i]);
                 else
-                    drc__itree_remove(&tree, &nodes[i]);
+                    lf = drc__itree_remove_at(&tree, &nodes[i], NULL);
+                __atomic_store_n(&left[i], lf, __ATOMIC_RELAXED);
                 in[i] = 0;
             } else {
                 /* disjoint: node i lives in its own cell of 64 */
                 __atomic_store_n(&nodes[i].start, (uintptr_t)i * 64 + rnd(&r) % 16, __ATOMIC_RELAXED);
                 __atomic_store_n(&nodes[i].last, nodes[i].start + rnd(&r) % 40, __ATOMIC_RELAXED);
-                where[i] = drc__itree_insert(&tree, &nodes[i]);
+                if (rnd(&r) & 1) {
+                    /* as a miss does: along a walk that may begin where the node's removal left off */
+                    budget = DRC__ITREE_UNBOUNDED;
+                    drc__itree_first_near(&tree, nodes[i].start, nodes[i].last, &budget, &path,
+                                          __atomic_load_n(&left[i], __ATOMIC_RELAXED));
+                    where[i] = drc__itree_insert_at(&tree, &nodes[i], &path);
+                } else {
+                    where[i] = drc__itree_insert(&tree, &nodes[i]);
+                }
                 in[i] = 1;
             }
         }
@@ -117,14 +135,16 @@ static void *writer(void *arg)
 static void *reader(void *arg)
 {
     uint64_t r = (uintptr_t)arg * 0x9e3779b97f4a7c15ull + 1;
-    long k, mine_checked = 0, mine_raced = 0, fingered = 0;
+    long k, mine_checked = 0, mine_raced = 0, fingered = 0, neared = 0;
 
-    /* until this reader has both kinds of walk (events), or a cap a working index never needs */
-    for (k = 0; k < 4000000 && (mine_checked < 2000 || !mine_raced || !fingered); k++) {
+    /* until this reader has every kind of walk (events), or a cap a working index never needs */
+    for (k = 0; k < 4000000 && (mine_checked < 2000 || !mine_raced || !fingered || !neared); k++) {
         uintptr_t s = rnd(&r) % SPACE, l = s + rnd(&r) % 200;
         unsigned seq = __atomic_load_n(&tree.seq, __ATOMIC_ACQUIRE), height;
-        int budget = 256, first_nodes;
+        int budget = 256, first_nodes, near = 0;
         struct drc__itree_node *x, *y = NULL;
+        struct drc__itree_path path;
+        const struct drc__itree_bt *hint;
 
         if (rnd(&r) & 1) {
             /* half the walks within the finger's leaf, if the writer left one (a guess: any range is valid) */
@@ -137,7 +157,14 @@ static void *reader(void *arg)
             }
         }
         height = __atomic_load_n(&tree.height, __ATOMIC_RELAXED);
-        x = drc__itree_first(&tree, s, l, &budget);
+        if (rnd(&r) % 3 == 0) {
+            /* a third from the leaf the removal of the node of s's cell left, as a miss's lookup */
+            hint = __atomic_load_n(&left[s / 64], __ATOMIC_RELAXED);
+            x = drc__itree_first_near(&tree, s, l, &budget, &path, hint);
+            near = hint && path.depth && path.leafonly && path.node[path.depth - 1] == hint;
+        } else {
+            x = drc__itree_first(&tree, s, l, &budget);
+        }
         first_nodes = 256 - budget;     /* nodes the walk visited: one, if it began at the finger's leaf */
 
         if (x && budget > 0) {
@@ -156,7 +183,9 @@ static void *reader(void *arg)
             checked++;
             mine_checked++;
             dead_walks += tree.dead > 0;
-            if (height > 1 && first_nodes == 1) {
+            near_walks += near;
+            neared += near;
+            if (height > 1 && first_nodes == 1 && !near) {
                 fingered++;
                 finger_walks++;
             }
@@ -184,13 +213,14 @@ static void lockless_walks_race_a_writer(void **state)
         pthread_join(rd[i], NULL);
     __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
     pthread_join(w, NULL);
-    print_message("%ld walks checked against the list (%ld began at the finger's leaf, %ld ran while dead "
-                  "entries were in the tree), %ld raced the writer, %ld gave up\n", checked, finger_walks, dead_walks,
-                  raced, gave_up);
+    print_message("%ld walks checked against the list (%ld began at the finger's leaf, %ld at a leaf a removal "
+                  "left, %ld ran while dead entries were in the tree), %ld raced the writer, %ld gave up\n", checked,
+                  finger_walks, near_walks, dead_walks, raced, gave_up);
     assert_int_equal(drc__itree_check(&tree), tree.count);
     assert_true(checked > 0);
     assert_true(finger_walks > 0);        /* walks that began at the finger's leaf were checked too */
     assert_true(dead_walks > 0);          /* and walks past dead entries */
+    assert_true(near_walks > 0);          /* and walks that began at a leaf a removal left */
     assert_true(raced + gave_up > 0);     /* the control: walks did meet the writer */
     drc__itree_fini(&tree);
 }
