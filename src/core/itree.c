@@ -671,7 +671,7 @@ struct drc__itree_bt *drc__itree_insert_at(struct drc__itree *t, struct drc__itr
     d = p->depth - 1;
     leaf = p->node[d];
     first = leaf->key[0];
-    pos = bt_room(t, leaf, bt_upper(leaf, leaf->n, x->start), x);
+    pos = bt_room(t, leaf, p->at, x);   /* the walk's count of the leaf's keys: nothing changed since */
     nb = bt_put(t, leaf, pos, x->start, x->last, x, &at);
     if (!nb && bt_inside(t, bt_hint_pos(at), leaf->n) && leaf->key[0] == first)
         d = 0;      /* the levels above are as they were: no climb (bt_inside; its first start stayed) */
@@ -1306,6 +1306,7 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
         path->seq = seq;
         path->seek = 1;
         path->key = start;
+        path->at = i;               /* where an insert of start goes in this leaf, while the count holds */
     }
     int beyond = 0;                 /* the entry found is in the leaf after the path's */
 

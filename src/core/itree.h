@@ -80,6 +80,7 @@ struct drc__itree_path {
     int leafonly;                   /* only the leaf is recorded (a walk that began at a hint): the levels
                                      * above are found by a descent when a writer needs them */
     uintptr_t key;
+    unsigned at;                    /* seek: the place of `key` among its leaf's entries */
     struct drc__itree_bt *node[DRC__ITREE_MAXH];
     unsigned idx[DRC__ITREE_MAXH];
 };
