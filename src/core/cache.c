@@ -271,12 +271,15 @@ void lru_append(drc_cache_t *c, struct drc_region *r)
 
 /*
  * The hint slots of a region leaving the tree that still name it (c->lock):
- * emptied, so that the next lookup there does not read the region's line
- * only to find it released or reused (a miss after an invalidation paid
- * that line before its walk): the slots hint_grow's fill gives it
- * (region_grains). Slots are guesses that every lookup checks: a lookup
- * that stores the region again after this leaves it as stale as it was,
- * and a slot that names another region is left alone.
+ * the slots hint_grow's fill gives it (region_grains). They name @leaf
+ * instead, the leaf its removal left (or nothing, NULL), so that the next
+ * lookup there, most often the miss that registers the memory again, does
+ * not read the region's line only to find it released or reused, and
+ * begins its walk at that leaf (slot_of_leaf, drc__itree_first_near).
+ * Slots are guesses that every lookup checks: a lookup that stores the
+ * region again after this leaves it as stale as it was, a leaf that has
+ * changed since fails the walk's checks, and a slot that names another
+ * region is left alone.
  */
 static inline void hint_forget(const drc_cache_t *c, const struct drc_region *r, const struct drc__itree_bt *leaf)
 {

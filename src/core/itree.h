@@ -48,6 +48,11 @@
  * entry dead in place, its node pointer cleared,
  * instead of moving the entries after it; walks skip it, an insert nearby
  * takes its place, and a writer that moves entries drops it (itree.c).
+ * Removals answer the leaf they left; an owner that keeps it may begin a
+ * later walk near there at that leaf (drc__itree_first_near), which checks
+ * that the leaf still holds the floor of its key: an interval inserted
+ * again where it was removed, after a walk from its leaf, goes into its
+ * own dead entry with no descent.
  *
  * Two intervals A and B overlap iff A.start <= B.last && B.start <= A.last.
  */
