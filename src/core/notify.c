@@ -73,9 +73,11 @@
  *
  * Either the getter sees the entry and waits until the memory is gone (its
  * export then sees the new memory, or fails), or the freer's invalidation
- * sees the pending registration and marks it stale. SC fences on both sides
- * close the store-buffering case where the cache's hull check lets the
- * invalidation skip the lock.
+ * sees the pending registration and marks it stale. The store-buffering case
+ * where the cache's hull check lets the invalidation skip the lock is closed
+ * by the freer's SC fence before it reads a hull and the getter's SC stores
+ * of the hull (cache_miss.c, widen_hull) and of its pending count, before
+ * its SC loads of the entries.
  *
  * fork(). The child has one thread and a copy of every cache, whose locks
  * other parent threads may have held and whose registrations (and backend
@@ -372,7 +374,11 @@ void drc__notify_wait_frees(uintptr_t s, uintptr_t last)
 {
     unsigned g, spins;
 
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* the pending registration before the entries are read */
+    /*
+     * No fence: the caller made its pending registration known by SC
+     * operations (notify.h), which come before these SC loads in the
+     * single order of SC operations.
+     */
     /* a short free (a host munmap) is over in a few yields: sleep only on a long one (a cudaFree) */
     for (spins = 0; spins < 64; spins++) {
         if (!freeing_overlaps(s, last))

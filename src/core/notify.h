@@ -30,7 +30,10 @@ void drc__notify_end(int ticket);
 
 /*
  * cache.c, after it made a registration pending and before it exports:
- * wait while a free overlapping [s, last] is in flight.
+ * wait while a free overlapping [s, last] is in flight. The caller makes
+ * the registration known by SC operations before the call (the pending
+ * count's increment, the hull's stores): the entries are read by SC loads,
+ * with no fence before them.
  */
 void drc__notify_wait_frees(uintptr_t s, uintptr_t last);
 
