@@ -18,11 +18,11 @@ const struct region_mem host_mem = { .type = DRC_MEM_HOST, .device = -1, .lo = 0
  * SC: with the freer's SC fence between the publication of its free and
  * its read of the hull (notify.c), either that read sees the hull grown or
  * the getter's SC loads of the frees in flight, after these stores, see
- * the free (drc__notify_wait_frees); the fence the getter had there is not
- * needed. A hull that already covers the range was grown so by an SC store
- * that happened before this section (the lock orders them), which the same
- * argument covers. Most misses grow nothing: a fill in address order grows
- * it at each.
+ * the free (drc__notify_wait_frees), with no fence of the getter's. A hull
+ * that already covers the range was grown so by an SC store that happened
+ * before this section (the lock orders them), which the same argument
+ * covers. Most misses grow nothing, and pay no store: a fill in address
+ * order grows it at each miss.
  */
 static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
 {
