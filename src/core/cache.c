@@ -623,7 +623,7 @@ static HIT_INLINE struct drc_region *lookup_lockless(drc_cache_t *c, uintptr_t s
      * the first time, in any order): a miss without the descent. A wrong
      * "miss" here only sends the lookup to the locked path.
      */
-    near = slot_is_leaf(r) ? slot_leaf(r) : NULL;
+    near = slot_leaf(r);
     if (s < LD(c->lo) || last > LD(c->hi) ||
         (!near && used_none(__atomic_load_n(&c->hint, __ATOMIC_ACQUIRE), s, last)))
         return NULL;
@@ -851,8 +851,7 @@ static inline __attribute__((always_inline)) int nothing_there(drc_cache_t *c, u
             *hr = r;
             return 0;
         }
-        if (drc__itree_first_near(&c->tree, s, last, &budget, path, slot_is_leaf(r) ? slot_leaf(r) : NULL) ||
-            budget <= 0)
+        if (drc__itree_first_near(&c->tree, s, last, &budget, path, slot_leaf(r)) || budget <= 0)
             return 0;           /* something there (or a torn walk): the locked path decides, from
                                  * where the walk found it if the tree has not changed since */
     }

@@ -607,9 +607,10 @@ static inline int slot_is_leaf(const struct drc_region *r)
     return (int)((uintptr_t)r & 1);
 }
 
+/* The leaf a slot's value names, or NULL if it names none (NULL or a region). */
 static inline const struct drc__itree_bt *slot_leaf(const struct drc_region *r)
 {
-    return (const struct drc__itree_bt *)((uintptr_t)r & ~(uintptr_t)1);
+    return slot_is_leaf(r) ? (const struct drc__itree_bt *)((uintptr_t)r & ~(uintptr_t)1) : NULL;
 }
 
 /* The slot of a lookup at @s in the current table. */

@@ -375,30 +375,44 @@ static unsigned bt_compact(struct drc__itree *t, bt *b, unsigned pos)
 }
 
 /*
+ * The @depth levels above @leaf, from the root, of the path to it (a
+ * writer's, which has the leaf but not that path): a descent by @first,
+ * the leaf's first start as the level above holds it (inner keys are
+ * exact, and starts unique while intervals are disjoint).
+ */
+static void bt_path_above(const struct drc__itree *t, const bt *leaf, uintptr_t first, bt **node, unsigned *idx,
+                          unsigned depth)
+{
+    bt *b = t->root;
+    unsigned d, i;
+
+    for (d = 0; d < depth; d++) {
+        i = bt_upper(b, b->n, first);
+        node[d] = b;
+        idx[d] = i = i ? i - 1 : 0;
+        b = b->ptr[i];
+    }
+    DRC_ASSERT(b == leaf);
+    (void)leaf;
+}
+
+/*
  * Drop the dead entries of leaf @nx (a writer's window), which is not on
  * the caller's path, and carry its new first start up the path to it,
- * found by that start (the keys above are exact).
+ * found by its first start before the drop.
  */
 static void bt_compact_next(struct drc__itree *t, bt *nx)
 {
-    struct { bt *b; unsigned i; } up[MAXH];
-    uintptr_t k = nx->key[0];
-    unsigned d = 0, i;
-    bt *b = t->root, *c;
+    bt *node[MAXH], *c;
+    unsigned idx[MAXH], d = t->height - 1;
 
-    for (; b->level && d < MAXH; d++) {
-        i = bt_upper(b, b->n, k);
-        up[d].b = b;
-        up[d].i = i = i ? i - 1 : 0;
-        b = b->ptr[i];
-    }
-    DRC_ASSERT(b == nx);
+    bt_path_above(t, nx, nx->key[0], node, idx, d);
     bt_compact(t, nx, 0);
     while (d-- > 0) {
-        c = up[d].b->ptr[up[d].i];
-        if (up[d].b->key[up[d].i] == c->key[0])
+        c = node[d]->ptr[idx[d]];
+        if (node[d]->key[idx[d]] == c->key[0])
             break;
-        ST(up[d].b->key[up[d].i], c->key[0]);
+        ST(node[d]->key[idx[d]], c->key[0]);
     }
 }
 
@@ -624,29 +638,6 @@ static inline void bt_tomb(struct drc__itree *t, bt *leaf, unsigned pos)
     ST(leaf->ptr[pos], NULL);
     ST(leaf->dead, (unsigned short)(leaf->dead + 1));
     t->dead++;
-}
-
-/*
- * The @depth levels above @leaf, from the root, of the path to it (a
- * writer's, whose walk recorded the leaf only): a descent by @first, the
- * leaf's first start when the walk read it, which the level above still
- * holds (inner keys are exact, and starts unique while intervals are
- * disjoint).
- */
-static void bt_path_above(const struct drc__itree *t, const bt *leaf, uintptr_t first, bt **node, unsigned *idx,
-                          unsigned depth)
-{
-    bt *b = t->root;
-    unsigned d, i;
-
-    for (d = 0; d < depth; d++) {
-        i = bt_upper(b, b->n, first);
-        node[d] = b;
-        idx[d] = i = i ? i - 1 : 0;
-        b = b->ptr[i];
-    }
-    DRC_ASSERT(b == leaf);
-    (void)leaf;
 }
 
 /*

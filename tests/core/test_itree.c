@@ -604,14 +604,23 @@ static int leaf_pos(const struct drc__itree_bt *h, const struct drc__itree_node 
     return -1;
 }
 
-/* Insert node i as [start, last] by a descent, into the model too: what the insert answered. */
-static struct drc__itree_bt *put_in(struct model *m, int i, uintptr_t start, uintptr_t last)
+/*
+ * Insert node i as [start, last] along @path (drc__itree_insert_at; NULL: by
+ * a descent), into the model too: what the insert answered.
+ */
+static struct drc__itree_bt *put_at(struct model *m, int i, uintptr_t start, uintptr_t last,
+                                    const struct drc__itree_path *path)
 {
     m->n[i].start = start;
     m->n[i].last = last;
     m->in[i] = 1;
     m->count++;
-    return m->put[i] = drc__itree_insert(&m->t, &m->n[i]);
+    return m->put[i] = drc__itree_insert_at(&m->t, &m->n[i], path);
+}
+
+static struct drc__itree_bt *put_in(struct model *m, int i, uintptr_t start, uintptr_t last)
+{
+    return put_at(m, i, start, last, NULL);
 }
 
 /* Take node i out given what its insert answered (drc__itree_remove_in), out of the model too. */
@@ -1253,11 +1262,7 @@ static void a_walk_begins_at_the_leaf_it_is_given(void **state)
                      &m->n[k + 1]);
     assert_true(began);
     assert_null(walk_near(m, (uintptr_t)k * 100, (uintptr_t)k * 100 + 9, leaf, &path, &began));
-    m->n[k].start = (uintptr_t)k * 100;
-    m->n[k].last = (uintptr_t)k * 100 + 9;
-    h = drc__itree_insert_at(&m->t, &m->n[k], &path);
-    m->in[k] = 1;
-    m->count++;
+    h = put_at(m, k, (uintptr_t)k * 100, (uintptr_t)k * 100 + 9, &path);
     assert_int_equal(drc__itree_check(&m->t), m->count);
     assert_ptr_equal(h, bt_hint((bt *)leaf, (unsigned)pos));     /* its own entry, nothing moved */
     assert_int_equal(leaf->dead, 0);
@@ -1293,15 +1298,11 @@ static void a_walk_begins_at_the_leaf_it_is_given(void **state)
             s = (uintptr_t)i * 100;                 /* or where i was */
         leaf = m->in[i] ? bt_hint_leaf(m->put[i]) : m->left[i];
         assert_null(walk_near(m, s, s + 9, leaf, &path, &began));
-        m->along += began;
-        m->n[64 + i].start = s;
-        m->n[64 + i].last = s + 9;
-        m->put[64 + i] = drc__itree_insert_at(&m->t, &m->n[64 + i], &path);
-        m->in[64 + i] = 1;
-        m->count++;
+        m->near += began;
+        put_at(m, 64 + i, s, s + 9, &path);
         assert_int_equal(drc__itree_check(&m->t), m->count);
     }
-    assert_true(m->along > 20);
+    assert_true(m->near > 20);
     query(m, 0, UINTPTR_MAX);
 
     /* removals along a leaf alone: dead in place where they may, else by a path sought */
