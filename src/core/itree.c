@@ -12,10 +12,11 @@
  *   - the next overlapping entry is found along the leaf chain.
  * A removal inside a leaf of disjoint intervals leaves its entry dead in
  * place (bt_compact's comment). Nodes split when full and merge with, or
- * borrow from, a sibling when they fall under a quarter. A node that
- * takes an entry at its very end when full gives only that entry to its
- * new sibling, so that intervals inserted in address order fill their
- * leaves (a cache fills in address order more often than not).
+ * borrow from, a sibling when they fall under a quarter (all but the last
+ * leaf, which may hold fewer). The last leaf, full, gives an entry at its
+ * very end alone to its new sibling, and another node gives that entry and
+ * a quarter, so that intervals inserted in address order fill their leaves
+ * (a cache fills in address order more often than not).
  *
  * Every store into a node is an atomic word store and every load outside
  * the lock an atomic load, because lockless walks (itree.h) read nodes
@@ -319,7 +320,7 @@ static inline unsigned bt_hint_pos(const struct drc__itree_bt *h)
  * exact when written, that a dead entry dropped since may leave high (an
  * overlap walk that goes down where nothing reaches its start backs up;
  * the walk of disjoint intervals does not read them). Walks skip dead
- * entries, and a leaf always has live ones: LOW, the root one.
+ * entries, and a leaf always has live ones: LOW, the root and the last leaf one.
  *
  * What a walk of disjoint intervals relies on: every dead entry starts
  * after every live entry before it ends. Then, when the floor of a key
@@ -496,11 +497,17 @@ static bt *bt_put(struct drc__itree *t, bt *b, unsigned i, uintptr_t key, uintpt
     }
     r = bt_node_new(t, b->level);
     /*
-     * An entry at the very end: the new node takes only LOW of the entries,
-     * so that address-order fills pack their nodes, and every node but the
-     * root keeps at least LOW (a sibling to merge with always exists).
+     * An entry at the very end, so that address-order fills pack their
+     * nodes: the tree's last leaf keeps all it has and its new sibling, the
+     * last leaf now, takes that entry alone; any other node gives LOW of its
+     * entries, so that every node but the root and the last leaf keeps at
+     * least LOW. The last leaf may hold fewer: it has a sibling to merge
+     * with or borrow from (its parent has two entries or more: it took the
+     * leaf beside the one that split, or it too keeps LOW), and it is never
+     * the left one of the two (bt_fix). An inner node keeps LOW even at the
+     * end: one with a single child could not fix that child.
      */
-    h = i == F ? F - LOW + 1 : F / 2;
+    h = i != F ? F / 2 : b->level || b->next ? F - LOW + 1 : F;
     for (j = h; j < F; j++)
         bt_copy(r, j - h, b, j);
     bt_setn(r, F - h);
@@ -1487,7 +1494,8 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
 
     if (s->bad)
         return;
-    if (b->level != level || b->n > F || b->n < (!is_root ? (unsigned)LOW : level ? 2u : 1u)) {
+    /* LOW entries; the root one (a leaf) or two, the last leaf one (bt_put) */
+    if (b->level != level || b->n > F || b->n < (is_root ? (level ? 2u : 1u) : level || b->next ? (unsigned)LOW : 1u)) {
         s->bad = 1;
         return;
     }
@@ -1534,8 +1542,8 @@ static void bt_chk(const struct drc__itree *t, const bt *b, unsigned level, int 
         }
     }
     if (!level) {
-        /* the dead count, and LOW live entries (the root: one) */
-        if (dead != b->dead || b->n - dead < (is_root ? 1u : (unsigned)LOW))
+        /* the dead count, and LOW live entries (the root and the last leaf: one) */
+        if (dead != b->dead || b->n - dead < (is_root || !b->next ? 1u : (unsigned)LOW))
             s->bad = 1;
         s->dead += dead;
         if (s->prev_leaf && s->prev_leaf->next != b)

@@ -829,6 +829,34 @@ static long resident_bytes(void)
 }
 
 /*
+ * BENCH_SMAPS=1: where the memory row's bytes are, on stderr: each anonymous mapping of 64 KiB or
+ * more resident, with its size, resident and huge-page kilobytes (/proc/self/smaps).
+ */
+static void smaps_dump(const char *who, uint32_t n)
+{
+    char line[512], head[512] = "";
+    unsigned long size = 0, rss = 0, huge;
+    FILE *f = fopen("/proc/self/smaps", "r");
+
+    while (f && fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "Size: %lu kB", &size) == 1)
+            continue;
+        if (sscanf(line, "Rss: %lu kB", &rss) == 1)
+            continue;
+        if (sscanf(line, "AnonHugePages: %lu kB", &huge) == 1) {
+            if (rss >= 64 && !strchr(head, '/'))
+                fprintf(stderr, "smaps %s %u: %8lu kB mapped %8lu kB resident %8lu kB huge  %.*s\n", who, n, size,
+                        rss, huge, (int)strcspn(head, " "), head);
+            continue;
+        }
+        if (strchr(line, '-') && strchr(line, ' ') && strchr(line, '-') < strchr(line, ' '))
+            snprintf(head, sizeof(head), "%s", line);
+    }
+    if (f)
+        fclose(f);
+}
+
+/*
  * Resident bytes per cached region: a cache created and filled with @n regions, the resident set
  * after less before, over @n. In a process forked for it from one that has made no cache yet (drc
  * keeps a destroyed cache's arena for the next one; malloc keeps freed memory), so that both caches
@@ -849,6 +877,8 @@ static double mem_per_region(int ucx, uint32_t n)
 
         fill(&c, n);
         after = resident_bytes();
+        if (getenv("BENCH_SMAPS"))
+            smaps_dump(ucx ? "ucx" : "drc", n);
         per = before < 0 || after < 0 ? -1 : (double)(after - before) / n;
         if (write(fds[1], &per, sizeof(per)) != (ssize_t)sizeof(per))
             _exit(1);
