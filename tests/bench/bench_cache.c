@@ -1159,6 +1159,27 @@ static void run_one(int col, int rep, const char *other)
     fprintf(stderr, "round %d/%d: %s done\n", rep + 1, reps, out->name[0] ? out->name : "?");
 }
 
+/*
+ * --memory-curve: the memory row at every multiple of 8,192 regions up to 262,144, drc's and this
+ * build's UCX's side by side, one fresh process each. The row at the table's four sizes is one point
+ * of a step curve: drc's arena takes huge pages, so its resident memory grows 2 MiB at a time, and
+ * where the table's sizes fall on those steps is luck; the curve shows both caches between them.
+ */
+static int memory_curve(void)
+{
+    uint32_t n;
+    double d, u;
+
+    printf("regions, resident bytes per cached region: drc, %s, drc/%s\n", ucx_name(), ucx_name());
+    for (n = 8192; n <= 262144; n += 8192) {
+        d = mem_per_region(0, n);
+        u = mem_per_region(1, n);
+        printf("%u %.1f %.1f %.2f\n", n, d, u, u > 0 ? d / u : 0);
+        fflush(stdout);
+    }
+    return failed ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *other = argc > 1 ? argv[1] : NULL, *env = getenv("BENCH_REPS");
@@ -1172,9 +1193,12 @@ int main(int argc, char **argv)
     }
     if (argc == 3 && !strcmp(argv[1], "--child"))
         child(1, atoi(argv[2]));    /* the other UCX's column (run_one) */
+    if (argc == 2 && !strcmp(argv[1], "--memory-curve"))
+        return memory_curve();
     if (argc > 2 || (other && (!strcmp(other, "-h") || !strcmp(other, "--help")))) {
         fprintf(stderr, "usage: bench_cache [OTHER]   (OTHER: bench_cache built against another UCX, a column "
-                        "of its own)\n       environment: BENCH_ONLY=part[|part...] BENCH_REPS=n (1-%d)\n",
+                        "of its own)\n       bench_cache --memory-curve   (the memory row from 8k to 256k regions)\n"
+                        "       environment: BENCH_ONLY=part[|part...] BENCH_REPS=n (1-%d) BENCH_SMAPS=1\n",
                 MAXREPS);
         return 2;
     }
