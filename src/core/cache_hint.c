@@ -9,6 +9,7 @@
 #include "core/cache_int.h"
 
 #include <errno.h>
+#include <string.h>
 
 /*
  * The used-grain filter: beside its slots, a hint table keeps one bit per
@@ -70,9 +71,15 @@ int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
  * filter from the cache's arena, and the cache's slots, of which the caller
  * zeroes any that a cache before this one left (c->slots_stale).
  */
+/* The bytes of the used-grain filter of a table of 2^bits slots. */
+static size_t used_bytes(unsigned bits)
+{
+    return ((((size_t)1 << bits) >> 6) + 1) * sizeof(uint64_t);
+}
+
 struct hint_tab *hint_new(drc_cache_t *c, unsigned bits)
 {
-    size_t used = ((((size_t)1 << bits) >> 6) + 1) * sizeof(uint64_t);
+    size_t used = used_bytes(bits);
     struct hint_tab *t = drc__arena_alloc(&c->arena, sizeof(*t) + used);
 
     if (t) {
@@ -135,9 +142,10 @@ void hint_fini(drc_cache_t *c)
  * The size (log2 slots) the hint table should grow to, or 0 (c->lock): it
  * doubles once the live regions reach half its slots, so that it keeps two
  * to four slots per region (16-32 bytes). The grain is the mean region size
- * rounded down to a power of two, and a slot is the grain number modulo the
- * table size: regions laid out with gaps no larger than themselves span at
- * most about two grains each, which then fit without a collision. Growing
+ * rounded down to a power of two, or twice that where regions lie apart
+ * (hint_grow), and a slot is the grain number modulo the table size: regions
+ * laid out with gaps no larger than themselves span at most about two grains
+ * each, which then fit without a collision. Growing
  * 4x at a quarter full would keep four to sixteen slots per region: up to
  * 128 bytes per region, for no fewer collisions in that layout.
  */
@@ -173,25 +181,59 @@ unsigned hint_want(const drc_cache_t *c)
  * the one installed is installed; a zeroing that comes after the other's
  * install only empties slots, which makes lookups walk.
  */
+/*
+ * Fill @t (not installed yet) with the live regions, and set its filter: a
+ * lockless walk of the pool chunks (hint_grow). Returns how many of the
+ * regions it read as live found the slot of their first grain already
+ * taken by another in this fill; *live, how many it read.
+ */
+static size_t hint_fill(drc_cache_t *c, struct hint_tab *t, size_t *live)
+{
+    struct chunk *ch;
+    struct drc_region *r;
+    uintptr_t g, start, last;
+    size_t shared = 0, i;
+    unsigned k, n, carved;
+
+    *live = 0;
+    for (ch = __atomic_load_n(&c->chunks, __ATOMIC_ACQUIRE); ch; ch = ch->next) {
+        carved = __atomic_load_n(&ch->carved, __ATOMIC_ACQUIRE);
+        for (k = 0; k < carved; k++) {
+            r = &ch->r[k];
+            if (k + 8 < carved)
+                __builtin_prefetch(&ch->r[k + 8]);  /* one line in three: 4 % off a fresh fill of 65,536 */
+            if (!is_live(r))
+                continue;
+            start = LD(r->node.start);
+            last = LD(r->node.last);
+            i = grain_index(t, start >> t->grain);
+            shared += (LD(t->used[i >> 6]) >> (i & 63)) & 1;
+            ++*live;
+            used_set(t, start, last);
+            for (n = region_grains(t, start, last, &g); n--; g++)
+                __atomic_store_n(grain_slot(t, g), r, __ATOMIC_RELEASE);
+        }
+    }
+    return shared;
+}
+
 void hint_grow(drc_cache_t *c, unsigned bits)
 {
     struct hint_tab *t, *cur = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
     uint64_t regions = LD(c->regions), bytes = LD(c->bytes);
-    struct chunk *ch;
-    struct drc_region *r;
-    uintptr_t g, start, last;
+    uintptr_t lo;
     unsigned seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);     /* before the fill's loads */
-    unsigned i, k, carved;
+    unsigned grain;
+    size_t live, shared;
 
     if (64 - cur->shift >= bits || !(t = hint_new(c, bits)))
         return;     /* grown already; or without memory, where hits only get slower */
     slots_unstale(c, (size_t)1 << (64 - cur->shift), (size_t)1 << bits);
     /* the mean region size, rounded down to a power of two, at least a page */
-    t->grain = regions ? 63 - (unsigned)__builtin_clzll(bytes / regions | 1) : c->page_shift;
-    if (t->grain < c->page_shift)
-        t->grain = c->page_shift;
-    start = __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE);
-    t->base = start == UINTPTR_MAX ? 0 : start >> t->grain;     /* grain_index */
+    grain = regions ? 63 - (unsigned)__builtin_clzll(bytes / regions | 1) : c->page_shift;
+    if (grain < c->page_shift)
+        grain = c->page_shift;
+    lo = __atomic_load_n(&c->lo, __ATOMIC_ACQUIRE);
     /*
      * Fill the new table with the live regions before it is installed, so
      * that lookups do not all miss it at once (a table grown at 65,536
@@ -202,21 +244,23 @@ void hint_grow(drc_cache_t *c, unsigned bits)
      * only leaves a slot stale, which lookups check anyway, or a bit set
      * where nothing is, which the filter allows. The first grains of each
      * region are enough for lookups near its start.
+     *
+     * First with grains of twice the mean size: where regions lie apart (as
+     * far from each other as they are long, or further), each still has a
+     * grain of its own, and the table's written slots, the memory they take
+     * and the lines hits read are half as many. If more than one region in
+     * sixteen then shares the slot of its first grain (regions side by side),
+     * the fill is made again with grains of the mean size; the slots the
+     * first fill wrote are guesses like any other.
      */
-    for (ch = __atomic_load_n(&c->chunks, __ATOMIC_ACQUIRE); ch; ch = ch->next) {
-        carved = __atomic_load_n(&ch->carved, __ATOMIC_ACQUIRE);
-        for (i = 0; i < carved; i++) {
-            r = &ch->r[i];
-            if (i + 8 < carved)
-                __builtin_prefetch(&ch->r[i + 8]);  /* one line in three: 4 % off a fresh fill of 65,536 */
-            if (!is_live(r))
-                continue;
-            start = LD(r->node.start);
-            last = LD(r->node.last);
-            used_set(t, start, last);
-            for (k = region_grains(t, start, last, &g); k--; g++)
-                __atomic_store_n(grain_slot(t, g), r, __ATOMIC_RELEASE);
-        }
+    t->grain = grain + 1;
+    t->base = lo == UINTPTR_MAX ? 0 : lo >> t->grain;     /* grain_index */
+    shared = hint_fill(c, t, &live);
+    if (shared * 16 > live) {
+        memset(t->used, 0, used_bytes(bits));      /* t is not seen yet: no lookup reads it */
+        t->grain = grain;
+        t->base = lo == UINTPTR_MAX ? 0 : lo >> t->grain;
+        hint_fill(c, t, &live);
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the fill's loads before the count's re-read */
     lock(c);

@@ -144,8 +144,9 @@ _Static_assert(DRC_MEM_HOST == 0 && (int)DRC_MEM_CUDA <= (int)KIND_TYPE, "enum d
 /*
  * The hint table: a lossy, direct-mapped map from a grain of address space
  * (2^grain bytes: the power of two at or below the mean region size when the
- * table was made, so that a lookup anywhere inside a region, not only at its
- * start, keys one of the two or three grains the region touches) to the
+ * table was made, or twice that where regions lie apart (hint_grow), so that
+ * a lookup anywhere inside a region, not only at its start, keys one of the
+ * two or three grains the region touches) to the
  * region a lookup last found there, so that a hit is one slot load and
  * one region line instead of a tree descent (about 2 log2 n dependent loads,
  * each a coin-toss branch on random addresses). The slot is the grain number

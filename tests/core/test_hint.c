@@ -270,6 +270,60 @@ static void a_leaving_region_empties_its_slots(void **state)
     done(b, c);
 }
 
+/*
+ * The grain. Regions that lie apart, here 16 pages at a 32-page stride,
+ * get grains of twice their mean size: a slot each, so that the slots'
+ * resident memory is one slot per region of the span, not two. Regions side
+ * by side (16 pages at a 16-page stride) keep grains of their size, where
+ * grains twice as large would put two regions in each slot. What a user
+ * sees: every hit leaves its region in its own slot, and the slots' memory.
+ * The controls: the apart fill's slots with grains of the mean size would
+ * take twice the bound below (its span is two grains a region); the side
+ * by side fill's checks that each region keeps its slot fail with grains
+ * twice their size (both mutants were run).
+ */
+static void regions_apart_take_grains_twice_their_size(void **state)
+{
+    struct tb *b;
+    drc_cache_t *c;
+    drc_region_t *h, **regs = malloc(N * sizeof(*regs));
+    size_t stride, i, size = 16 * pg(), slots;
+    unsigned lg = 63 - (unsigned)__builtin_clzll(16 * pg());
+
+    (void)state;
+    assert_non_null(regs);
+    for (stride = 32; stride >= 16; stride -= 16) {
+        drc__arena_keep(0);     /* a fresh slot space: nothing resident that another cache wrote */
+        b = tb_new();
+        c = mk(b, NULL);
+        for (i = 0; i < N; i++) {
+            regs[i] = get_ok(c, at(i * stride, 0), size, LW);
+            assert_int_equal(drc_put(c, regs[i]), 0);
+        }
+        for (i = 0; i < N; i++) {     /* hits, each leaving its region in its slot */
+            h = get_ok(c, at(i * stride, size / 2 + 64), 64, LW);
+            assert_ptr_equal(h, regs[i]);
+            assert_int_equal(drc_put(c, h), 0);
+        }
+        for (i = 0; i < N; i++) {     /* after all of them: each slot still holds its own region */
+            assert_ptr_equal(slot_of(c, at(i * stride, 0)), regs[i]);
+            assert_ptr_equal(slot_of(c, at(i * stride, size - 1)), regs[i]);
+        }
+        slots = slots_resident(c);
+        print_message("%zu regions of %zu KiB at a %zu KiB stride: grain %u, slots %zu KiB resident\n", (size_t)N,
+                      size >> 10, stride * pg() >> 10, c->hint->grain, slots >> 10);
+        assert_int_equal(c->hint->grain, stride == 32 ? lg + 1 : lg);
+        assert_true(slots <= N * sizeof(void *) + 2 * pg());
+        done(b, c);
+    }
+    free(regs);
+#ifdef DRC_DEBUG
+    drc__arena_keep(0);
+#else
+    drc__arena_keep(DRC__ARENA_KEEP);
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -277,6 +331,7 @@ int main(void)
         cmocka_unit_test_setup(a_reused_slot_space_shows_no_old_region, setup_alarm),
         cmocka_unit_test_setup(replaced_tables_keep_their_filter, setup_alarm),
         cmocka_unit_test_setup(a_leaving_region_empties_its_slots, setup_alarm),
+        cmocka_unit_test_setup(regions_apart_take_grains_twice_their_size, setup_alarm),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
