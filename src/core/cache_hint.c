@@ -185,9 +185,11 @@ unsigned hint_want(const drc_cache_t *c)
  * Fill @t (not installed yet) with the live regions, and set its filter: a
  * lockless walk of the pool chunks (hint_grow). Returns how many of the
  * regions it read as live found the slot of their first grain already
- * taken by another in this fill; *live, how many it read.
+ * taken by another in this fill; *live, how many it read. @trial: stop as
+ * soon as more than one in sixteen of at least 256 did (hint_grow then
+ * fills again with finer grains): regions side by side show it at once.
  */
-static size_t hint_fill(drc_cache_t *c, struct hint_tab *t, size_t *live)
+static size_t hint_fill(drc_cache_t *c, struct hint_tab *t, size_t *live, int trial)
 {
     struct chunk *ch;
     struct drc_region *r;
@@ -208,7 +210,8 @@ static size_t hint_fill(drc_cache_t *c, struct hint_tab *t, size_t *live)
             last = LD(r->node.last);
             i = grain_index(t, start >> t->grain);
             shared += (LD(t->used[i >> 6]) >> (i & 63)) & 1;
-            ++*live;
+            if (++*live >= 256 && trial && shared * 16 > *live)
+                return shared;
             used_set(t, start, last);
             for (n = region_grains(t, start, last, &g); n--; g++)
                 __atomic_store_n(grain_slot(t, g), r, __ATOMIC_RELEASE);
@@ -249,18 +252,19 @@ void hint_grow(drc_cache_t *c, unsigned bits)
      * far from each other as they are long, or further), each still has a
      * grain of its own, and the table's written slots, the memory they take
      * and the lines hits read are half as many. If more than one region in
-     * sixteen then shares the slot of its first grain (regions side by side),
-     * the fill is made again with grains of the mean size; the slots the
-     * first fill wrote are guesses like any other.
+     * sixteen then shares the slot of its first grain (regions side by side:
+     * the trial fill stops as soon as that is clear), the fill is made again
+     * with grains of the mean size; the slots the first fill wrote are
+     * guesses like any other.
      */
     t->grain = grain + 1;
     t->base = lo == UINTPTR_MAX ? 0 : lo >> t->grain;     /* grain_index */
-    shared = hint_fill(c, t, &live);
+    shared = hint_fill(c, t, &live, 1);
     if (shared * 16 > live) {
         memset(t->used, 0, used_bytes(bits));      /* t is not seen yet: no lookup reads it */
         t->grain = grain;
         t->base = lo == UINTPTR_MAX ? 0 : lo >> t->grain;
-        hint_fill(c, t, &live);
+        hint_fill(c, t, &live, 0);
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the fill's loads before the count's re-read */
     lock(c);
