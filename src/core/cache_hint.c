@@ -9,7 +9,6 @@
 #include "core/cache_int.h"
 
 #include <errno.h>
-#include <string.h>
 
 /*
  * The used-grain filter: beside its slots, a hint table keeps one bit per
@@ -31,9 +30,15 @@
  * merge plan (under the lock) the overlap walk, so that a range registered
  * for the first time, in any order, pays one descent (the insert's).
  */
+/* The bit of filter grain @g (grain number at t->fgrain) in @t's filter: as grain_index, for the filter. */
+static inline uintptr_t filter_index(const struct hint_tab *t, uintptr_t g)
+{
+    return (g - t->fbase) & (~(uintptr_t)0 >> t->shift);
+}
+
 void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last)
 {
-    uintptr_t g = start >> t->grain, end = last >> t->grain, nbits = ~(uintptr_t)0 >> t->shift, i;
+    uintptr_t g = start >> t->fgrain, end = last >> t->fgrain, nbits = ~(uintptr_t)0 >> t->shift, i;
     size_t w, words = (nbits >> 6) + 1;
 
     if (end - g >= nbits) {
@@ -42,7 +47,7 @@ void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last)
         return;
     }
     for (;; g++) {
-        i = grain_index(t, g);
+        i = filter_index(t, g);
         ST(t->used[i >> 6], LD(t->used[i >> 6]) | (uint64_t)1 << (i & 63));   /* one writer: c->lock, or the
                                                                                * grower of a table not yet seen */
         if (g == end)
@@ -53,12 +58,12 @@ void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last)
 /* 1 if no grain of [s, last] is used in @t (a complete table); 0 if one may be, or the range is long. */
 int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
 {
-    uintptr_t g = s >> t->grain, end = last >> t->grain, i;
+    uintptr_t g = s >> t->fgrain, end = last >> t->fgrain, i;
 
     if (!LD(t->complete) || end - g >= 64)
         return 0;
     for (;; g++) {
-        i = grain_index(t, g);
+        i = filter_index(t, g);
         if (LD(t->used[i >> 6]) & (uint64_t)1 << (i & 63))
             return 0;
         if (g == end)
@@ -84,7 +89,7 @@ struct hint_tab *hint_new(drc_cache_t *c, unsigned bits)
 
     if (t) {
         t->shift = 64 - bits;
-        t->grain = 12;
+        t->grain = t->fgrain = 12;
         t->used = (uint64_t *)(void *)(t + 1);
         t->slot = c->slots;
     }
@@ -122,7 +127,7 @@ int hint_init(drc_cache_t *c)
     c->hint = hint_new(c, HINT_MIN_BITS);
     if (!c->hint)
         return -ENOMEM;
-    c->hint->grain = c->page_shift;
+    c->hint->grain = c->hint->fgrain = c->page_shift;
     c->hint->complete = 1;      /* no region yet: no bit to set */
     return 0;
 }
@@ -194,7 +199,7 @@ static size_t hint_fill(drc_cache_t *c, struct hint_tab *t, size_t *live, int tr
     struct chunk *ch;
     struct drc_region *r;
     uintptr_t g, start, last;
-    size_t shared = 0, i;
+    size_t shared = 0, i, j;
     unsigned k, n, carved;
 
     *live = 0;
@@ -208,8 +213,11 @@ static size_t hint_fill(drc_cache_t *c, struct hint_tab *t, size_t *live, int tr
                 continue;
             start = LD(r->node.start);
             last = LD(r->node.last);
-            i = grain_index(t, start >> t->grain);
-            shared += (LD(t->used[i >> 6]) >> (i & 63)) & 1;
+            /* the filter grains of its first slot grain (one or two): does a region before it touch one? */
+            g = (start >> t->grain) << (t->grain - t->fgrain);
+            i = filter_index(t, g);
+            j = filter_index(t, g + (t->grain - t->fgrain));
+            shared += ((LD(t->used[i >> 6]) >> (i & 63)) | (LD(t->used[j >> 6]) >> (j & 63))) & 1;
             if (++*live >= 256 && trial && shared * 16 > *live)
                 return shared;
             used_set(t, start, last);
@@ -255,16 +263,19 @@ void hint_grow(drc_cache_t *c, unsigned bits)
      * sixteen then shares the slot of its first grain (regions side by side:
      * the trial fill stops as soon as that is clear), the fill is made again
      * with grains of the mean size; the slots the first fill wrote are
-     * guesses like any other.
+     * guesses like any other. The used-grain filter keeps grains of the
+     * mean size either way (fgrain): a free event over the gap between two
+     * regions apart, in a slot grain of one of them, finds no bit there.
      */
+    t->fgrain = grain;
+    t->fbase = lo == UINTPTR_MAX ? 0 : lo >> t->fgrain;   /* filter_index */
     t->grain = grain + 1;
     t->base = lo == UINTPTR_MAX ? 0 : lo >> t->grain;     /* grain_index */
     shared = hint_fill(c, t, &live, 1);
     if (shared * 16 > live) {
-        memset(t->used, 0, used_bytes(bits));      /* t is not seen yet: no lookup reads it */
         t->grain = grain;
-        t->base = lo == UINTPTR_MAX ? 0 : lo >> t->grain;
-        hint_fill(c, t, &live, 0);
+        t->base = t->fbase;
+        hint_fill(c, t, &live, 0);      /* the filter's bits are the same at either slot grain */
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* the fill's loads before the count's re-read */
     lock(c);

@@ -173,9 +173,11 @@ struct hint_tab {
     unsigned shift;                 /* 64 - log2(slots) */
     unsigned grain;                 /* log2 of the bytes one slot covers */
     int complete;                   /* atomic: `used` has a bit for every grain of every live region */
-    uint64_t *used;                 /* atomic words: one bit per slot (the used-grain filter, cache_hint.c) */
+    unsigned fgrain;                /* log2 of the bytes one bit of `used` covers: grain, or grain - 1 */
+    uint64_t *used;                 /* atomic words: as many bits as slots (the used-grain filter, cache_hint.c) */
     struct drc_region **slot;       /* c->slots: every table of a cache has the same (atomic slots) */
     uintptr_t base;                 /* the grain number of slot 0 (grain_index) */
+    uintptr_t fbase;                /* the filter grain number of bit 0 (cache_hint.c: filter_index) */
 };
 
 /*

@@ -276,11 +276,13 @@ static void a_leaving_region_empties_its_slots(void **state)
  * resident memory is one slot per region of the span, not two. Regions side
  * by side (16 pages at a 16-page stride) keep grains of their size, where
  * grains twice as large would put two regions in each slot. What a user
- * sees: every hit leaves its region in its own slot, and the slots' memory.
- * The controls: the apart fill's slots with grains of the mean size would
+ * sees: every hit leaves its region in its own slot, and the slots' memory;
+ * and the used-grain filter keeps grains of the regions' size, so that it
+ * still says "nothing" over the gaps. The controls: the apart fill's slots with grains of the mean size would
  * take twice the bound below (its span is two grains a region); the side
  * by side fill's checks that each region keeps its slot fail with grains
- * twice their size (both mutants were run).
+ * twice their size, and the gaps' check with a filter of the slots' grains
+ * (the three mutants were run).
  */
 static void regions_apart_take_grains_twice_their_size(void **state)
 {
@@ -308,6 +310,15 @@ static void regions_apart_take_grains_twice_their_size(void **state)
         for (i = 0; i < N; i++) {     /* after all of them: each slot still holds its own region */
             assert_ptr_equal(slot_of(c, at(i * stride, 0)), regs[i]);
             assert_ptr_equal(slot_of(c, at(i * stride, size - 1)), regs[i]);
+        }
+        /*
+         * The used-grain filter keeps grains of the regions' size: it says
+         * "nothing" over each gap between regions apart (what makes a free
+         * event there cheap), though the gap is in its region's slot grain.
+         */
+        for (i = 0; i < N && stride == 32; i++) {
+            assert_false(used_none(c->hint, (uintptr_t)at(i * stride, 0), (uintptr_t)at(i * stride, 64)));
+            assert_true(used_none(c->hint, (uintptr_t)at(i * stride, size), (uintptr_t)at(i * stride, 2 * size - 1)));
         }
         slots = slots_resident(c);
         print_message("%zu regions of %zu KiB at a %zu KiB stride: grain %u, slots %zu KiB resident\n", (size_t)N,
