@@ -10,10 +10,18 @@
 
 #include <errno.h>
 
+/* The bit of filter grain @g (grain number at t->fgrain) in @t's filter: as grain_index, for the filter. */
+static inline uintptr_t filter_index(const struct hint_tab *t, uintptr_t g)
+{
+    return (g - t->fbase) & (~(uintptr_t)0 >> t->shift);
+}
+
 /*
- * The used-grain filter: beside its slots, a hint table keeps one bit per
- * slot, set for every grain (modulo the table size, as slots are) that a
- * live region touches. publish() sets a region's bits under c->lock with
+ * The used-grain filter: beside its slots, a hint table keeps as many bits
+ * as slots, one set for every filter grain (modulo the table size, as slots
+ * are) that a live region touches. A filter grain is the mean region size
+ * (t->fgrain), which may be half the slots' grain (hint_grow): a gap
+ * between two regions apart stays clear. publish() sets a region's bits under c->lock with
  * the sequence count odd, before the region is in the tree; nothing clears
  * a bit (a region that leaves keeps its bits: the filter may say "maybe"
  * where nothing is, never "nothing" where a region is). A free-event probe
@@ -30,12 +38,6 @@
  * merge plan (under the lock) the overlap walk, so that a range registered
  * for the first time, in any order, pays one descent (the insert's).
  */
-/* The bit of filter grain @g (grain number at t->fgrain) in @t's filter: as grain_index, for the filter. */
-static inline uintptr_t filter_index(const struct hint_tab *t, uintptr_t g)
-{
-    return (g - t->fbase) & (~(uintptr_t)0 >> t->shift);
-}
-
 void used_set(struct hint_tab *t, uintptr_t start, uintptr_t last)
 {
     uintptr_t g = start >> t->fgrain, end = last >> t->fgrain, nbits = ~(uintptr_t)0 >> t->shift, i;
@@ -71,17 +73,17 @@ int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
     }
 }
 
-/*
- * A table of 2^bits slots (no lock held), or NULL: a header and a zeroed
- * filter from the cache's arena, and the cache's slots, of which the caller
- * zeroes any that a cache before this one left (c->slots_stale).
- */
 /* The bytes of the used-grain filter of a table of 2^bits slots. */
 static size_t used_bytes(unsigned bits)
 {
     return ((((size_t)1 << bits) >> 6) + 1) * sizeof(uint64_t);
 }
 
+/*
+ * A table of 2^bits slots (no lock held), or NULL: a header and a zeroed
+ * filter from the cache's arena, and the cache's slots, of which the caller
+ * zeroes any that a cache before this one left (c->slots_stale).
+ */
 struct hint_tab *hint_new(drc_cache_t *c, unsigned bits)
 {
     size_t used = used_bytes(bits);
@@ -165,28 +167,6 @@ unsigned hint_want(const drc_cache_t *c)
 }
 
 /*
- * Grow the hint table to 2^bits slots: made and filled without the lock,
- * installed under it. In place: the new table's first slots are the old
- * one's, with what lookups left in them, and its others are slots no table
- * of this cache had yet. What the old table's lookups see meanwhile:
- *
- *   grower                                   lookup that read the old header
- *   zero the added slots a cache before
- *     this one left (c->slots_stale)         (reads only the old, first slots)
- *   fill: r into the slots of its grains
- *     under the new mask (a first slot: a
- *     guess for the old mask as good as any)  slot[i] = r, after its walk
- *   lock; c->hint = new (release); unlock
- *                                            a lookup of the new header: its
- *                                            slots hold NULL or regions of
- *                                            this cache, guesses it checks
- *
- * Two threads may grow at once (both saw hint_want ask, under the lock):
- * each zeroes and fills the same added slots, and only a table larger than
- * the one installed is installed; a zeroing that comes after the other's
- * install only empties slots, which makes lookups walk.
- */
-/*
  * Fill @t (not installed yet) with the live regions, and set its filter: a
  * lockless walk of the pool chunks (hint_grow). Returns how many of the
  * regions it read as live found the slot of their first grain already
@@ -228,6 +208,28 @@ static size_t hint_fill(drc_cache_t *c, struct hint_tab *t, size_t *live, int tr
     return shared;
 }
 
+/*
+ * Grow the hint table to 2^bits slots: made and filled without the lock,
+ * installed under it. In place: the new table's first slots are the old
+ * one's, with what lookups left in them, and its others are slots no table
+ * of this cache had yet. What the old table's lookups see meanwhile:
+ *
+ *   grower                                   lookup that read the old header
+ *   zero the added slots a cache before
+ *     this one left (c->slots_stale)         (reads only the old, first slots)
+ *   fill: r into the slots of its grains
+ *     under the new mask (a first slot: a
+ *     guess for the old mask as good as any)  slot[i] = r, after its walk
+ *   lock; c->hint = new (release); unlock
+ *                                            a lookup of the new header: its
+ *                                            slots hold NULL or regions of
+ *                                            this cache, guesses it checks
+ *
+ * Two threads may grow at once (both saw hint_want ask, under the lock):
+ * each zeroes and fills the same added slots, and only a table larger than
+ * the one installed is installed; a zeroing that comes after the other's
+ * install only empties slots, which makes lookups walk.
+ */
 void hint_grow(drc_cache_t *c, unsigned bits)
 {
     struct hint_tab *t, *cur = __atomic_load_n(&c->hint, __ATOMIC_ACQUIRE);
