@@ -320,7 +320,8 @@ static inline unsigned bt_hint_pos(const struct drc__itree_bt *h)
  * exact when written, that a dead entry dropped since may leave high (an
  * overlap walk that goes down where nothing reaches its start backs up;
  * the walk of disjoint intervals does not read them). Walks skip dead
- * entries, and a leaf always has live ones: LOW, the root and the last leaf one.
+ * entries, and a leaf always has live ones: LOW, the root and the last
+ * leaf one.
  *
  * What a walk of disjoint intervals relies on: every dead entry starts
  * after every live entry before it ends. Then, when the floor of a key
