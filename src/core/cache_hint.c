@@ -73,12 +73,6 @@ int used_none(const struct hint_tab *t, uintptr_t s, uintptr_t last)
     }
 }
 
-/* The bytes of the used-grain filter of a table of 2^bits slots. */
-static size_t used_bytes(unsigned bits)
-{
-    return ((((size_t)1 << bits) >> 6) + 1) * sizeof(uint64_t);
-}
-
 /*
  * A table of 2^bits slots (no lock held), or NULL: a header and a zeroed
  * filter from the cache's arena, and the cache's slots, of which the caller
@@ -86,7 +80,7 @@ static size_t used_bytes(unsigned bits)
  */
 struct hint_tab *hint_new(drc_cache_t *c, unsigned bits)
 {
-    size_t used = used_bytes(bits);
+    size_t used = ((((size_t)1 << bits) >> 6) + 1) * sizeof(uint64_t);
     struct hint_tab *t = drc__arena_alloc(&c->arena, sizeof(*t) + used);
 
     if (t) {
@@ -168,11 +162,11 @@ unsigned hint_want(const drc_cache_t *c)
 
 /*
  * Fill @t (not installed yet) with the live regions, and set its filter: a
- * lockless walk of the pool chunks (hint_grow). Returns how many of the
- * regions it read as live found the slot of their first grain already
- * taken by another in this fill; *live, how many it read. @trial: stop as
- * soon as more than one in sixteen of at least 256 did (hint_grow then
- * fills again with finer grains): regions side by side show it at once.
+ * lockless walk of the pool chunks (hint_grow); *live, how many it read as
+ * live. With @trial, returns how many of them found the slot of their first
+ * grain already taken by another in this fill, and stops as soon as more
+ * than one in sixteen of at least 256 did (hint_grow then fills again with
+ * finer grains): regions side by side show it at once. Without, 0.
  */
 static size_t hint_fill(drc_cache_t *c, struct hint_tab *t, size_t *live, int trial)
 {
@@ -193,13 +187,16 @@ static size_t hint_fill(drc_cache_t *c, struct hint_tab *t, size_t *live, int tr
                 continue;
             start = LD(r->node.start);
             last = LD(r->node.last);
-            /* the filter grains of its first slot grain (one or two): does a region before it touch one? */
-            g = (start >> t->grain) << (t->grain - t->fgrain);
-            i = filter_index(t, g);
-            j = filter_index(t, g + (t->grain - t->fgrain));
-            shared += ((LD(t->used[i >> 6]) >> (i & 63)) | (LD(t->used[j >> 6]) >> (j & 63))) & 1;
-            if (++*live >= 256 && trial && shared * 16 > *live)
-                return shared;
+            ++*live;
+            if (trial) {
+                /* the filter grains of its first slot grain (one or two): does a region before it touch one? */
+                g = (start >> t->grain) << (t->grain - t->fgrain);
+                i = filter_index(t, g);
+                j = filter_index(t, g + (t->grain - t->fgrain));
+                shared += ((LD(t->used[i >> 6]) >> (i & 63)) | (LD(t->used[j >> 6]) >> (j & 63))) & 1;
+                if (*live >= 256 && shared * 16 > *live)
+                    return shared;
+            }
             used_set(t, start, last);
             for (n = region_grains(t, start, last, &g); n--; g++)
                 __atomic_store_n(grain_slot(t, g), r, __ATOMIC_RELEASE);
