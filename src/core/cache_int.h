@@ -267,7 +267,8 @@ struct drc_cache {
                                      * (those on c->pending; an announced miss has its bit in c->lw instead) */
 
     unsigned lw __attribute__((aligned(64)));   /* atomic: c->lock (LW_LOCKED, LW_WAITERS, announced misses:
-                                                 * cache_queue.c); alone on its line: waiters read it */
+                                                 * cache_queue.c); on a line of its own but for the fields
+                                                 * below, which its holder writes (or an announcing miss) */
     unsigned pending_gen;           /* atomic, a futex: bumped under c->lock as a pending registration ends
                                      * while getters wait for it (wait_pending) */
     struct drc_region *detached;    /* atomic, changed under c->lock: DETACHED_LIST regions (detached_add) */
