@@ -59,6 +59,8 @@ static void pending_unlink(drc_cache_t *c, struct pending *p)
     pending_done(c);
 }
 
+enum { WITHDRAWN = 1 };     /* announce(): no LW_SLOT is 1 (LW_SHIFT) */
+
 /*
  * An announced miss: the miss's first lock section, made by one CAS on
  * c->lw instead of a lock, a pending count's increment and an unlock. It
@@ -82,7 +84,8 @@ static void pending_unlink(drc_cache_t *c, struct pending *p)
  * the bit as it reads npending (nothing_there): the CAS is SC, before the
  * frees in flight are read, as the count's increment was. If a check
  * fails, the miss takes the lock, withdraws (its bit cleared, any getter
- * that waited for it woken) and plans under the lock. Returns the bit, or 0.
+ * that waited for it woken) and plans under that lock. Returns the bit;
+ * WITHDRAWN with c->lock held; or 0, not announced, no lock taken.
  */
 static unsigned announce(drc_cache_t *c, const struct probe *pr, uintptr_t start, uintptr_t last)
 {
@@ -106,9 +109,9 @@ static unsigned announce(drc_cache_t *c, const struct probe *pr, uintptr_t start
     if (drc__itree_unchanged(&c->tree, &pr->path) && !LD(c->pending) && LD(c->lo) <= start && LD(c->hi) >= last)
         return bit;
     lock(c);
+    __atomic_fetch_and(&c->lw, ~bit, __ATOMIC_SEQ_CST);    /* under the lock, as the unlock would */
     pending_done(c);
-    unlock_announced(c, bit);
-    return 0;
+    return WITHDRAWN;
 }
 
 /* A miss: what to register, given the overlapping live regions (c->lock). */
@@ -352,12 +355,16 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         return err;
     if (widen)
         widen_to(c, &m, &ws, &wlast);
-    if ((bit = announce(c, pr, ws & ~(uintptr_t)(c->page - 1), wlast | (c->page - 1)))) {
+    bit = announce(c, pr, ws & ~(uintptr_t)(c->page - 1), wlast | (c->page - 1));
+    if (bit == WITHDRAWN) {
+        bit = 0;            /* the miss plans under the lock that announce() took */
+    } else if (bit) {
         pend = &c->announced[drc__tslot()];
         p = (struct plan){ .path = &pr->path, .start = pend->start, .last = pend->last, .access = access };
         goto registration;
+    } else {
+        lock(c);
     }
-    lock(c);
     for (;;) {
         err = plan_region(c, s, last, ws, wlast, access, &m, pr, &p, &r);
         if (r) {
