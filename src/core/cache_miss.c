@@ -32,20 +32,13 @@ static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
         __atomic_store_n(&c->hi, last, __ATOMIC_SEQ_CST);
 }
 
-/* Does a pending registration, on c->pending or announced, overlap [s, last]? (c->lock) */
 static int pending_overlaps(const drc_cache_t *c, uintptr_t s, uintptr_t last)
 {
     const struct pending *p;
-    unsigned bits;
 
     for (p = c->pending; p; p = p->next)
         if (p->start <= last && s <= p->last)
             return 1;
-    for (bits = announced(c); bits; bits &= bits - 1) {
-        p = &c->announced[__builtin_ctz(bits) - LW_SHIFT];
-        if (p->start <= last && s <= p->last)
-            return 1;
-    }
     return 0;
 }
 
@@ -55,63 +48,9 @@ static void pending_unlink(drc_cache_t *c, struct pending *p)
 
     for (pp = &c->pending; *pp != p; pp = &(*pp)->next)
         ;
-    ST(*pp, p->next);
-    pending_done(c);
-}
-
-enum { WITHDRAWN = 1 };     /* announce(): no LW_SLOT is 1 (LW_SHIFT) */
-
-/*
- * An announced miss: the miss's first lock section, made by one CAS on
- * c->lw instead of a lock, a pending count's increment and an unlock. It
- * is taken where that section would have nothing to decide: the lockless
- * lookup before found no live region over [start, last] (the probe, at a
- * tree count), and the miss registers that range as it is (no merge, no
- * widening). The record, c->announced[i] of this thread's slot i, is
- * written first; the CAS publishes it with bit i, and succeeds only on a
- * free lock with no miss announced. A bit is set only while the lock is
- * free, so the CAS is ordered after every lock section before it (their
- * release of c->lw), and every section after it sees the bit; what the
- * section would have checked is then checked after the CAS:
- *   the tree is the probe's (its count has not moved): nothing overlaps;
- *   nothing is on c->pending (and the CAS found no miss announced), so no
- *     pending registration overlaps, and every later miss that overlaps
- *     this one waits for it (pending_overlaps reads the announced records);
- *   the hull covers the range: grown by an SC store before a section's
- *     release, as widen_hull requires.
- * Every invalidation after the CAS marks the record stale, as it does
- * c->pending's (invalidate_locked); every lockless probe after it reads
- * the bit as it reads npending (nothing_there): the CAS is SC, before the
- * frees in flight are read, as the count's increment was. If a check
- * fails, the miss takes the lock, withdraws (its bit cleared, any getter
- * that waited for it woken) and plans under that lock. Returns the bit;
- * WITHDRAWN with c->lock held; or 0, not announced, no lock taken.
- */
-static unsigned announce(drc_cache_t *c, const struct probe *pr, uintptr_t start, uintptr_t last)
-{
-    int i = drc__tslot();
-    unsigned w, bit;
-    struct pending *a;
-
-    if (!pr || !pr->none || pr->start != start || pr->last != last || i >= LW_SLOTS ||
-        (c->max_len && last - start >= c->max_len))
-        return 0;
-    w = __atomic_load_n(&c->lw, __ATOMIC_RELAXED);
-    if (w & (LW_LOCKED | LW_ANNOUNCED))
-        return 0;
-    bit = LW_SLOT(i);
-    a = &c->announced[i];
-    ST(a->start, start);
-    ST(a->last, last);
-    ST(a->stale, 0);
-    if (!__atomic_compare_exchange_n(&c->lw, &w, w | bit, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-        return 0;
-    if (drc__itree_unchanged(&c->tree, &pr->path) && !LD(c->pending) && LD(c->lo) <= start && LD(c->hi) >= last)
-        return bit;
-    lock(c);
-    __atomic_fetch_and(&c->lw, ~bit, __ATOMIC_SEQ_CST);    /* under the lock, as the unlock would */
-    pending_done(c);
-    return WITHDRAWN;
+    *pp = p->next;
+    if (c->pending_waiters)
+        pthread_cond_broadcast(&c->pending_done);
 }
 
 /* A miss: what to register, given the overlapping live regions (c->lock). */
@@ -337,13 +276,13 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
     struct chunk *spare = NULL;
     struct region_chunks *ext = NULL;     /* chunk records for r, if m has them and r has none */
     struct drc__mem m;
-    struct pending own, *pend;      /* on c->pending, or this thread's announced record */
+    struct pending pend;
     struct plan p;
     void *handle = NULL;
     uint32_t lkey = 0, rkey = 0;
     uintptr_t ws = s, wlast = last;     /* what a miss registers: the range, or its allocation */
     int err, registered;
-    unsigned grow, need, bit;      /* bit: the miss is announced (announce()), its LW_SLOT */
+    unsigned grow, need;
     void *nodes;
 
     DRC_ASSERT_NO_LOCK();
@@ -355,16 +294,7 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         return err;
     if (widen)
         widen_to(c, &m, &ws, &wlast);
-    bit = announce(c, pr, ws & ~(uintptr_t)(c->page - 1), wlast | (c->page - 1));
-    if (bit == WITHDRAWN) {
-        bit = 0;            /* the miss plans under the lock that announce() took */
-    } else if (bit) {
-        pend = &c->announced[drc__tslot()];
-        p = (struct plan){ .path = &pr->path, .start = pend->start, .last = pend->last, .access = access };
-        goto registration;
-    } else {
-        lock(c);
-    }
+    lock(c);
     for (;;) {
         err = plan_region(c, s, last, ws, wlast, access, &m, pr, &p, &r);
         if (r) {
@@ -385,14 +315,12 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         unlock(c);
         return err;
     }
-    own = (struct pending){ .start = p.start, .last = p.last, .stale = 0, .next = c->pending };
-    pend = &own;
-    ST(c->pending, pend);
+    pend = (struct pending){ .start = p.start, .last = p.last, .stale = 0, .next = c->pending };
+    c->pending = &pend;
     __atomic_fetch_add(&c->npending, 1, __ATOMIC_SEQ_CST);    /* before the frees are read (notify.c) */
     widen_hull(c, p.start, p.last);
     unlock(c);
 
-registration:
     drc__notify_wait_frees(p.start, p.last);    /* never export memory a hook is freeing (notify.c) */
     err = register_plan(c, &p, &m, &handle, &lkey, &rkey);
     registered = !err;
@@ -400,10 +328,8 @@ registration:
         err = -ENOMEM;
 
     lock(c);
-    if (bit)
-        INC(c->misses, 1);
     r = NULL;
-    while (!err && !pend->stale) {
+    while (!err && !pend.stale) {
         /*
          * The index's nodes for the insert, then a region. Either may need
          * memory: it is allocated without the lock (an allocator may
@@ -428,17 +354,13 @@ registration:
         if (!spare)
             err = -ENOMEM;
     }
-    if (bit)
-        pending_done(c);    /* its bit goes with the unlock below */
-    else
-        pending_unlink(c, pend);
+    pending_unlink(c, &pend);
     INC(c->regs, (uint64_t)registered);
-    if (!err && pend->stale)
+    if (!err && pend.stale)
         err = RACED;        /* it may map memory that is being freed: never insert it */
     if (err) {
-        if (!bit)
-            __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);
-        unlock_announced(c, bit);
+        __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);
+        unlock(c);
         chunk_drop(c, spare);
         mem_free(ext);
         if (registered)
@@ -468,10 +390,9 @@ registration:
      * not an exchange: nothing this thread loads after it must wait for it,
      * and a probe's SC load that reads it also sees the insert before it.
      */
-    if (!bit)
-        __atomic_store_n(&c->npending, c->npending - 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->npending, c->npending - 1, __ATOMIC_RELEASE);
     grow = hint_want(c);
-    unlock_announced(c, bit);   /* an announced miss ends here: its bit is cleared as the lock is let go */
+    unlock(c);
     release_list(c, dead);
     chunk_drop(c, spare);   /* a chunk another thread's made unneeded */
     mem_free(ext);          /* r had chunk records of its own */

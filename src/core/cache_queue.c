@@ -5,10 +5,7 @@
  * The protocol is in cache.c's top comment; the queue's timeline is at
  * queue_invalidation.
  */
-#include <linux/futex.h>
-#include <stdint.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include <pthread.h>
 
 #include "core/cache_int.h"
 
@@ -32,47 +29,24 @@ int queued(const drc_cache_t *c, uintptr_t s, uintptr_t last)
     return 0;
 }
 
-/*
- * c->lock is c->lw, a word of drc's own rather than a glibc mutex, so that
- * an announced miss can be entered with no lock section at all (get_slow's
- * announce(): one CAS that finds the lock free, where a section took three
- * locked instructions: the lock, the pending count's increment, the
- * unlock). Taking it is a CAS that sets LW_LOCKED (trylock(), in
- * cache_int.h); letting it go is a CAS that clears LW_LOCKED, LW_WAITERS and
- * the caller's announced bit, if any, then wakes one sleeper if LW_WAITERS
- * was set. A sleeper sets LW_WAITERS while the lock is taken and sleeps on
- * the word as it saw it: the word of a taken lock changes only when a
- * sleeper sets LW_WAITERS or the holder lets it go (no announcement is
- * made while it is taken), so a release between its look and its sleep
- * makes the futex return at once. A woken sleeper takes the lock with
- * LW_WAITERS set, for the sleepers that may remain. Every CAS on the word
- * is SC: the unlock's orders the load of the hand-off queue after it
- * (unlock()), the announcement's the loads of its checks.
- */
-static long futex(unsigned *w, int op, unsigned v)
+/* Does c->lock look free? A load of glibc's lock word shares its line, where a trylock takes it. */
+static inline int lock_looks_free(drc_cache_t *c)
 {
-    return syscall(SYS_futex, w, op, v, NULL, NULL, 0);
-}
-
-/* Let c->lock go, and clear @clear (an announced bit) with it. */
-static void release(drc_cache_t *c, unsigned clear)
-{
-    unsigned w = __atomic_load_n(&c->lw, __ATOMIC_RELAXED);
-
-    while (!__atomic_compare_exchange_n(&c->lw, &w, w & ~(LW_LOCKED | LW_WAITERS | clear), 1, __ATOMIC_SEQ_CST,
-                                        __ATOMIC_RELAXED))
-        ;
-    if (w & LW_WAITERS)
-        futex(&c->lw, FUTEX_WAKE_PRIVATE, 1);
+#ifdef __GLIBC__
+    return __atomic_load_n(&c->lock.__data.__lock, __ATOMIC_RELAXED) == 0;
+#else
+    (void)c;
+    return 1;
+#endif
 }
 
 /*
  * Take c->lock: try, spin, then sleep. A section under c->lock is short (no
  * call out of drc, nothing allocated), so a thread that finds it taken spins
  * with a pause instruction (lock_contended), looking at the lock word every
- * SPIN_CHECK pauses, and sleeps on it only after SPIN_MAX.
+ * SPIN_CHECK pauses, and sleeps in pthread_mutex_lock only after SPIN_MAX.
  * On the 2-vCPU development machine (a PVM guest) a system call costs 0.1 to
- * 1.2 us, depending on the host, so a contended lock that
+ * 1.2 us, depending on the host, so a contended pthread_mutex_lock that
  * sleeps, and the unlock that must then wake it, cost as much as the section
  * they wait for or more. The sparse checks matter as much as the spin
  * (tests/bench/RESULTS.md, "Two threads on two vCPUs"): a waiter that checks after every
@@ -85,31 +59,22 @@ static void release(drc_cache_t *c, unsigned clear)
  */
 __attribute__((noinline)) void lock_contended(drc_cache_t *c)
 {
-    unsigned spins, w;
+    unsigned spins;
 
-    for (spins = 1; spins < SPIN_MAX; spins++) {
+    for (spins = 1;; spins++) {
         cpu_relax();
         if (spins % SPIN_CHECK)
             continue;
-        if (!(__atomic_load_n(&c->lw, __ATOMIC_RELAXED) & LW_LOCKED) && trylock(c))
+        if (lock_looks_free(c) && pthread_mutex_trylock(&c->lock) == 0)
             return;
-    }
-    for (;;) {
-        w = __atomic_load_n(&c->lw, __ATOMIC_RELAXED);
-        if (!(w & LW_LOCKED)) {
-            if (__atomic_compare_exchange_n(&c->lw, &w, w | LW_LOCKED | LW_WAITERS, 0, __ATOMIC_SEQ_CST,
-                                            __ATOMIC_RELAXED))
-                return;
-            continue;
+        if (spins >= SPIN_MAX) {
+            pthread_mutex_lock(&c->lock);
+            return;
         }
-        if (!(w & LW_WAITERS) &&
-            !__atomic_compare_exchange_n(&c->lw, &w, w | LW_WAITERS, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-            continue;
-        futex(&c->lw, FUTEX_WAIT_PRIVATE, w | LW_WAITERS);
     }
 }
 
-static void unlock_once(drc_cache_t *c, unsigned clear)
+static void unlock_once(drc_cache_t *c)
 {
     struct drc_region *dead;
 
@@ -124,7 +89,7 @@ static void unlock_once(drc_cache_t *c, unsigned clear)
     ST(c->owner, (pthread_t)0);
     drc__lock_depth--;
 #endif
-    release(c, clear);
+    pthread_mutex_unlock(&c->lock);
     release_list(c, dead);
 }
 
@@ -136,42 +101,26 @@ static void unlock_once(drc_cache_t *c, unsigned clear)
  */
 void unlock(drc_cache_t *c)
 {
-    unlock_announced(c, 0);
-}
-
-/* Unlock, and end this thread's announced miss (@bit, its LW_SLOT) with it. */
-void unlock_announced(drc_cache_t *c, unsigned bit)
-{
-    unlock_once(c, bit);
-    while (LD_SC(c->ninvq) && queued(c, 1, 0) && trylock(c)) {
+    unlock_once(c);
+    while (LD_SC(c->ninvq) && queued(c, 1, 0) && pthread_mutex_trylock(&c->lock) == 0) {
         locked(c);
-        unlock_once(c, 0);
+        unlock_once(c);
     }
 }
 
-/* A pending registration has ended (c->lock): wake the getters that wait for one. */
-void pending_done(drc_cache_t *c)
-{
-    if (!c->pending_waiters)
-        return;
-    __atomic_store_n(&c->pending_gen, c->pending_gen + 1, __ATOMIC_SEQ_CST);
-    futex(&c->pending_gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
-}
-
-/*
- * Sleep until a pending registration ends (c->lock held; the lock is not
- * ours while we sleep). The count is read under the lock, and bumped under
- * it (pending_done): one bumped after our unlock makes the futex return.
- */
+/* Sleep on pending_done (c->lock held); the lock is not ours while we sleep. */
 void wait_pending(drc_cache_t *c)
 {
-    unsigned gen = LD(c->pending_gen);
-
+    if (LD_SC(c->ninvq))
+        invq_run(c);    /* nothing handed to this holder may wait for its sleep */
+#ifdef DRC_DEBUG
+    ST(c->owner, (pthread_t)0);
+    drc__lock_depth--;
+#endif
     c->pending_waiters++;
-    unlock(c);      /* runs what was handed to this holder first */
-    futex(&c->pending_gen, FUTEX_WAIT_PRIVATE, gen);
-    lock(c);
+    pthread_cond_wait(&c->pending_done, &c->lock);
     c->pending_waiters--;
+    locked(c);
 }
 
 /*
@@ -212,7 +161,7 @@ int queue_invalidation(drc_cache_t *c, uintptr_t s, uintptr_t last)
         ST(c->invq[i].last, last);
         __atomic_fetch_add(&c->ninvq, 1, __ATOMIC_SEQ_CST);   /* before we return: gets go to the lock */
         __atomic_store_n(&c->invq[i].state, Q_READY, __ATOMIC_SEQ_CST);
-        if (trylock(c)) {
+        if (pthread_mutex_trylock(&c->lock) == 0) {
             locked(c);      /* runs it */
             unlock(c);
         }
