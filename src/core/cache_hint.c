@@ -10,10 +10,10 @@
 
 #include <errno.h>
 
-/* The bit of filter grain @g (grain number at t->fgrain) in @t's filter: as grain_index, for the filter. */
+/* The bit of filter grain @g (grain number at t->fgrain) in @t's filter. */
 static inline uintptr_t filter_index(const struct hint_tab *t, uintptr_t g)
 {
-    return (g - t->fbase) & (~(uintptr_t)0 >> t->shift);
+    return hint_index(t, g, t->fbase);
 }
 
 /*
@@ -269,7 +269,7 @@ void hint_grow(drc_cache_t *c, unsigned bits)
     t->fgrain = grain;
     t->fbase = lo == UINTPTR_MAX ? 0 : lo >> t->fgrain;   /* filter_index */
     t->grain = grain + 1;
-    t->base = lo == UINTPTR_MAX ? 0 : lo >> t->grain;     /* grain_index */
+    t->base = t->fbase >> 1;                              /* grain_index: lo >> t->grain */
     shared = hint_fill(c, t, &live, 1);
     if (shared * 16 > live) {
         t->grain = grain;

@@ -574,18 +574,25 @@ static inline size_t region_len(const struct drc_region *r)
 }
 
 /*
- * The index of grain number @g in @t's slots and filter bits: its distance
- * from the table's base grain (where the cache's lowest registration started
- * when the table was made), modulo the table's size. A cache whose regions
- * lie together then fills the table's first slots, the ones every smaller
- * table of it filled before: a table that grows in place touches no new
- * page until the regions spread over more grains (with slots taken from
- * grain 0, the grains of 65,536 regions filled one half of the table, and
- * the smaller table before had filled the other).
+ * The index of grain number @g in @t's slots (or, with the filter's grains,
+ * its filter bits: cache_hint.c's filter_index): its distance from @base,
+ * the grain where the cache's lowest registration started when the table
+ * was made, modulo the table's size. A cache whose regions lie together
+ * then fills the table's first slots, the ones every smaller table of it
+ * filled before: a table that grows in place touches no new page until the
+ * regions spread over more grains (with slots taken from grain 0, the grains
+ * of 65,536 regions filled one half of the table, and the smaller table
+ * before had filled the other).
  */
+static inline uintptr_t hint_index(const struct hint_tab *t, uintptr_t g, uintptr_t base)
+{
+    return (g - base) & (~(uintptr_t)0 >> t->shift);
+}
+
+/* The slot index of grain number @g (at t->grain) in @t. */
 static inline uintptr_t grain_index(const struct hint_tab *t, uintptr_t g)
 {
-    return (g - t->base) & (~(uintptr_t)0 >> t->shift);
+    return hint_index(t, g, t->base);
 }
 
 /* The slot of grain number @g in @t. */
