@@ -1211,6 +1211,15 @@ static inline const bt *bt_finger(const struct drc__itree *t, unsigned seq, uint
 }
 
 /*
+ * A test's seam: after bt_near answered a leaf, before the walk uses the
+ * height read for it (test_itree empties the tree there); nothing in the
+ * product.
+ */
+#ifndef ITREE_NEAR_WINDOW
+#define ITREE_NEAR_WINDOW() ((void)0)
+#endif
+
+/*
  * Leaf @b, if the floor of @start is there while the count is @seq: a leaf
  * of the tree (a spare has no entries), whose first start is at or before
  * @start, and which holds an entry past it or is followed by a leaf that
@@ -1268,10 +1277,21 @@ static struct drc__itree_node *bt_first_disjoint(const struct drc__itree *t, uns
         if (!f)
             path->fingered = 0;
     }
-    if (!f && !edge && near && (f = bt_near(t, seq, near, start))) {
-        depth = LD(t->height) - 1;
-        if (path)
-            path->leafonly = depth > 0;
+    if (!f && !edge && near) {
+        /*
+         * The height is read before bt_near's last look at the count, so
+         * that it is the tree's whose leaf bt_near answered (at least 1).
+         * Read after, it may be a writer's that has emptied the tree since:
+         * 0, and a depth of -1 would index the path (test_itree).
+         */
+        unsigned h = LD(t->height);
+
+        if (h && h <= MAXH && (f = bt_near(t, seq, near, start))) {
+            ITREE_NEAR_WINDOW();
+            depth = h - 1;
+            if (path)
+                path->leafonly = depth > 0;
+        }
     }
     for (;;) {
         if (f) {                    /* the floor of start is in the finger's leaf: no descent */

@@ -21,6 +21,8 @@
 #include <cmocka.h>
 
 #define DRC__ITREE_FAN 8
+static void (*near_window)(void);   /* run once where a walk from a leaf has been answered that leaf */
+#define ITREE_NEAR_WINDOW() (near_window ? near_window() : (void)0)
 #include "core/itree.c"
 
 enum { MAXN = 512 };
@@ -1338,6 +1340,62 @@ static void a_walk_begins_at_the_leaf_it_is_given(void **state)
     free(m);
 }
 
+/*
+ * A walk from a leaf (drc__itree_first_near) reads the tree's height for
+ * the path it records from that leaf. A writer may empty the tree right
+ * after bt_near answered the leaf: the walk must then give up or answer
+ * nothing the count lets anyone trust, and never index its path by the
+ * height of the empty tree. The test empties the tree in that window
+ * (ITREE_NEAR_WINDOW, a seam the product compiles to nothing). The
+ * control, by hand: a build that reads the height after bt_near, as the
+ * walk did until the eighth session of 2026-12-06, writes the path at
+ * depth (unsigned)-1 here and crashes (so did a lookup of test_cache_mt's
+ * thread loop, in one of about 7,700 rounds; most likely another, with no
+ * message, was the same).
+ */
+static struct model *window_model;
+
+static void empty_the_tree(void)
+{
+    struct model *m = window_model;
+    int i;
+
+    near_window = NULL;
+    for (i = 0; i < MAXN; i++)
+        if (m->in[i])
+            take_in(m, i, NULL);
+}
+
+static void a_walk_from_a_leaf_survives_the_tree_emptied_under_it(void **state)
+{
+    enum { W = 80 };
+    struct model *m = model_new(47);
+    struct drc__itree_path path;
+    struct drc__itree_node *x;
+    const bt *leaf;
+    int i, k, budget = DRC__ITREE_UNBOUNDED;
+
+    (void)state;
+    drc__itree_set_disjoint(&m->t, 1);
+    for (i = 0; i < W; i++)
+        put_in(m, i, (uintptr_t)i * 100, (uintptr_t)i * 100 + 9);
+    assert_true(m->t.height >= 3);
+    for (k = 20; bt_hint_pos(m->put[k]) < 1 || bt_hint_pos(m->put[k]) + 2 >= bt_hint_leaf(m->put[k])->n; k++)
+        ;
+    take_in(m, k, m->put[k]);       /* the leaf it left: the walk's hint */
+    leaf = m->left[k];
+    assert_non_null(leaf);
+    window_model = m;
+    near_window = empty_the_tree;
+    x = drc__itree_first_near(&m->t, (uintptr_t)k * 100, (uintptr_t)k * 100 + 9, &budget, &path, leaf);
+    assert_null(near_window);       /* the window was reached: the walk had begun at the leaf */
+    assert_true(!x || budget <= 0 || !drc__itree_unchanged(&m->t, &path));
+    assert_int_equal(m->t.height, 0);
+    assert_int_equal(drc__itree_check(&m->t), 0);
+    drc__itree_fini(&m->t);
+    free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1358,6 +1416,7 @@ int main(void)
         cmocka_unit_test(a_dead_first_entry_is_dropped_before_an_insert_covers_it),
         cmocka_unit_test(the_right_edge_is_walked_without_search),
         cmocka_unit_test(a_walk_begins_at_the_leaf_it_is_given),
+        cmocka_unit_test(a_walk_from_a_leaf_survives_the_tree_emptied_under_it),
         cmocka_unit_test(a_walk_after_a_removal_starts_at_its_leaf),
         cmocka_unit_test(budget_bounds_the_walk),
         cmocka_unit_test(check_rejects_broken_trees),
