@@ -80,7 +80,14 @@
  * so a registration that raced an invalidation of its range is never
  * inserted. A getter that misses on a range overlapping another's pending
  * registration waits for it, so two threads missing together leave one
- * region.
+ * region. Where the first section would have nothing to decide (the lockless
+ * lookup found nothing over the pages, and they are registered as they are),
+ * the getter *announces* its miss instead: it reads the checks the section
+ * would have made, then one CAS that expects the lock word it saw free
+ * (unchanged: no lock section began since, as every unlock advances the
+ * word's version) sets its thread's bit, with its pending range beside it
+ * (cache_miss.c: announce()); invalidators and later getters read the
+ * announced ranges as they read c->pending.
  *
  * Lock order: a notify slot (notify.c), then c->lock. No backend or CUDA call
  * is made with c->lock held, and nothing is allocated, freed, mapped or
@@ -531,7 +538,7 @@ static void revoke_list(drc_cache_t *c, struct drc_region *r)
 
 static int nothing_registered(const drc_cache_t *c)
 {
-    return !c->tree.root && !c->detached && !c->pending && !off_held(c);
+    return !c->tree.root && !c->detached && !c->pending && !announced(c) && !off_held(c);
 }
 
 /* The last user of r is gone (its put left @w, HELD or HELD|DEAD): release a detached region, refresh the LRU. */
@@ -810,10 +817,13 @@ int drc__region_put(drc_region_t *r)
  * its window), read as:
  *   getter (miss)                          probe
  *   lock; add pending; npending++ (SC)     s = seq (even, else take the lock)
- *   unlock; wait for frees in flight       npending, detached.root: 0, 0 ?
+ *   unlock; wait for frees in flight       npending, announced bits, detached:
+ *                                            0, 0, 0 ?
  *   register                               walk the tree: nothing overlaps ?
  *   lock; seq++; insert; seq++             seq == s ?  nothing there
  *   npending-- (release); unlock
+ * (An announced miss replaces the first line's section by its SC CAS, which
+ * sets its bit, and the last line's count by its unlock, which clears it.)
  * A registration counted before the probe's load of npending sends the
  * probe to the lock. One counted after it began after the probe's instant:
  * it is the race that every invalidation has with a registration begun
@@ -830,7 +840,7 @@ static inline __attribute__((always_inline)) int nothing_there(drc_cache_t *c, u
     int budget = LOOKUP_BUDGET;
     struct drc_region *r, **hs;
 
-    if ((seq & 1) || LD_SC(c->npending) || LD(c->detached))
+    if ((seq & 1) || LD_SC(c->npending) || (LD_SC(c->lw) & LW_ANNOUNCED) || LD(c->detached))
         return 0;
     /*
      * No live region touches a grain of the range (one load, from a table
@@ -897,7 +907,7 @@ static inline __attribute__((always_inline)) int cache_invalidate(drc_cache_t *c
     path.depth = 0;
     if (nothing_there(c, s, last, &path, by_hint ? &hr : NULL))
         return 0;
-    if (pthread_mutex_trylock(&c->lock) != 0) {
+    if (!trylock(c)) {
         /* DRC_F_REVOKE promises the deregistration before return: never handed to the holder */
         if (!(c->flags & DRC_F_REVOKE) && queue_invalidation(c, s, last))
             return 0;   /* the holder of the lock does it, before any get can see the range */
@@ -951,6 +961,7 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
     struct drc__itree_node *n;
     struct pending *p;
     int count = 0, budget, more;
+    unsigned bits;
 
     ASSERT_LOCKED(c);
     budget = DRC__ITREE_UNBOUNDED;
@@ -1008,6 +1019,11 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
     for (p = c->pending; p; p = p->next)
         if (p->start <= last && s <= p->last)
             p->stale = 1;
+    for (bits = announced(c); bits; bits &= bits - 1) {
+        p = &c->announced[__builtin_ctz(bits) - LW_SHIFT];
+        if (p->start <= last && s <= p->last)
+            p->stale = 1;
+    }
     INC(c->invalidated, (uint64_t)count);
     if (nothing_registered(c)) {
         __atomic_store_n(&c->lo, UINTPTR_MAX, __ATOMIC_RELEASE);
@@ -1058,17 +1074,12 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
         c->export_flags = o->export_flags;
         c->forked = o->forked;
     }
-    pthread_mutex_init(&c->lock, NULL);
-    pthread_cond_init(&c->pending_done, NULL);
     err = drc__notify_subscribe(c);
     if (err)
-        goto err_subscribe;
+        goto err_hint;
     *out = c;
     return 0;
 
-err_subscribe:
-    pthread_cond_destroy(&c->pending_done);
-    pthread_mutex_destroy(&c->lock);
 err_hint:
     hint_fini(c);
     drc__arena_fini(&c->ext_arena);
@@ -1120,8 +1131,9 @@ void drc__cache_forked(drc_cache_t *c)
     memset(c->invq, 0, sizeof(c->invq));    /* ranges queued by parent threads: the parent's business */
     c->ninvq = 0;
     c->qdead = NULL;
-    pthread_mutex_init(&c->lock, NULL);
-    pthread_cond_init(&c->pending_done, NULL);
+    c->lw = 0;              /* the lock, and the misses that parent threads announced */
+    c->pending_gen = 0;
+    c->pending_waiters = 0;
     drc__arena_forked(&c->arena);
     drc__arena_forked(&c->ext_arena);
     if (c->forked)
@@ -1193,7 +1205,7 @@ static int live_held(const drc_cache_t *c)
 
 static int busy(const drc_cache_t *c)
 {
-    return c->pending || c->detached || off_held(c) || live_held(c) || slot_refs(c, NULL, 1);
+    return c->pending || announced(c) || c->detached || off_held(c) || live_held(c) || slot_refs(c, NULL, 1);
 }
 
 int drc_cache_destroy(drc_cache_t *c)
@@ -1224,8 +1236,6 @@ int drc_cache_destroy(drc_cache_t *c)
     hint_fini(c);
     drc__arena_fini(&c->ext_arena);
     drc__arena_fini(&c->arena);     /* every chunk, hint table header and filter */
-    pthread_cond_destroy(&c->pending_done);
-    pthread_mutex_destroy(&c->lock);
     mem_free(c);
     return 0;
 }

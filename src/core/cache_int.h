@@ -203,6 +203,22 @@ struct pending {
 };
 
 /*
+ * c->lock is a 64-bit word of drc's own, c->lw (cache_queue.c). Its low half
+ * is the futex word: LW_LOCKED, LW_WAITERS (a thread sleeps on it), and one
+ * bit for each of the first LW_SLOTS thread slots, set while that thread's
+ * miss is announced: pending like those on c->pending, but entered by one
+ * CAS that finds the lock free, with no lock section (get_slow's
+ * announce()). Its high half is a version that every unlock advances, so
+ * that a CAS expecting the word a load saw fails if any lock section began
+ * since. A bit is set only while the lock is free, and cleared only by its
+ * thread's unlock: under c->lock, the announced misses do not change.
+ */
+enum { LW_LOCKED = 1u, LW_WAITERS = 2u, LW_SHIFT = 2, LW_SLOTS = 30 };
+#define LW_ANNOUNCED ((uint64_t)(~0u << LW_SHIFT))
+#define LW_SLOT(i) ((uint64_t)1 << ((i) + LW_SHIFT))
+#define LW_VERSION ((uint64_t)1 << 32)     /* one unlock */
+
+/*
  * Per-thread counters (see tally()): hits, the region references that took a
  * region's users from 0 to 1 (used) and from 1 to 0 (idled), so that
  * stats.in_use = used - idled needs no lock and no walk, and deregistrations
@@ -250,13 +266,20 @@ struct drc_cache {
                                      * may count references in its ref[] (join_refs) */
     uint64_t hitters;               /* atomic: bit i once thread slot i hit (tryget_fast) */
     int overlapping;                /* atomic, set under c->lock, never cleared: live regions may overlap */
-    unsigned npending;              /* atomic, changed under c->lock: registrations pending or being inserted */
+    unsigned npending;              /* atomic, changed under c->lock: registrations pending or being inserted
+                                     * (those on c->pending; an announced miss has its bit in c->lw instead) */
 
-    pthread_mutex_t lock __attribute__((aligned(64)));     /* alone on its line: waiters read it (lock()) */
-    pthread_cond_t pending_done __attribute__((aligned(64)));
+    uint64_t lw __attribute__((aligned(64)));   /* atomic: c->lock (LW_LOCKED, LW_WAITERS, announced misses,
+                                                 * the version: cache_queue.c); on a line of its own but for
+                                                 * the fields below, which its holder writes (or an announcing
+                                                 * miss) */
+    unsigned pending_gen;           /* atomic, a futex: bumped under c->lock as a pending registration ends
+                                     * while getters wait for it (wait_pending) */
     struct drc_region *detached;    /* atomic, changed under c->lock: DETACHED_LIST regions (detached_add) */
-    struct pending *pending;
-    unsigned pending_waiters;       /* c->lock: getters asleep on pending_done */
+    struct pending *pending;        /* atomic, changed under c->lock: an announcing miss reads the head */
+    unsigned pending_waiters;       /* c->lock: getters asleep on pending_gen */
+    struct pending announced[LW_SLOTS];     /* thread slot i's announced miss, while bit LW_SLOT(i) of c->lw
+                                             * is set (get_slow's announce()) */
     struct drc_region *lru_head, *lru_tail;     /* least recently idle first; kept only if limited */
     struct drc_region *pool;
     struct drc_region *freed;       /* atomic: deregistered regions pushed without the lock; pool_get takes them */
@@ -312,7 +335,9 @@ struct drc_cache {
 #define queued(...) drc__cache_queued(__VA_ARGS__)
 #define lock_contended(...) drc__cache_lock_contended(__VA_ARGS__)
 #define unlock(...) drc__cache_unlock(__VA_ARGS__)
+#define unlock_announced(...) drc__cache_unlock_announced(__VA_ARGS__)
 #define wait_pending(...) drc__cache_wait_pending(__VA_ARGS__)
+#define pending_done(...) drc__cache_pending_done(__VA_ARGS__)
 #define invq_run(...) drc__cache_invq_run(__VA_ARGS__)
 #define queue_invalidation(...) drc__cache_queue_invalidation(__VA_ARGS__)
 #define join_refs(...) drc__cache_join_refs(__VA_ARGS__)
@@ -361,7 +386,9 @@ void check_trees(const drc_cache_t *c);
 int queued(const drc_cache_t *c, uintptr_t s, uintptr_t last);
 void lock_contended(drc_cache_t *c);
 void unlock(drc_cache_t *c);
+void unlock_announced(drc_cache_t *c, uint64_t bit);
 void wait_pending(drc_cache_t *c);
+void pending_done(drc_cache_t *c);
 int queue_invalidation(drc_cache_t *c, uintptr_t s, uintptr_t last);
 void invq_run(drc_cache_t *c);
 
@@ -664,13 +691,30 @@ static inline uint64_t ref_bit(int i)
     return 1ull << (i < 63 ? i : 63);
 }
 
+/* Take c->lock if it is free (announced misses stay announced); 1 if taken. No locked() here. */
+static inline int trylock(drc_cache_t *c)
+{
+    uint64_t w = __atomic_load_n(&c->lw, __ATOMIC_RELAXED);
+
+    while (!(w & LW_LOCKED))
+        if (__atomic_compare_exchange_n(&c->lw, &w, w | LW_LOCKED, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+            return 1;
+    return 0;
+}
+
 static inline void lock(drc_cache_t *c)
 {
     /* never re-entered: an allocator or hook called under c->lock would deadlock here */
     DRC_ASSERT_NO_LOCK();
-    if (pthread_mutex_trylock(&c->lock) != 0)
+    if (!trylock(c))
         lock_contended(c);     /* out of line: the uncontended path stays as short as it was */
     locked(c);
+}
+
+/* The announced misses' bits (c->lock held: they do not change under it). */
+static inline unsigned announced(const drc_cache_t *c)
+{
+    return (unsigned)(LD(c->lw) & LW_ANNOUNCED);
 }
 
 #endif

@@ -32,13 +32,20 @@ static void widen_hull(drc_cache_t *c, uintptr_t start, uintptr_t last)
         __atomic_store_n(&c->hi, last, __ATOMIC_SEQ_CST);
 }
 
+/* Does a pending registration, on c->pending or announced, overlap [s, last]? (c->lock) */
 static int pending_overlaps(const drc_cache_t *c, uintptr_t s, uintptr_t last)
 {
     const struct pending *p;
+    unsigned bits;
 
     for (p = c->pending; p; p = p->next)
         if (p->start <= last && s <= p->last)
             return 1;
+    for (bits = announced(c); bits; bits &= bits - 1) {
+        p = &c->announced[__builtin_ctz(bits) - LW_SHIFT];
+        if (p->start <= last && s <= p->last)
+            return 1;
+    }
     return 0;
 }
 
@@ -48,9 +55,68 @@ static void pending_unlink(drc_cache_t *c, struct pending *p)
 
     for (pp = &c->pending; *pp != p; pp = &(*pp)->next)
         ;
-    *pp = p->next;
-    if (c->pending_waiters)
-        pthread_cond_broadcast(&c->pending_done);
+    ST(*pp, p->next);
+    pending_done(c);
+}
+
+/*
+ * A test's seam: the window between the look at c->lw and the checks
+ * (tests/core/test_cache_mt.c widens it, test_cache_probe.c takes the lock
+ * there); nothing in the product.
+ */
+#ifndef ANNOUNCE_WINDOW
+#define ANNOUNCE_WINDOW() ((void)0)
+#endif
+
+/*
+ * An announced miss: the miss's first lock section, made by one CAS on
+ * c->lw instead of a lock, a pending count's increment and an unlock. It
+ * is taken where that section would have nothing to decide: the lockless
+ * lookup before found no live region over [start, last] (the probe, at a
+ * tree count), and the miss registers that range as it is (no merge, no
+ * widening). The section's checks are read first, with no lock, after an
+ * acquire load of c->lw that found the lock free and no miss announced:
+ *   the tree is the probe's (its count has not moved): nothing overlaps;
+ *   nothing is on c->pending: no pending registration overlaps;
+ *   the hull covers the range (grown by an SC store before a section's
+ *     release, as widen_hull requires).
+ * Then the record, c->announced[i] of this thread's slot i, is written and
+ * a CAS publishes it with bit i, expecting the word the load saw. Every
+ * unlock advances the word's version and every lock sets LW_LOCKED, so the
+ * CAS succeeds only if no lock section began since the load: each section
+ * before it had ended, and its release is what the checks read (they
+ * cannot see one half done, as a check read after the CAS could: a
+ * section that began after it, tests/bench/RESULTS.md); each section
+ * after it sees the bit and the record. So the checks hold at the CAS, as
+ * under the lock: every later miss that overlaps waits for this one
+ * (pending_overlaps reads the announced records), every invalidation marks
+ * the record stale as it marks c->pending's (invalidate_locked), and every
+ * lockless probe reads the bit as it reads npending (nothing_there): the
+ * CAS is SC, before the frees in flight are read, as the count's increment
+ * was. Returns the bit, or 0: not announced (the caller takes the lock).
+ */
+static uint64_t announce(drc_cache_t *c, const struct probe *pr, uintptr_t start, uintptr_t last)
+{
+    int i = drc__tslot();
+    uint64_t w;
+    struct pending *a;
+
+    if (!pr || !pr->none || pr->start != start || pr->last != last || i >= LW_SLOTS ||
+        (c->max_len && last - start >= c->max_len))
+        return 0;
+    w = __atomic_load_n(&c->lw, __ATOMIC_ACQUIRE);
+    if (w & (LW_LOCKED | LW_ANNOUNCED))
+        return 0;
+    ANNOUNCE_WINDOW();
+    if (!drc__itree_unchanged(&c->tree, &pr->path) || LD(c->pending) || LD(c->lo) > start || LD(c->hi) < last)
+        return 0;
+    a = &c->announced[i];
+    ST(a->start, start);
+    ST(a->last, last);
+    ST(a->stale, 0);
+    if (!__atomic_compare_exchange_n(&c->lw, &w, w | LW_SLOT(i), 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+        return 0;
+    return LW_SLOT(i);
 }
 
 /* A miss: what to register, given the overlapping live regions (c->lock). */
@@ -276,13 +342,14 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
     struct chunk *spare = NULL;
     struct region_chunks *ext = NULL;     /* chunk records for r, if m has them and r has none */
     struct drc__mem m;
-    struct pending pend;
+    struct pending own, *pend;      /* on c->pending, or this thread's announced record */
     struct plan p;
     void *handle = NULL;
     uint32_t lkey = 0, rkey = 0;
     uintptr_t ws = s, wlast = last;     /* what a miss registers: the range, or its allocation */
     int err, registered;
     unsigned grow, need;
+    uint64_t bit;       /* the miss is announced (announce()): its LW_SLOT */
     void *nodes;
 
     DRC_ASSERT_NO_LOCK();
@@ -294,6 +361,12 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         return err;
     if (widen)
         widen_to(c, &m, &ws, &wlast);
+    bit = announce(c, pr, ws & ~(uintptr_t)(c->page - 1), wlast | (c->page - 1));
+    if (bit) {
+        pend = &c->announced[drc__tslot()];
+        p = (struct plan){ .path = &pr->path, .start = pend->start, .last = pend->last, .access = access };
+        goto registration;
+    }
     lock(c);
     for (;;) {
         err = plan_region(c, s, last, ws, wlast, access, &m, pr, &p, &r);
@@ -315,12 +388,14 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         unlock(c);
         return err;
     }
-    pend = (struct pending){ .start = p.start, .last = p.last, .stale = 0, .next = c->pending };
-    c->pending = &pend;
+    own = (struct pending){ .start = p.start, .last = p.last, .stale = 0, .next = c->pending };
+    pend = &own;
+    ST(c->pending, pend);
     __atomic_fetch_add(&c->npending, 1, __ATOMIC_SEQ_CST);    /* before the frees are read (notify.c) */
     widen_hull(c, p.start, p.last);
     unlock(c);
 
+registration:
     drc__notify_wait_frees(p.start, p.last);    /* never export memory a hook is freeing (notify.c) */
     err = register_plan(c, &p, &m, &handle, &lkey, &rkey);
     registered = !err;
@@ -328,8 +403,10 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         err = -ENOMEM;
 
     lock(c);
+    if (bit)
+        INC(c->misses, 1);
     r = NULL;
-    while (!err && !pend.stale) {
+    while (!err && !pend->stale) {
         /*
          * The index's nodes for the insert, then a region. Either may need
          * memory: it is allocated without the lock (an allocator may
@@ -354,13 +431,17 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         if (!spare)
             err = -ENOMEM;
     }
-    pending_unlink(c, &pend);
+    if (bit)
+        pending_done(c);    /* its bit goes with the unlock below */
+    else
+        pending_unlink(c, pend);
     INC(c->regs, (uint64_t)registered);
-    if (!err && pend.stale)
+    if (!err && pend->stale)
         err = RACED;        /* it may map memory that is being freed: never insert it */
     if (err) {
-        __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);
-        unlock(c);
+        if (!bit)
+            __atomic_fetch_sub(&c->npending, 1, __ATOMIC_SEQ_CST);
+        unlock_announced(c, bit);
         chunk_drop(c, spare);
         mem_free(ext);
         if (registered)
@@ -390,9 +471,10 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
      * not an exchange: nothing this thread loads after it must wait for it,
      * and a probe's SC load that reads it also sees the insert before it.
      */
-    __atomic_store_n(&c->npending, c->npending - 1, __ATOMIC_RELEASE);
+    if (!bit)
+        __atomic_store_n(&c->npending, c->npending - 1, __ATOMIC_RELEASE);
     grow = hint_want(c);
-    unlock(c);
+    unlock_announced(c, bit);   /* an announced miss ends here: its bit is cleared as the lock is let go */
     release_list(c, dead);
     chunk_drop(c, spare);   /* a chunk another thread's made unneeded */
     mem_free(ext);          /* r had chunk records of its own */

@@ -5,7 +5,10 @@
  * The protocol is in cache.c's top comment; the queue's timeline is at
  * queue_invalidation.
  */
-#include <pthread.h>
+#include <linux/futex.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "core/cache_int.h"
 
@@ -29,24 +32,63 @@ int queued(const drc_cache_t *c, uintptr_t s, uintptr_t last)
     return 0;
 }
 
-/* Does c->lock look free? A load of glibc's lock word shares its line, where a trylock takes it. */
-static inline int lock_looks_free(drc_cache_t *c)
+/*
+ * c->lock is c->lw, a word of drc's own rather than a glibc mutex, so that
+ * an announced miss can be entered with no lock section at all (get_slow's
+ * announce(): one CAS that finds the lock free, where a section took three
+ * locked instructions: the lock, the pending count's increment, the
+ * unlock). Taking it is a CAS that sets LW_LOCKED (trylock(), in
+ * cache_int.h); letting it go is a CAS that clears LW_LOCKED, LW_WAITERS and
+ * the caller's announced bit, if any, and advances the version (the high
+ * half), then wakes one sleeper if LW_WAITERS was set. A sleeper sets
+ * LW_WAITERS while the lock is taken and sleeps on the low half as it saw
+ * it: the low half of a taken lock changes only when a sleeper sets
+ * LW_WAITERS or the holder lets it go (no announcement is made while it is
+ * taken), so a release between its look and its sleep makes the futex
+ * return at once. A woken sleeper takes the lock with LW_WAITERS set, for
+ * the sleepers that may remain. Every CAS on the word is SC: the unlock's
+ * orders the load of the hand-off queue after it (unlock()), the
+ * announcement's the frees' loads after it (notify.c).
+ *
+ * The version is 32 bits: a CAS that expects a word seen 2^32 unlocks
+ * before would succeed (a thread stopped between an announcement's load
+ * and its CAS while others took the lock four billion times: the bound a
+ * 32-bit seqcount accepts too).
+ */
+static long futex(void *w, int op, unsigned v)
 {
-#ifdef __GLIBC__
-    return __atomic_load_n(&c->lock.__data.__lock, __ATOMIC_RELAXED) == 0;
+    return syscall(SYS_futex, w, op, v, NULL, NULL, 0);
+}
+
+/* The futex word: the low half of c->lw. */
+static unsigned *lw_low(drc_cache_t *c)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return (unsigned *)&c->lw;
 #else
-    (void)c;
-    return 1;
+    return (unsigned *)&c->lw + 1;
 #endif
+}
+
+/* Let c->lock go, and clear @clear (an announced bit) with it. */
+static void release(drc_cache_t *c, uint64_t clear)
+{
+    uint64_t w = __atomic_load_n(&c->lw, __ATOMIC_RELAXED);
+
+    while (!__atomic_compare_exchange_n(&c->lw, &w, (w & ~(LW_LOCKED | LW_WAITERS | clear)) + LW_VERSION, 1,
+                                        __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+        ;
+    if (w & LW_WAITERS)
+        futex(lw_low(c), FUTEX_WAKE_PRIVATE, 1);
 }
 
 /*
  * Take c->lock: try, spin, then sleep. A section under c->lock is short (no
  * call out of drc, nothing allocated), so a thread that finds it taken spins
  * with a pause instruction (lock_contended), looking at the lock word every
- * SPIN_CHECK pauses, and sleeps in pthread_mutex_lock only after SPIN_MAX.
+ * SPIN_CHECK pauses, and sleeps on it only after SPIN_MAX.
  * On the 2-vCPU development machine (a PVM guest) a system call costs 0.1 to
- * 1.2 us, depending on the host, so a contended pthread_mutex_lock that
+ * 1.2 us, depending on the host, so a contended lock that
  * sleeps, and the unlock that must then wake it, cost as much as the section
  * they wait for or more. The sparse checks matter as much as the spin
  * (tests/bench/RESULTS.md, "Two threads on two vCPUs"): a waiter that checks after every
@@ -60,21 +102,31 @@ static inline int lock_looks_free(drc_cache_t *c)
 __attribute__((noinline)) void lock_contended(drc_cache_t *c)
 {
     unsigned spins;
+    uint64_t w;
 
-    for (spins = 1;; spins++) {
+    for (spins = 1; spins < SPIN_MAX; spins++) {
         cpu_relax();
         if (spins % SPIN_CHECK)
             continue;
-        if (lock_looks_free(c) && pthread_mutex_trylock(&c->lock) == 0)
+        if (!(__atomic_load_n(&c->lw, __ATOMIC_RELAXED) & LW_LOCKED) && trylock(c))
             return;
-        if (spins >= SPIN_MAX) {
-            pthread_mutex_lock(&c->lock);
-            return;
+    }
+    for (;;) {
+        w = __atomic_load_n(&c->lw, __ATOMIC_RELAXED);
+        if (!(w & LW_LOCKED)) {
+            if (__atomic_compare_exchange_n(&c->lw, &w, w | LW_LOCKED | LW_WAITERS, 0, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_RELAXED))
+                return;
+            continue;
         }
+        if (!(w & LW_WAITERS) &&
+            !__atomic_compare_exchange_n(&c->lw, &w, w | LW_WAITERS, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+            continue;
+        futex(lw_low(c), FUTEX_WAIT_PRIVATE, (unsigned)(w | LW_WAITERS));
     }
 }
 
-static void unlock_once(drc_cache_t *c)
+static void unlock_once(drc_cache_t *c, uint64_t clear)
 {
     struct drc_region *dead;
 
@@ -89,7 +141,7 @@ static void unlock_once(drc_cache_t *c)
     ST(c->owner, (pthread_t)0);
     drc__lock_depth--;
 #endif
-    pthread_mutex_unlock(&c->lock);
+    release(c, clear);
     release_list(c, dead);
 }
 
@@ -101,26 +153,42 @@ static void unlock_once(drc_cache_t *c)
  */
 void unlock(drc_cache_t *c)
 {
-    unlock_once(c);
-    while (LD_SC(c->ninvq) && queued(c, 1, 0) && pthread_mutex_trylock(&c->lock) == 0) {
+    unlock_announced(c, 0);
+}
+
+/* Unlock, and end this thread's announced miss (@bit, its LW_SLOT) with it. */
+void unlock_announced(drc_cache_t *c, uint64_t bit)
+{
+    unlock_once(c, bit);
+    while (LD_SC(c->ninvq) && queued(c, 1, 0) && trylock(c)) {
         locked(c);
-        unlock_once(c);
+        unlock_once(c, 0);
     }
 }
 
-/* Sleep on pending_done (c->lock held); the lock is not ours while we sleep. */
+/* A pending registration has ended (c->lock): wake the getters that wait for one. */
+void pending_done(drc_cache_t *c)
+{
+    if (!c->pending_waiters)
+        return;
+    __atomic_store_n(&c->pending_gen, c->pending_gen + 1, __ATOMIC_SEQ_CST);
+    futex(&c->pending_gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
+}
+
+/*
+ * Sleep until a pending registration ends (c->lock held; the lock is not
+ * ours while we sleep). The count is read under the lock, and bumped under
+ * it (pending_done): one bumped after our unlock makes the futex return.
+ */
 void wait_pending(drc_cache_t *c)
 {
-    if (LD_SC(c->ninvq))
-        invq_run(c);    /* nothing handed to this holder may wait for its sleep */
-#ifdef DRC_DEBUG
-    ST(c->owner, (pthread_t)0);
-    drc__lock_depth--;
-#endif
+    unsigned gen = LD(c->pending_gen);
+
     c->pending_waiters++;
-    pthread_cond_wait(&c->pending_done, &c->lock);
+    unlock(c);      /* runs what was handed to this holder first */
+    futex(&c->pending_gen, FUTEX_WAIT_PRIVATE, gen);
+    lock(c);
     c->pending_waiters--;
-    locked(c);
 }
 
 /*
@@ -161,7 +229,7 @@ int queue_invalidation(drc_cache_t *c, uintptr_t s, uintptr_t last)
         ST(c->invq[i].last, last);
         __atomic_fetch_add(&c->ninvq, 1, __ATOMIC_SEQ_CST);   /* before we return: gets go to the lock */
         __atomic_store_n(&c->invq[i].state, Q_READY, __ATOMIC_SEQ_CST);
-        if (pthread_mutex_trylock(&c->lock) == 0) {
+        if (trylock(c)) {
             locked(c);      /* runs it */
             unlock(c);
         }

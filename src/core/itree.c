@@ -803,7 +803,7 @@ static int bt_rm(struct drc__itree *t, bt *b, const struct drc__itree_node *x)
 
 int drc__itree_unchanged(const struct drc__itree *t, const struct drc__itree_path *p)
 {
-    return !(p->seq & 1) && p->seq == t->seq;
+    return !(p->seq & 1) && p->seq == LD(t->seq);     /* also read without the lock (get_slow's announce) */
 }
 
 struct drc__itree_node *drc__itree_at(const struct drc__itree *t, const struct drc__itree_path *p)

@@ -232,8 +232,9 @@ struct drc__itree_node *drc__itree_first_near(const struct drc__itree *t, uintpt
 
 /*
  * 1 if the tree has not changed since the walk that filled @p began (owner's
- * lock): what that walk answered, an entry or none, is still the answer.
- * drc__itree_first_at records that point in @p whatever it answers.
+ * lock, or without it: one load of the count): what that walk answered, an
+ * entry or none, is still the answer. drc__itree_first_at records that point
+ * in @p whatever it answers.
  */
 int drc__itree_unchanged(const struct drc__itree *t, const struct drc__itree_path *p);
 

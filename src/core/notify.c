@@ -65,7 +65,7 @@
  * mmu_interval_notifier brackets with invalidate_range_start/end:
  *
  *   freer                                 getter (cache.c get_slow)
- *   publish [s, last] in `freeing` (SC)   lock; add pending; unlock
+ *   publish [s, last] in `freeing` (SC)   lock; add pending; unlock (or announce)
  *   invalidate every cache                drc__notify_wait_frees(range):
  *     (marks overlapping pending stale)     wait while an overlapping free
  *   real free                               is published (SC loads)
@@ -76,8 +76,8 @@
  * sees the pending registration and marks it stale. The store-buffering case
  * where the cache's hull check lets the invalidation skip the lock is closed
  * by the freer's SC fence before it reads a hull and the getter's SC stores
- * of the hull (cache_miss.c, widen_hull) and of its pending count, before
- * its SC loads of the entries.
+ * of the hull (cache_miss.c, widen_hull) and of its pending count (or the
+ * SC CAS that announces the miss), before its SC loads of the entries.
  *
  * fork(). The child has one thread and a copy of every cache, whose locks
  * other parent threads may have held and whose registrations (and backend

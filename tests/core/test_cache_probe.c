@@ -26,12 +26,56 @@
  * fails the first test (a second registration of the same pages), and one
  * that takes it without comparing the planned range fails the widened one
  * (no merge, a region beside another).
+ *
+ * The announced miss (get_slow's announce(), which takes the probe's
+ * "nothing" with one CAS on the lock word instead of the first lock
+ * section): in the first test its checks, read before the CAS, find the
+ * index moved, and the miss plans under the lock. The next three register
+ * with the miss announced (white-box: its bit in c->lw, nothing counted in
+ * npending) and check what the lock section guaranteed: an invalidation of
+ * the range during the registration drops it (the free event's lockless
+ * probe must see the bit, and the invalidation mark the record stale), one
+ * of another range does not (the control), and a second miss of the same
+ * pages waits for the announced one and hits its region (one registration).
+ * By hand: a build whose invalidation does not mark announced records, or
+ * whose lockless probe does not read the bits, fails the first of them;
+ * one whose pending_overlaps does not read the announced records fails the
+ * last. The last two reach the window between the announcement's look at
+ * the lock word and its CAS through the miss's own source (included below
+ * with its seam): a lock section there must make the CAS fail, which a
+ * build whose unlock leaves the version as it was does not.
  */
+
+#include <pthread.h>
+#include <sched.h>
 
 #include "cachetest.h"
 #include "core/cache.h"
+#include "core/cache_int.h"
 #include "core/mem.h"
 #include "memseam.h"
+
+/*
+ * The miss's own source, whose announcement's window (between the look at
+ * the lock word and the CAS) is reached once for the cache in window_cache,
+ * and there takes and lets go of its lock if window_section.
+ */
+static drc_cache_t *window_cache;
+static int window_section;
+
+static void in_window(drc_cache_t *c)
+{
+    if (c != window_cache)
+        return;
+    window_cache = NULL;
+    if (window_section) {
+        lock(c);
+        unlock(c);
+    }
+}
+
+#define ANNOUNCE_WINDOW() in_window(c)
+#include "core/cache_miss.c"
 
 #define LW IBV_ACCESS_LOCAL_WRITE
 
@@ -220,6 +264,172 @@ static void control_unwidened_registers_beside(void **state)
     finish(b, c);
 }
 
+/* ---- the announced miss ---- */
+
+struct in_reg {
+    drc_cache_t *c;
+    const void *addr;           /* invalidated from inside the registration; NULL: nothing */
+    int announced;              /* the registration ran with the miss announced */
+    int result;                 /* what drc_invalidate returned */
+    pthread_t other;            /* a second get of the same pages, started from inside (second_get) */
+    int second_get;
+    drc_region_t *other_region;
+};
+
+/* Is the miss being registered announced, not on c->pending? (the lock is free: a registration holds none) */
+static int miss_announced(drc_cache_t *c)
+{
+    return (__atomic_load_n(&c->lw, __ATOMIC_SEQ_CST) & LW_ANNOUNCED) && !__atomic_load_n(&c->npending,
+                                                                                          __ATOMIC_SEQ_CST);
+}
+
+static void *second_get(void *arg)
+{
+    struct in_reg *x = arg;
+
+    assert_int_equal(drc_get(x->c, at(R, 0), pg(), LW, &x->other_region), 0);
+    return NULL;
+}
+
+static int in_reg(struct tb *b, unsigned long id, void *arg)
+{
+    struct in_reg *x = arg;
+
+    (void)b;
+    (void)id;
+    if (x->announced)
+        return 0;       /* the first registration only */
+    x->announced = 1 + miss_announced(x->c);
+    if (x->addr)
+        x->result = drc_invalidate(x->c, x->addr, pg());
+    if (x->second_get) {
+        assert_int_equal(pthread_create(&x->other, NULL, second_get, x), 0);
+        /* until it sleeps on the announced miss (or, in a build where it would not wait, it is done) */
+        while (!__atomic_load_n(&x->c->pending_waiters, __ATOMIC_SEQ_CST) &&
+               !__atomic_load_n(&x->other_region, __ATOMIC_SEQ_CST))
+            sched_yield();
+    }
+    return 0;
+}
+
+/* walked(R), with the backend's hook in every registration from now on */
+static drc_cache_t *announcing(struct tb *b, struct in_reg *x)
+{
+    drc_cache_t *c = walked(b, R);
+
+    x->c = c;
+    b->reg_hook = in_reg;
+    b->reg_arg = x;
+    return c;
+}
+
+/*
+ * A free while the announced miss registers R: of R's pages (@raced), that
+ * registration is dropped and the retry kept; of other pages (the control),
+ * it is kept as it is.
+ */
+static void free_during_announced_miss(int raced)
+{
+    struct tb *b = tb_new();
+    struct in_reg x = { .addr = at(raced ? R : F, 0) };
+    drc_cache_t *c = announcing(b, &x);
+    struct drc_stats s0 = stats(c), s1;
+    unsigned long first = tb_nreg(b) + 1;
+    drc_region_t *r;
+
+    r = get_ok(c, at(R, 0), pg(), LW);
+    assert_int_equal(x.announced, 2);           /* announced (and raced, or not) */
+    assert_int_equal(x.result, 0);              /* nothing valid was there yet */
+    s1 = stats(c);
+    if (raced) {
+        assert_int_not_equal(rid(r), first);        /* never the raced registration */
+        assert_int_equal(tb_is_live(b, first), 0);  /* which is deregistered */
+    } else {
+        assert_int_equal(rid(r), first);
+    }
+    assert_int_equal(drc_region_valid(r), 1);
+    assert_int_equal(s1.regs - s0.regs, raced ? 2 : 1);
+    assert_int_equal(s1.deregs - s0.deregs, raced ? 1 : 0);
+    assert_int_equal(s1.regions, 2);            /* H and R */
+    put_ok(c, r);
+    finish(b, c);
+}
+
+static void an_announced_miss_raced_by_a_free_is_dropped(void **state)
+{
+    (void)state;
+    free_during_announced_miss(1);
+}
+
+static void control_an_announced_miss_beside_a_free_is_kept(void **state)
+{
+    (void)state;
+    free_during_announced_miss(0);
+}
+
+/* Another thread's miss of the same pages waits for the announced one, then hits its region. */
+static void a_second_miss_waits_for_the_announced_one(void **state)
+{
+    struct tb *b = tb_new();
+    struct in_reg x = { .second_get = 1 };
+    drc_cache_t *c = announcing(b, &x);
+    struct drc_stats s0 = stats(c), s1;
+    drc_region_t *r;
+
+    (void)state;
+    r = get_ok(c, at(R, 0), pg(), LW);
+    assert_int_equal(pthread_join(x.other, NULL), 0);
+    assert_int_equal(x.announced, 2);
+    assert_ptr_equal(x.other_region, r);        /* a hit on the announced miss's region */
+    s1 = stats(c);
+    assert_int_equal(s1.regs - s0.regs, 1);     /* one registration for both */
+    assert_int_equal(s1.regions, 2);
+    put_ok(c, x.other_region);
+    put_ok(c, r);
+    finish(b, c);
+}
+
+/*
+ * A lock section that begins between the announcement's look at the lock
+ * word and its CAS (one that changes nothing the checks read) makes the
+ * CAS fail: the miss goes to the lock and registers as pending there. A
+ * build whose unlock does not advance the word's version fails it (the
+ * word is as it was, the CAS succeeds). The control: the same miss with no
+ * section in the window is announced.
+ */
+static void window(int section)
+{
+    struct tb *b = tb_new();
+    struct in_reg x = { .addr = NULL };
+    drc_cache_t *c = announcing(b, &x);
+    struct drc_stats s0 = stats(c), s1;
+    drc_region_t *r;
+
+    window_cache = c;
+    window_section = section;
+    r = get_ok(c, at(R, 0), pg(), LW);
+    assert_null(window_cache);                  /* the window was reached */
+    assert_int_equal(x.announced, section ? 1 : 2);
+    s1 = stats(c);
+    assert_int_equal(s1.regs - s0.regs, 1);
+    assert_int_equal(s1.misses - s0.misses, 1);
+    assert_int_equal(s1.regions, 2);
+    put_ok(c, r);
+    finish(b, c);
+}
+
+static void a_lock_section_in_the_window_stops_the_announcement(void **state)
+{
+    (void)state;
+    window(1);
+}
+
+static void control_no_section_in_the_window(void **state)
+{
+    (void)state;
+    window(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +437,11 @@ int main(void)
         cmocka_unit_test_setup(control_the_window_registers_elsewhere, setup_alarm),
         cmocka_unit_test_setup(a_widened_miss_walks_its_own_range, setup_alarm),
         cmocka_unit_test_setup(control_unwidened_registers_beside, setup_alarm),
+        cmocka_unit_test_setup(an_announced_miss_raced_by_a_free_is_dropped, setup_alarm),
+        cmocka_unit_test_setup(control_an_announced_miss_beside_a_free_is_kept, setup_alarm),
+        cmocka_unit_test_setup(a_second_miss_waits_for_the_announced_one, setup_alarm),
+        cmocka_unit_test_setup(a_lock_section_in_the_window_stops_the_announcement, setup_alarm),
+        cmocka_unit_test_setup(control_no_section_in_the_window, setup_alarm),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
