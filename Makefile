@@ -456,7 +456,7 @@ preload/test_verbs_preload_LDFLAGS = $(call objs,$(patsubst %/tests/preload,%,$(
 $(foreach f,$B $B/asan $B/tsan,$(eval $f/tests/preload/test_verbs_preload: $(call objs,$f,$(PRELOAD_VERBS_SRCS))))
 # test_cache_alloc: an allocator that re-enters drc from inside the library's allocations (issue 9 item 5).
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free,--wrap=mmap,--wrap=munmap,--wrap=madvise
-# test_arena: madvise refuses MADV_HUGEPAGE on demand, as where THP is compiled out.
+# test_arena: madvise seen (what was advised where), and refused on demand as where THP is compiled out.
 core/test_arena_LDFLAGS := -Wl,--wrap=madvise
 bench_engine_LDFLAGS := -libverbs
 # bench_notify frees through the wrapper over THE CUDA double (the GPU build links it too: tests/gpu/hooks.mk)

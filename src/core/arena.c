@@ -17,12 +17,23 @@
  *     under huge pages the page a rest starts in is resident already, and a
  *     cache that left one such rest per mapping kept a few MiB that nothing
  *     used (a fifth of its memory at 65,536 regions);
- *   - mappings of 2 MiB or more are 2 MiB-aligned and advised MADV_HUGEPAGE:
- *     where transparent huge pages are on (`always`, or `madvise` as Debian
- *     and most distributions ship), a fresh cache takes one fault per 2 MiB,
- *     and the regions and hint table of a large cache are reached through few
- *     TLB entries (256 Ki regions are 48 MiB). Where THP is off, or madvise
- *     refuses, the same mapping works with 4 KiB pages: nothing else changes;
+ *   - what a cache carves from fresh memory is made resident in one call
+ *     (MADV_POPULATE_WRITE), not a fault per 4 KiB page as the cache first
+ *     writes it: on a virtual machine a fault can cost more than a miss;
+ *   - mappings of 2 MiB or more are 2 MiB-aligned and take huge pages as
+ *     the carve fills them: 4 KiB pages at first (MADV_NOHUGEPAGE), and once
+ *     the carve has taken three quarters of a huge page, that page collapsed
+ *     into one (MADV_HUGEPAGE, then MADV_COLLAPSE: Linux 6.1), so that the
+ *     regions and index of a large cache are reached through few TLB
+ *     entries. Advised huge pages from the start, each page the carve
+ *     entered was resident whole however little of it the cache used: the
+ *     last one was up to 2 MiB, a fifth of a cache of 65,536 regions. Now a
+ *     cache holds what its carve reached, and at most a quarter of a huge
+ *     page more. The price, as a cache first grows: the pages made resident
+ *     4 KiB at a time, and a copy of 2 MiB per collapse (which may also
+ *     compact memory to find a huge page). Where THP is off (`never`), or
+ *     madvise refuses, the same mapping stays in 4 KiB pages: nothing else
+ *     changes;
  *   - a destroyed arena's mappings are kept for the next arena, process-wide,
  *     up to DRC__ARENA_KEEP bytes (64 MiB: glibc's own dynamic trim threshold
  *     lets a malloc arena keep as much at its top), and mappings of 2 MiB or
@@ -62,6 +73,7 @@
  */
 #include "core/arena.h"
 
+#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -94,6 +106,13 @@ static size_t keep_max = DRC__ARENA_KEEP;
 #endif
 
 #define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25    /* Linux 6.1; older kernels refuse it (EINVAL), and the pages stay 4 KiB */
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  /* Linux 5.14; older kernels refuse it, and each page faults when first written */
+#endif
 
 static size_t tag_size(uintptr_t t)
 {
@@ -132,8 +151,8 @@ static struct drc__arena_map *map_new(size_t size, int lazy)
     if (size >= DRC__ARENA_HUGE && !lazy) {
         if (!(p = map_huge_aligned(size, 0)))
             return NULL;
-#ifdef MADV_HUGEPAGE
-        (void)madvise(p, size, MADV_HUGEPAGE);  /* refused where THP is compiled out: 4 KiB pages then */
+#ifdef MADV_NOHUGEPAGE
+        (void)madvise(p, size, MADV_NOHUGEPAGE);    /* 4 KiB faults until a page is full (huge_passed) */
 #endif
         return (struct drc__arena_map *)(void *)p;
     }
@@ -392,7 +411,7 @@ static struct drc__arena_rest *smaller(struct drc__arena *a)
  * one with less room that holds them, so that an older mapping's rest is
  * used up by small requests before the newer, larger one.
  */
-static char *carve(struct drc__arena *a, size_t size, int *dirty)
+static char *carve(struct drc__arena *a, size_t size, int *dirty, int *huge)
 {
     struct drc__arena_rest *r = smaller(a);
     char *p;
@@ -404,6 +423,74 @@ static char *carve(struct drc__arena *a, size_t size, int *dirty)
     p = r->cur;
     r->cur += size;
     *dirty = r->dirty;
+    *huge = r->huge;
+    return p;
+}
+
+/* Are transparent huge pages on (`always` or `madvise')? Read once; no malloc (a hook may be calling). */
+static int thp_on(void)
+{
+    static int on = -1;     /* atomic: -1 not read yet */
+    int v = __atomic_load_n(&on, __ATOMIC_RELAXED), fd;
+    char buf[64];
+    ssize_t n;
+
+    if (v >= 0)
+        return v;
+    v = 0;
+    fd = open("/sys/kernel/mm/transparent_hugepage/enabled", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        n = read(fd, buf, sizeof(buf) - 1);
+        buf[n > 0 ? n : 0] = 0;
+        v = n > 0 && !strstr(buf, "[never]");
+        close(fd);
+    }
+    __atomic_store_n(&on, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+/* Fresh memory just carved: its pages resident in one call, not a fault each (resident ones stay as they are). */
+static void populate(char *p, size_t size)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = ((uintptr_t)p + size + page - 1) & ~(page - 1);
+
+    (void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
+}
+
+/*
+ * A carve of a mapping in huge pages went from @from to @to: each huge page
+ * whose carve it took past three quarters becomes one huge page
+ * (MADV_COLLAPSE), its last quarter resident with it; a page carved less is
+ * 4 KiB pages, resident only where the carve reached.
+ */
+static void huge_passed(char *from, char *to)
+{
+    const uintptr_t h = DRC__ARENA_HUGE, q = h / 4 * 3;
+    uintptr_t lo = (((uintptr_t)from - q) & ~(h - 1)) + h;     /* the first page whose mark is past @from */
+    uintptr_t hi = (((uintptr_t)to - q) & ~(h - 1)) + h;       /* past the last whose mark @to reached */
+
+    if (hi <= lo || !thp_on())
+        return;
+#ifdef MADV_HUGEPAGE
+    (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#endif
+    (void)madvise((void *)lo, hi - lo, MADV_COLLAPSE);     /* refused: 4 KiB pages, khugepaged may collapse */
+}
+
+/*
+ * A carve of @size bytes at @p, with no lock held: zeroed where the mapping is
+ * reused (@dirty) and its caller wants zeros, made resident where it is fresh,
+ * and the huge pages the carve filled, from @from on, collapsed (@huge).
+ */
+static void *carved(const struct drc__arena *a, char *p, size_t size, char *from, int dirty, int zero, int huge)
+{
+    if (dirty && zero)
+        memset(p, 0, size);
+    else if (!dirty && !a->lazy)
+        populate(p, size);
+    if (huge)
+        huge_passed(from, p + size);
     return p;
 }
 
@@ -413,18 +500,16 @@ static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
     struct drc__arena_rest nr, *small;
     size_t want, n;
     char *p;
-    int dirty;
+    int dirty, huge;
 
     DRC_ASSERT_NO_LOCK();
     size = (size + 63) & ~(size_t)63;
     if (size > SIZE_MAX / 4)
         return NULL;
     pthread_mutex_lock(&a->lock);
-    if ((p = carve(a, size, &dirty))) {
+    if ((p = carve(a, size, &dirty, &huge))) {
         pthread_mutex_unlock(&a->lock);
-        if (dirty && zero)
-            memset(p, 0, size);
-        return p;
+        return carved(a, p, size, p, dirty, zero, huge);
     }
     want = a->next;
     pthread_mutex_unlock(&a->lock);
@@ -449,7 +534,8 @@ static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
      * stay; the smallest is given up (under huge pages, the one page it
      * shares with what was carved before it is resident all the same).
      */
-    nr = (struct drc__arena_rest){ p + size, (char *)m + m->size, dirty };
+    huge = m->size >= DRC__ARENA_HUGE && !a->lazy;
+    nr = (struct drc__arena_rest){ p + size, (char *)m + m->size, dirty, huge };
     small = smaller(a);
     if (room(&nr) > room(small))
         *small = nr;
@@ -457,9 +543,7 @@ static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
     if (n > a->next)
         a->next = n;
     pthread_mutex_unlock(&a->lock);
-    if (dirty && zero)
-        memset(p, 0, size);
-    return p;
+    return carved(a, p, size, (char *)m, dirty, zero, huge);
 }
 
 void *drc__arena_alloc(struct drc__arena *a, size_t size)

@@ -17,6 +17,7 @@ struct drc__arena {
     struct drc__arena_rest {        /* what is left to carve: of the newest mapping and of another, which */
         char *cur, *end;            /* a request too large for it left behind; each [cur, end) */
         int dirty;                  /* in a reused mapping: zero what is carved */
+        int huge;                   /* its huge pages are collapsed as the carve passes them (arena.c) */
     } rest[2];
     size_t next;                    /* the size of the next mapping */
     size_t mapped;                  /* bytes mapped, all mappings */
@@ -89,7 +90,7 @@ void drc__arena_forked(struct drc__arena *a);
  */
 size_t drc__arena_keep(size_t max);
 
-enum { DRC__ARENA_HUGE = 2 << 20 };     /* mappings this large or larger are advised MADV_HUGEPAGE */
+enum { DRC__ARENA_HUGE = 2 << 20 };     /* mappings this large or larger take huge pages as they fill (arena.c) */
 #define DRC__ARENA_KEEP ((size_t)64 << 20)
 
 #endif
