@@ -35,6 +35,11 @@
  *   hit, sequential     the same, regions in address order
  *   hit, region start   get+put of a whole region from its start, random
  *   miss+insert, fresh  get+put of every region of an empty cache, 0 -> N
+ *   miss+insert, a      the same for the first cache of a process (one
+ *   process's first     that has made none before): its memory is new to
+ *   cache               the process (page faults; drc keeps a destroyed
+ *                       cache's mappings, malloc keeps freed memory); timed
+ *                       in the resident memory row's processes, one fill each
  *   miss+insert, again  the same into a cache emptied by invalidation
  *   miss+insert, random a random eighth of the regions invalidated by
  *                       handle (untimed), then each registered again, in
@@ -271,7 +276,8 @@ static void fill(struct cache *c, uint32_t n)
 /* ---- rows ---------------------------------------------------------------- */
 
 enum kind {
-    HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_AGAIN, MISS_RAND, INV_HELD, INV_RANGE, FREE_REG, FREE_REG_RAND, FREE_ALL,
+    HIT_RAND, HIT_SEQ, HIT_START, MISS_FRESH, MISS_FIRST, MISS_AGAIN, MISS_RAND, INV_HELD, INV_RANGE, FREE_REG,
+    FREE_REG_RAND, FREE_ALL,
     MEM, FREE_GAP, PAIR_HIT, PAIR_FREE, PAIR_MISS, PAIR_MISS_REG, HIT_VS_INV, HIT_VS_REG, KINDS
 };
 
@@ -280,6 +286,7 @@ static const char *const kind_name[KINDS] = {
     [HIT_SEQ] = "hit, interior slice, sequential",
     [HIT_START] = "hit, region start, full length",
     [MISS_FRESH] = "miss+insert, fresh cache 0 -> N",
+    [MISS_FIRST] = "miss+insert, a process's first cache 0 -> N",
     [MISS_AGAIN] = "miss+insert, repopulating",
     [MISS_RAND] = "miss+insert, random eighth again",
     [INV_HELD] = "invalidate one held region, by handle",
@@ -307,6 +314,7 @@ static const struct row rows[] = {
     { HIT_SEQ, 1024 }, { HIT_SEQ, 65536 },
     { HIT_START, 1024 }, { HIT_START, 65536 },
     { MISS_FRESH, 1024 }, { MISS_FRESH, 16384 }, { MISS_FRESH, 65536 }, { MISS_FRESH, 262144 },
+    { MISS_FIRST, 1024 }, { MISS_FIRST, 16384 }, { MISS_FIRST, 65536 }, { MISS_FIRST, 262144 },
     { MISS_AGAIN, 1024 }, { MISS_AGAIN, 65536 },
     { MISS_RAND, 1024 }, { MISS_RAND, 16384 }, { MISS_RAND, 65536 }, { MISS_RAND, 262144 },
     { INV_HELD, 1024 }, { INV_HELD, 16384 }, { INV_HELD, 65536 }, { INV_HELD, 262144 },
@@ -586,6 +594,7 @@ static void *duo_thread(void *v)
     case FREE_REG_RAND:
     case FREE_ALL:
     case MEM:
+    case MISS_FIRST:
     case FREE_GAP:
     case PAIR_HIT:
     case KINDS:
@@ -857,41 +866,52 @@ static void smaps_dump(const char *who, uint32_t n)
 }
 
 /*
- * Resident bytes per cached region: a cache created and filled with @n regions, the resident set
- * after less before, over @n. In a process forked for it from one that has made no cache yet (drc
- * keeps a destroyed cache's arena for the next one; malloc keeps freed memory), so that both caches
- * start from nothing; the memory the libraries take at load is in both before and after.
+ * A process's first cache, created and filled with @n regions: resident bytes per region (the
+ * resident set after less before, over @n) in per[0], ns per miss of the fill in per[1]. In a
+ * process forked for it from one that has made no cache yet (drc keeps a destroyed cache's arena
+ * for the next one; malloc keeps freed memory), so that both caches start from nothing: their
+ * memory is new to the process, each page faulted in as the fill first writes it. The memory the
+ * libraries take at load is in both before and after.
  */
-static double mem_per_region(int ucx, uint32_t n)
+static void first_cache(int ucx, uint32_t n, double per[2])
 {
-    double per = -1;
     int fds[2], st;
     pid_t pid;
 
+    per[0] = per[1] = -1;
     if (pipe(fds))
-        return -1;
+        return;
     pid = fork();
     if (pid == 0) {
         long before = resident_bytes(), after;
         struct cache c = cache_new(ucx);
+        uint64_t t0 = now_ns();
 
         fill(&c, n);
+        per[1] = (double)(now_ns() - t0) / n;
         after = resident_bytes();
         if (getenv("BENCH_SMAPS"))
             smaps_dump(ucx ? "ucx" : "drc", n);
-        per = before < 0 || after < 0 ? -1 : (double)(after - before) / n;
-        if (write(fds[1], &per, sizeof(per)) != (ssize_t)sizeof(per))
+        per[0] = before < 0 || after < 0 ? -1 : (double)(after - before) / n;
+        if (write(fds[1], per, 2 * sizeof(*per)) != (ssize_t)(2 * sizeof(*per)))
             _exit(1);
         _exit(failed);     /* the cache goes with the process */
     }
     close(fds[1]);
-    if (pid < 0 || read(fds[0], &per, sizeof(per)) != (ssize_t)sizeof(per))
-        per = -1;
+    if (pid < 0 || read(fds[0], per, 2 * sizeof(*per)) != (ssize_t)(2 * sizeof(*per)))
+        per[0] = per[1] = -1;
     close(fds[0]);
     if (pid > 0 && (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)))
-        per = -1;
-    CHECK(per >= 0, "%s: resident memory of %u regions not measured", ucx ? "ucx" : "drc", n);
-    return per;
+        per[0] = per[1] = -1;
+    CHECK(per[0] >= 0, "%s: resident memory of %u regions not measured", ucx ? "ucx" : "drc", n);
+}
+
+static double mem_per_region(int ucx, uint32_t n)
+{
+    double per[2];
+
+    first_cache(ucx, n, per);
+    return per[0];
 }
 
 /*
@@ -983,15 +1003,24 @@ static void child(int ucx, int fd)
     if (!perm || !seq_i || !seq_off)
         exit(2);
     pin(1);
-    /* memory first, before this process makes a cache (mem_per_region says why) */
-    for (k = 0; k < ROWS; k++)
-        if (rows[k].kind == MEM && wanted(kind_name[MEM]))
-            rep.v[0][k] = mem_per_region(ucx, rows[k].n);
+    /* memory and the first cache's misses first, before this process makes a cache (first_cache says why) */
+    for (k = 0; k < ROWS; k++) {
+        double per[2];
+        int j;
+
+        if ((rows[k].kind != MEM && rows[k].kind != MISS_FIRST) || !wanted(kind_name[rows[k].kind]) || rep.v[0][k])
+            continue;
+        first_cache(ucx, rows[k].n, per);
+        for (j = k; j < ROWS; j++)      /* both rows of this size from the one fill, where wanted */
+            if (rows[j].n == rows[k].n && wanted(kind_name[rows[j].kind]))
+                if (rows[j].kind == MEM || rows[j].kind == MISS_FIRST)
+                    rep.v[0][j] = per[rows[j].kind == MISS_FIRST];
+    }
     for (k = 0; k < ROWS; k++) {
         const struct row *rw = &rows[k];
         struct cache c;
 
-        if (rw->kind == MEM || !wanted(kind_name[rw->kind]))
+        if (rw->kind == MEM || rw->kind == MISS_FIRST || !wanted(kind_name[rw->kind]))
             continue;
         draw(rw->n, rw->kind == HIT_SEQ);
         if (rw->kind == MISS_FRESH || rw->kind == PAIR_MISS || rw->kind == PAIR_MISS_REG) {
@@ -1045,6 +1074,7 @@ static void child(int ucx, int fd)
                 v[run] = hit_vs_inv(&c, rw->n, rw->kind);
                 break;
             case MEM:
+            case MISS_FIRST:
             case PAIR_MISS:
             case PAIR_MISS_REG:
             case MISS_FRESH:
