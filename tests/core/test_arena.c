@@ -322,7 +322,7 @@ static void a_lazy_arenas_mapping_is_kept_empty_for_the_next(void **state)
  * pages), not a huge page; filled on, the region's huge page is collapsed
  * where THP is on once the carve has passed three quarters of it (the
  * control: the wrap sees the advice the page did not get before). Before,
- * a cache of 65,536 regions held 2 MiB of which it had carved 102 KiB.
+ * a cache of 65,536 regions held 2 MiB of which it had carved 100 KiB.
  */
 static void a_cache_holds_what_it_carved_of_its_last_huge_page(void **state)
 {
