@@ -427,7 +427,7 @@ static char *carve(struct drc__arena *a, size_t size, int *dirty, int *huge)
     return p;
 }
 
-/* Are transparent huge pages on (`always` or `madvise')? Read once; no malloc (a hook may be calling). */
+/* Are transparent huge pages on (`always` or `madvise`)? Read once; no malloc (a hook may be calling). */
 static int thp_on(void)
 {
     static int on = -1;     /* atomic: -1 not read yet */
