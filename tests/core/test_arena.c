@@ -158,11 +158,12 @@ static void alloc_is_zeroed_aligned_and_grows(void **state)
  * (MADV_NOHUGEPAGE): a carve that has taken part of a huge page holds only
  * the 4 KiB pages it wrote. Once the carve passes three quarters of a huge
  * page, that page is collapsed into one (MADV_HUGEPAGE, MADV_COLLAPSE), and
- * not before. Where THP is off nothing is collapsed. The control of the
- * resident check is the collapsed page: where the kernel collapsed it, all
- * of it is resident. A build that advised the whole mapping MADV_HUGEPAGE,
- * as drc did before, fails the first resident check where THP is on, and
- * the collapse checks everywhere THP is on.
+ * not before. Where THP is off nothing is collapsed. The controls, run: a
+ * build that advises the whole mapping MADV_HUGEPAGE, as drc did before,
+ * fails the advice check; one that adds that advice to this one's fails
+ * the resident check where THP is on (2,048 KiB resident); one that
+ * collapses a page only once the carve has passed it whole fails the
+ * second collapse check.
  */
 static void large_mappings_take_huge_pages_as_they_fill(void **state)
 {
