@@ -1020,7 +1020,7 @@ int invalidate_locked(drc_cache_t *c, uintptr_t s, uintptr_t last, struct drc_re
         if (p->start <= last && s <= p->last)
             p->stale = 1;
     for (bits = announced(c); bits; bits &= bits - 1) {
-        p = &c->announced[__builtin_ctz(bits) - LW_SHIFT];
+        p = &c->announced[LW_SLOT_OF(bits)];
         if (p->start <= last && s <= p->last)
             p->stale = 1;
     }

@@ -216,6 +216,7 @@ struct pending {
 enum { LW_LOCKED = 1u, LW_WAITERS = 2u, LW_SHIFT = 2, LW_SLOTS = 30 };
 #define LW_ANNOUNCED ((uint64_t)(~0u << LW_SHIFT))
 #define LW_SLOT(i) ((uint64_t)1 << ((i) + LW_SHIFT))
+#define LW_SLOT_OF(bits) (__builtin_ctz(bits) - LW_SHIFT)  /* the slot of the lowest announced bit in @bits */
 #define LW_VERSION ((uint64_t)1 << 32)     /* one unlock */
 
 /*

@@ -42,7 +42,7 @@ static int pending_overlaps(const drc_cache_t *c, uintptr_t s, uintptr_t last)
         if (p->start <= last && s <= p->last)
             return 1;
     for (bits = announced(c); bits; bits &= bits - 1) {
-        p = &c->announced[__builtin_ctz(bits) - LW_SHIFT];
+        p = &c->announced[LW_SLOT_OF(bits)];
         if (p->start <= last && s <= p->last)
             return 1;
     }
@@ -93,9 +93,11 @@ static void pending_unlink(drc_cache_t *c, struct pending *p)
  * the record stale as it marks c->pending's (invalidate_locked), and every
  * lockless probe reads the bit as it reads npending (nothing_there): the
  * CAS is SC, before the frees in flight are read, as the count's increment
- * was. Returns the bit, or 0: not announced (the caller takes the lock).
+ * was. Returns the bit, and the record in *@rec, or 0: not announced (the
+ * caller takes the lock).
  */
-static uint64_t announce(drc_cache_t *c, const struct probe *pr, uintptr_t start, uintptr_t last)
+static uint64_t announce(drc_cache_t *c, const struct probe *pr, uintptr_t start, uintptr_t last,
+                         struct pending **rec)
 {
     int i = drc__tslot();
     uint64_t w;
@@ -116,6 +118,7 @@ static uint64_t announce(drc_cache_t *c, const struct probe *pr, uintptr_t start
     ST(a->stale, 0);
     if (!__atomic_compare_exchange_n(&c->lw, &w, w | LW_SLOT(i), 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
         return 0;
+    *rec = a;
     return LW_SLOT(i);
 }
 
@@ -361,9 +364,8 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         return err;
     if (widen)
         widen_to(c, &m, &ws, &wlast);
-    bit = announce(c, pr, ws & ~(uintptr_t)(c->page - 1), wlast | (c->page - 1));
+    bit = announce(c, pr, ws & ~(uintptr_t)(c->page - 1), wlast | (c->page - 1), &pend);
     if (bit) {
-        pend = &c->announced[drc__tslot()];
         p = (struct plan){ .path = &pr->path, .start = pend->start, .last = pend->last, .access = access };
         goto registration;
     }
