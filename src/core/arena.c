@@ -124,6 +124,12 @@ static struct drc__arena_map *tag_map(uintptr_t t)
     return (struct drc__arena_map *)(t & ~(uintptr_t)63);
 }
 
+/* Does a mapping of @size bytes take huge pages (as its carve fills them, huge_passed)? Never a lazy arena's. */
+static int in_huge_pages(size_t size, int lazy)
+{
+    return size >= DRC__ARENA_HUGE && !lazy;
+}
+
 /* @size bytes at a DRC__ARENA_HUGE-aligned address (@flags with MAP_PRIVATE | MAP_ANONYMOUS), or NULL. */
 static char *map_huge_aligned(size_t size, int flags)
 {
@@ -141,18 +147,20 @@ static char *map_huge_aligned(size_t size, int flags)
 }
 
 /*
- * A new mapping of @size bytes (a power of two), huge-page aligned and advised from DRC__ARENA_HUGE up;
- * @lazy: advised MADV_NOHUGEPAGE instead (drc__arena_init_lazy).
+ * A new mapping of @size bytes (a power of two). One that takes huge pages
+ * (in_huge_pages) is huge-page aligned and starts in 4 KiB pages, until
+ * huge_passed collapses them; @lazy: advised MADV_NOHUGEPAGE for good
+ * (drc__arena_init_lazy).
  */
 static struct drc__arena_map *map_new(size_t size, int lazy)
 {
     char *p;
 
-    if (size >= DRC__ARENA_HUGE && !lazy) {
+    if (in_huge_pages(size, lazy)) {
         if (!(p = map_huge_aligned(size, 0)))
             return NULL;
 #ifdef MADV_NOHUGEPAGE
-        (void)madvise(p, size, MADV_NOHUGEPAGE);    /* 4 KiB faults until a page is full (huge_passed) */
+        (void)madvise(p, size, MADV_NOHUGEPAGE);    /* 4 KiB pages until its carve passes 3/4 (huge_passed) */
 #endif
         return (struct drc__arena_map *)(void *)p;
     }
@@ -219,7 +227,7 @@ static int keep_put(struct drc__arena_map *m)
     if (!keep_reserve(size))
         return 0;
 #if defined(MADV_FREE) && !defined(NO_MADV_FREE)
-    if (size >= DRC__ARENA_HUGE)
+    if (in_huge_pages(size, 0))
         (void)madvise(m, size, MADV_FREE);      /* the kernel may take the pages back under pressure */
 #endif
     if (slot_put(kept, KEEP_SLOTS, tag_of(m)))     /* its bytes already counted in kept_bytes */
@@ -534,7 +542,7 @@ static void *arena_alloc(struct drc__arena *a, size_t size, int zero)
      * stay; the smallest is given up (under huge pages, the one page it
      * shares with what was carved before it is resident all the same).
      */
-    huge = m->size >= DRC__ARENA_HUGE && !a->lazy;
+    huge = in_huge_pages(m->size, a->lazy);
     nr = (struct drc__arena_rest){ p + size, (char *)m + m->size, dirty, huge };
     small = smaller(a);
     if (room(&nr) > room(small))
