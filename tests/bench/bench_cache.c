@@ -665,13 +665,33 @@ static double hit_vs_inv(struct cache *c, uint32_t n, enum kind kind)
     return ns;
 }
 
-/* Fresh misses: caches filled from empty until at least MAXN registrations. */
+/*
+ * Fresh misses: caches filled from empty until at least MAXN registrations,
+ * after one cache of the same size filled and destroyed untimed. The row
+ * measures a cache made where one of its size was before (drc's kept arena,
+ * malloc's freed heap), whatever rows ran before it in this process: without
+ * that fill, a process that had made no cache this large paid for new memory
+ * in its first cache and at 262,144 regions (one cache a run) the median of
+ * three ran into it (drc about 1.0 of UCX when BENCH_ONLY picked this row,
+ * 0.8-0.9 in a full run). "a process's first cache" is that cost's own row.
+ */
+static uint32_t fresh_made;     /* the largest cache filled untimed so far */
+
 static double miss_fresh(int ucx, uint32_t n)
 {
-    uint64_t total = 0, t0, r0 = regs;
+    uint64_t total = 0, t0, r0;
     size_t done = 0;
     uint32_t i;
 
+    if (fresh_made < n) {
+        struct cache c = cache_new(ucx);
+
+        for (i = 0; i < n; i++)
+            getput(&c, addr_of(i, 0), REGION);
+        cache_free(&c);
+        fresh_made = n;
+    }
+    r0 = regs;
     while (done < MAXN) {
         struct cache c = cache_new(ucx);
 
