@@ -458,6 +458,8 @@ $(foreach f,$B $B/asan $B/tsan,$(eval $f/tests/preload/test_verbs_preload: $(cal
 core/test_cache_alloc_LDFLAGS := -Wl,--wrap=aligned_alloc,--wrap=calloc,--wrap=free,--wrap=mmap,--wrap=munmap,--wrap=madvise
 # test_arena: madvise seen (what was advised where), and refused on demand as where THP is compiled out.
 core/test_arena_LDFLAGS := -Wl,--wrap=madvise
+# test_driver_load: the searches for libcuda.so.1 counted (made when a cache is created, never in a miss)
+cuda/test_driver_load_LDFLAGS := -Wl,--wrap=dlopen
 bench_engine_LDFLAGS := -libverbs
 # bench_notify frees through the wrapper over THE CUDA double (the GPU build links it too: tests/gpu/hooks.mk)
 bench_notify_LDFLAGS = -L$B/fakecuda -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../fakecuda'

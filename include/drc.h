@@ -195,7 +195,10 @@ struct drc_config {            /* NULL means defaults; zero-initialise what you 
  * @cfg  NULL for defaults (no limits, coalescing on).
  * Returns 0, -EINVAL (NULL be/out, missing reg/dereg, unknown flags, a
  * comp_mask bit of @be or @cfg this library does not know) or -ENOMEM.
- * The cache subscribes to drc_notify_free(). Thread-safe.
+ * The cache subscribes to drc_notify_free(). The first cache a process
+ * creates also loads the CUDA driver (libcuda.so.1, dlopen'ed once per
+ * process; none: every pointer is host memory), which each miss asks what
+ * memory it is given, so that no miss pays for the search. Thread-safe.
  */
 DRC_API int  drc_cache_create(const struct drc_backend *be, const struct drc_config *cfg, drc_cache_t **out);
 

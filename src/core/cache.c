@@ -1042,6 +1042,7 @@ int drc__cache_create(const struct drc_backend *be, const struct drc_config *cfg
     if (!be || !out || !be->reg || !be->dereg || be->comp_mask ||
         (cfg && ((cfg->flags & ~KNOWN_FLAGS) || cfg->comp_mask)))
         return -EINVAL;
+    drc__mem_prepare();     /* the device layer's driver, loaded here rather than in the first miss */
     c = mem_alloc(sizeof(*c));
     if (!c)
         return -ENOMEM;

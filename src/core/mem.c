@@ -46,6 +46,14 @@ int drc__mem_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len)
     return ops ? ops->unchanged(m, addr, len) : 1;
 }
 
+void drc__mem_prepare(void)
+{
+    const struct drc__mem_ops *ops = __atomic_load_n(&installed, __ATOMIC_ACQUIRE);
+
+    if (ops && ops->prepare)
+        ops->prepare();
+}
+
 void drc__mem_released(uintptr_t addr, size_t len)
 {
     const struct drc__mem_ops *ops = __atomic_load_n(&installed, __ATOMIC_ACQUIRE);

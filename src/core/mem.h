@@ -82,6 +82,13 @@ int drc__mem_unchanged(const struct drc__mem *m, uintptr_t addr, size_t len);
 void drc__mem_released(uintptr_t addr, size_t len);
 
 /*
+ * A cache is being created (drc_cache_create, no lock held): the device layer
+ * loads what drc__mem_classify() needs (the CUDA driver, once per process),
+ * so that the first miss does not pay for it. Optional.
+ */
+void drc__mem_prepare(void);
+
+/*
  * The calls above, as a device layer implements them. Each entry has the
  * contract of the call of the same name. @ops must stay valid for the life of
  * the process; installing is one atomic store, so it may happen at any time
@@ -93,6 +100,7 @@ struct drc__mem_ops {
                         uint64_t *offset);
     int (*unchanged)(const struct drc__mem *m, uintptr_t addr, size_t len);
     void (*released)(uintptr_t addr, size_t len);
+    void (*prepare)(void);      /* NULL: nothing to load */
 };
 void drc__mem_set_ops(const struct drc__mem_ops *ops);
 

@@ -408,9 +408,19 @@ static void cuda_released(uintptr_t addr, size_t len)
         drc__cuda_exports_drop(-1, addr, end < addr ? UINTPTR_MAX : end);
 }
 
+/*
+ * A cache is being created: the driver looked for now (once per process),
+ * not in its first miss. Where there is no libcuda, searching the loader's
+ * path for it takes longer than a first cache's thousand misses.
+ */
+static void cuda_prepare(void)
+{
+    (void)drc__cuda_driver();
+}
+
 static const struct drc__mem_ops cuda_mem_ops = {
     .classify = cuda_classify, .export_range = cuda_export, .unchanged = cuda_unchanged,
-    .released = cuda_released,
+    .released = cuda_released, .prepare = cuda_prepare,
 };
 
 __attribute__((constructor)) static void install_mem_ops(void)
