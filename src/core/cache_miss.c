@@ -366,7 +366,18 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         widen_to(c, &m, &ws, &wlast);
     bit = announce(c, pr, ws & ~(uintptr_t)(c->page - 1), wlast | (c->page - 1), &pend);
     if (bit) {
-        p = (struct plan){ .path = &pr->path, .start = pend->start, .last = pend->last, .access = access };
+        /*
+         * Field by field: a compound literal would zero p.own, a whole index
+         * path (most of the plan's bytes) that this plan never reads, in
+         * every miss that takes this path.
+         */
+        p.path = &pr->path;
+        p.own.depth = 0;
+        p.start = pend->start;
+        p.last = pend->last;
+        p.access = access;
+        p.merging = 0;
+        p.overlaps = 0;
         goto registration;
     }
     lock(c);
