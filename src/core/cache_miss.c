@@ -147,6 +147,24 @@ static int joinable(const drc_cache_t *c, const struct drc_region *r, const stru
 }
 
 /*
+ * A plan that registers [start, last] with @access as it is, its insert
+ * where @path leads (p->own: a walk of its own). Field by field: the plan's
+ * own path (most of its bytes) is written only by a walk that uses it, not
+ * zeroed in every miss.
+ */
+static void plan_init(struct plan *p, struct drc__itree_path *path, uintptr_t start, uintptr_t last,
+                      unsigned access)
+{
+    p->path = path;
+    p->own.depth = 0;
+    p->start = start;
+    p->last = last;
+    p->access = access;
+    p->merging = 0;
+    p->overlaps = 0;
+}
+
+/*
  * One overlap walk under the lock: a live region that serves [s, last]
  * (returned in *hit), else the plan of the miss, which registers [ws, wlast]
  * (the range asked, or the allocation around it when widened: see
@@ -166,18 +184,12 @@ static int plan_region(drc_cache_t *c, uintptr_t s, uintptr_t last, uintptr_t ws
 
     ASSERT_LOCKED(c);
     *hit = NULL;
-    p->start = start;
-    p->last = end;
-    p->access = access;
-    p->merging = 0;
-    p->overlaps = 0;
+    plan_init(p, &p->own, start, end, access);
     /*
      * No live region touches a grain of the pages (the filter is exact
      * enough under the lock), or the lookup before found none there and
      * the tree has not changed since (struct probe): no walk.
      */
-    p->path = &p->own;
-    p->own.depth = 0;
     if (pr && pr->none && pr->start == start && pr->last == end && drc__itree_unchanged(&c->tree, &pr->path)) {
         p->path = &pr->path;
         n = NULL;
@@ -366,18 +378,7 @@ int get_slow(drc_cache_t *c, uintptr_t s, uintptr_t last, unsigned access, int w
         widen_to(c, &m, &ws, &wlast);
     bit = announce(c, pr, ws & ~(uintptr_t)(c->page - 1), wlast | (c->page - 1), &pend);
     if (bit) {
-        /*
-         * Field by field: a compound literal would zero p.own, a whole index
-         * path (most of the plan's bytes) that this plan never reads, in
-         * every miss that takes this path.
-         */
-        p.path = &pr->path;
-        p.own.depth = 0;
-        p.start = pend->start;
-        p.last = pend->last;
-        p.access = access;
-        p.merging = 0;
-        p.overlaps = 0;
+        plan_init(&p, &pr->path, pend->start, pend->last, access);     /* the probe's walk: no overlap */
         goto registration;
     }
     lock(c);

@@ -681,13 +681,11 @@ static double miss_fresh(int ucx, uint32_t n)
 {
     uint64_t total = 0, t0, r0;
     size_t done = 0;
-    uint32_t i;
 
     if (fresh_made < n) {
         struct cache c = cache_new(ucx);
 
-        for (i = 0; i < n; i++)
-            getput(&c, addr_of(i, 0), REGION);
+        fill(&c, n);
         cache_free(&c);
         fresh_made = n;
     }
@@ -696,8 +694,7 @@ static double miss_fresh(int ucx, uint32_t n)
         struct cache c = cache_new(ucx);
 
         t0 = now_ns();
-        for (i = 0; i < n; i++)
-            getput(&c, addr_of(i, 0), REGION);
+        fill(&c, n);
         total += now_ns() - t0;
         cache_free(&c);
         done += n;
